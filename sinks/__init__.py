@@ -1,0 +1,1 @@
+"""Prebuilt twophase sinks, one module per external system."""

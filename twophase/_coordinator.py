@@ -1,0 +1,225 @@
+"""The driver side of the protocol, independent of Spark: decide, commit, recover, sweep.
+
+One :class:`Coordinator` serves one run (one fencing epoch) of one query. For every batch:
+
+1. finish earlier decided batches that are not done (recovery after a crash);
+2. if the batch is already decided, it is a replay: abort the new handles, finish the old ones;
+3. abort in-doubt transactions of this query that no decision references and that belong to
+   this or an earlier batch, or to an earlier run (orphans of failed attempts and crashes);
+4. write the decision (batch + handles) to the state file, fenced by the epoch;
+5. commit every handle, in parallel, retrying retryable errors; mark the batch done.
+
+A crash between 4 and 5 is finished by step 1 of the next run. Nothing ever aborts a
+transaction that a decision references.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from typing import Any, TypeVar
+
+from twophase._crash import (
+    AFTER_DECISION,
+    BEFORE_DECISION,
+    BEFORE_DONE,
+    MID_COMMIT,
+    crash_point,
+)
+from twophase._handle import Handle, query_key
+from twophase._retry import RetryPolicy
+from twophase._state import HISTORY_LIMIT, BatchRecord, Decision, State, StateStore
+from twophase.errors import ConfigurationError, FatalError, FencedError
+from twophase.sink import AbortOutcome, CommitOutcome, TwoPhaseCommitSink
+
+log = logging.getLogger("twophase")
+
+R = TypeVar("R")
+
+
+class Coordinator:
+    """Decides and commits the batches of one run of one query."""
+
+    def __init__(
+        self,
+        sink: TwoPhaseCommitSink[Any],
+        store: StateStore,
+        *,
+        namespace: str,
+        epoch: int,
+        retry: RetryPolicy | None = None,
+    ) -> None:
+        self.sink = sink
+        self.store = store
+        self.namespace = namespace
+        self.epoch = epoch
+        self.retry = retry or RetryPolicy()
+
+    # -- the two entry points of a batch ---------------------------------------------------
+
+    def commit_batch(self, batch: int, query_id: str, handles: Sequence[Handle]) -> None:
+        """Decide ``batch`` with ``handles`` and make it visible (see the module docstring)."""
+        state = self._owned_state(query_id)
+        for decision in state.pending:
+            if decision.batch < batch:
+                self._finish(decision)
+        if state.is_decided(batch):
+            self._finish_replay(state, batch, handles)
+            return
+        self._sweep(state, query_id, up_to_batch=batch, keep=handles)
+        crash_point(BEFORE_DECISION, batch)
+        started = time.monotonic()
+        decision = self._decide(batch, query_id, handles)
+        decision_ms = (time.monotonic() - started) * 1000
+        crash_point(AFTER_DECISION, batch)
+        self._finish(decision, decision_ms=decision_ms)
+
+    def abort_batch(self, batch: int, query_id: str | None, handles: Sequence[Handle]) -> None:
+        """Spark gave up on ``batch``: discard its transactions unless it is decided."""
+        state = self.store.read()
+        if state is not None and state.is_decided(batch):
+            log.warning("batch %d is decided: not aborting it; the next run finishes it", batch)
+            return
+        self._abort_all(handles)
+        if query_id is not None and state is not None and state.epoch == self.epoch:
+            self._sweep(state, query_id, up_to_batch=batch, keep=())
+
+    def recover(self) -> State:
+        """Finish every decided batch left pending by an earlier run, oldest first."""
+        state = self.store.read()
+        if state is None:
+            raise ConfigurationError(
+                f"no state file at {self.store.path}; a run must be started first.",
+                fix="start the query through twophase.spark, which creates it",
+            )
+        for decision in sorted(state.pending, key=lambda d: d.batch):
+            log.info("recovering decided batch %d (%d transactions)",
+                     decision.batch, len(decision.handles))
+            self._finish(decision)
+        return state
+
+    # -- steps -----------------------------------------------------------------------------
+
+    def _owned_state(self, query_id: str) -> State:
+        state = self.store.read()
+        if state is None:
+            raise ConfigurationError(
+                f"the state file {self.store.path} disappeared while the query ran.",
+                fix="restore it from a backup of the checkpoint; do not delete it",
+            )
+        if state.epoch != self.epoch:
+            raise FencedError(
+                f"run with epoch {self.epoch} is fenced: {self.store.path} is at epoch "
+                f"{state.epoch}, a newer run of this query took over.",
+                fix="stop this run; the newer run finishes every decided batch",
+            )
+        if state.query_id not in (None, query_id):
+            raise ConfigurationError(
+                f"the state file {self.store.path} belongs to query {state.query_id}, "
+                f"but this is query {query_id} (a new checkpoint with an old state location?).",
+                fix="give each checkpoint its own state location",
+            )
+        return state
+
+    def _finish_replay(self, state: State, batch: int, handles: Sequence[Handle]) -> None:
+        log.info("batch %d is a replay of a decided batch: aborting its %d new transactions",
+                 batch, len(handles))
+        self._abort_all(handles)
+        decision = state.decision(batch)
+        if decision is not None:
+            self._finish(decision)
+
+    def _sweep(
+        self, state: State, query_id: str, *, up_to_batch: int, keep: Iterable[Handle]
+    ) -> None:
+        """Abort this query's orphans: undecided, and from this or an earlier batch or run."""
+        protected = state.decided_txns() | {handle.txn_id for handle in keep}
+        ours = query_key(query_id)
+        for handle in self.sink.list_in_doubt(self.namespace):
+            txn = handle.txn_id
+            if txn.query != ours or txn in protected or txn.epoch > self.epoch:
+                continue
+            if txn.epoch < self.epoch or txn.batch <= up_to_batch:
+                log.info("aborting orphan transaction %s", txn)
+                self._abort_one(handle)
+
+    def _decide(self, batch: int, query_id: str, handles: Sequence[Handle]) -> Decision:
+        decision = Decision(batch, self.epoch, time.time(), tuple(handles))
+
+        def add(current: State | None) -> State:
+            state = _existing(current)
+            return replace(state, query_id=query_id, pending=(*state.pending, decision))
+
+        self.store.update(add, epoch=self.epoch)
+        return decision
+
+    def _finish(self, decision: Decision, *, decision_ms: float = 0.0) -> None:
+        started = time.monotonic()
+        outcomes = self._commit_all(decision)
+        commit_ms = (time.monotonic() - started) * 1000
+        crash_point(BEFORE_DONE, decision.batch)
+        record = BatchRecord(
+            batch=decision.batch,
+            epoch=decision.epoch,
+            txns=len(decision.handles),
+            rows=sum(handle.rows for handle in decision.handles),
+            already_committed=outcomes.count(CommitOutcome.ALREADY_COMMITTED),
+            decided_at=decision.decided_at,
+            done_at=time.time(),
+            decision_ms=decision_ms,
+            commit_ms=commit_ms,
+        )
+        self.store.update(lambda current: _mark_done(current, record), epoch=None)
+        log.info("batch %d committed: %d rows in %d transactions (%d already committed), "
+                 "commit %.1f ms", record.batch, record.rows, record.txns,
+                 record.already_committed, commit_ms)
+
+    def _commit_all(self, decision: Decision) -> list[CommitOutcome]:
+        """Commit the first handle, then the rest in parallel (the mid-commit crash point)."""
+        if not decision.handles:
+            return []
+        first, *rest = decision.handles
+        outcomes = [self._commit_one(first)]
+        crash_point(MID_COMMIT, decision.batch)
+        outcomes.extend(self._in_parallel(self._commit_one, rest))
+        return outcomes
+
+    def _commit_one(self, handle: Handle) -> CommitOutcome:
+        return self.retry.call(lambda: self.sink.commit(handle),
+                               what=f"commit of transaction {handle.txn_id}")
+
+    def _abort_one(self, handle: Handle) -> AbortOutcome:
+        return self.retry.call(lambda: self.sink.abort(handle),
+                               what=f"abort of transaction {handle.txn_id}")
+
+    def _abort_all(self, handles: Sequence[Handle]) -> None:
+        self._in_parallel(self._abort_one, handles)
+
+    def _in_parallel(self, action: Callable[[Handle], R], items: Sequence[Handle]) -> list[R]:
+        if len(items) <= 1 or self.sink.commit_parallelism <= 1:
+            return [action(item) for item in items]
+        workers = min(self.sink.commit_parallelism, len(items))
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="twophase") as pool:
+            return list(pool.map(action, items))
+
+
+def _existing(current: State | None) -> State:
+    if current is None:
+        raise FatalError("the state file disappeared while the query ran.",
+                         fix="restore it from a backup of the checkpoint; never delete it")
+    return current
+
+
+def _mark_done(current: State | None, record: BatchRecord) -> State:
+    current = _existing(current)
+    if current.decision(record.batch) is None and record.batch <= current.last_done_batch:
+        return current  # another process (a zombie, cleanup) finished it first
+    return replace(
+        current,
+        pending=tuple(d for d in current.pending if d.batch != record.batch),
+        last_done_batch=max(current.last_done_batch, record.batch),
+        history=(*current.history, record)[-HISTORY_LIMIT:],
+    )

@@ -1,0 +1,187 @@
+"""Transaction ids and handles: the two small values that cross process boundaries.
+
+A :class:`TxnId` names one sink transaction deterministically, so that recovery and cleanup can
+find every transaction a query ever opened by listing the external system, also the ones whose
+handle never reached the driver. Its text form is::
+
+    <namespace>.<query>.<epoch>.<batch>.<partition>.<attempt>.<created>
+
+``query`` is the first 16 hex digits of the query id, ``epoch`` the fencing epoch of the run that
+opened it (so a sweep never touches a newer run's transactions, and ids stay unique when a state
+file is restored from a backup), ``attempt`` the Spark task attempt id, ``created`` the opening
+time in Unix seconds (external systems rarely keep one we can read; cleanup judges age by it).
+The first four fields form the *global* part, at most 59 characters, the rest the *branch* part:
+systems with short id fields (MySQL XA: 64-byte gtrid and bqual) store them separately.
+
+A :class:`Handle` is what ``pre_commit`` returns: the transaction id, the sink kind, the row count
+and a small sink-specific mapping, versioned and JSON-serialisable. It is written into the state
+file, so every handle format ever written must stay loadable (see ``_HANDLE_UPGRADES``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from twophase.errors import ConfigurationError, StateCorruptError
+
+NAMESPACE_MAX_LENGTH = 24
+QUERY_DIGITS = 16
+HANDLE_FORMAT_VERSION = 1
+
+_NAMESPACE_RE = re.compile(rf"^[A-Za-z0-9_-]{{1,{NAMESPACE_MAX_LENGTH}}}$")
+_TXN_RE = re.compile(
+    rf"^(?P<namespace>[A-Za-z0-9_-]{{1,{NAMESPACE_MAX_LENGTH}}})"
+    rf"\.(?P<query>[0-9a-f]{{{QUERY_DIGITS}}})"
+    r"\.(?P<epoch>\d{1,6})\.(?P<batch>\d{1,10})"
+    r"\.(?P<partition>\d{1,6})\.(?P<attempt>\d{1,12})\.(?P<created>\d{1,12})$"
+)
+
+JSON = Any  # a value json.dumps accepts; mypy cannot express the recursive type usefully
+
+
+def validate_namespace(namespace: str) -> str:
+    """Return ``namespace`` if it can prefix transaction ids, else raise ConfigurationError."""
+    if not _NAMESPACE_RE.match(namespace):
+        raise ConfigurationError(
+            f"namespace {namespace!r} is not usable in transaction ids.",
+            fix=f"use 1-{NAMESPACE_MAX_LENGTH} characters from A-Z a-z 0-9 _ -",
+        )
+    return namespace
+
+
+def query_key(query_id: str) -> str:
+    """The part of a (UUID) query id that goes into transaction ids."""
+    digits = query_id.replace("-", "").lower()
+    if len(digits) < QUERY_DIGITS or not re.fullmatch(r"[0-9a-f]+", digits):
+        raise ValueError(f"query id {query_id!r} is not a UUID")
+    return digits[:QUERY_DIGITS]
+
+
+@dataclass(frozen=True, order=True)
+class TxnId:
+    """The deterministic name of one sink transaction (see the module docstring)."""
+
+    namespace: str
+    query: str
+    epoch: int
+    batch: int
+    partition: int
+    attempt: int
+    created: int
+
+    @classmethod
+    def open(
+        cls,
+        *,
+        namespace: str,
+        query_id: str,
+        epoch: int,
+        batch: int,
+        partition: int,
+        attempt: int,
+        clock: Callable[[], float] = time.time,
+    ) -> TxnId:
+        """A new id for a transaction opened now."""
+        return cls(
+            validate_namespace(namespace),
+            query_key(query_id),
+            epoch,
+            batch,
+            partition,
+            attempt,
+            int(clock()),
+        )
+
+    @classmethod
+    def parse(cls, text: str) -> TxnId:
+        """Parse the text form; raises ValueError for anything else."""
+        match = _TXN_RE.match(text)
+        if match is None:
+            raise ValueError(f"not a twophase transaction id: {text!r}")
+        fields = match.groupdict()
+        return cls(
+            fields["namespace"],
+            fields["query"],
+            *(int(fields[name]) for name in ("epoch", "batch", "partition", "attempt", "created")),
+        )
+
+    @property
+    def global_part(self) -> str:
+        """``namespace.query.epoch.batch``: at most 59 characters."""
+        return f"{self.namespace}.{self.query}.{self.epoch}.{self.batch}"
+
+    @property
+    def branch_part(self) -> str:
+        """``partition.attempt.created``."""
+        return f"{self.partition}.{self.attempt}.{self.created}"
+
+    @classmethod
+    def from_parts(cls, global_part: str, branch_part: str) -> TxnId:
+        return cls.parse(f"{global_part}.{branch_part}")
+
+    def belongs_to(self, namespace: str, query_id: str) -> bool:
+        return self.namespace == namespace and self.query == query_key(query_id)
+
+    def __str__(self) -> str:
+        return f"{self.global_part}.{self.branch_part}"
+
+
+@dataclass(frozen=True)
+class Handle:
+    """A pre-committed transaction: durable in the external system, not yet visible.
+
+    ``data`` holds what the sink needs to commit or abort it from another process (an upload id,
+    a producer id and epoch, ...). Keep it small: it is stored in the state file.
+    """
+
+    txn_id: TxnId
+    sink: str
+    rows: int = 0
+    data: Mapping[str, JSON] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, JSON]:
+        return {
+            "v": HANDLE_FORMAT_VERSION,
+            "sink": self.sink,
+            "txn": str(self.txn_id),
+            "rows": self.rows,
+            "data": dict(self.data),
+        }
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json(), separators=(",", ":"), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, JSON]) -> Handle:
+        """Load a handle written by this or any earlier version of twophase."""
+        version = obj.get("v")
+        if not isinstance(version, int) or version > HANDLE_FORMAT_VERSION:
+            raise StateCorruptError(
+                f"handle format {version!r} is unknown to this twophase "
+                f"(which reads up to {HANDLE_FORMAT_VERSION}): {dict(obj)!r}.",
+                fix="run the newer twophase version that wrote it",
+            )
+        current = dict(obj)
+        while current["v"] < HANDLE_FORMAT_VERSION:
+            current = _HANDLE_UPGRADES[current["v"]](current)
+        return cls(
+            txn_id=TxnId.parse(current["txn"]),
+            sink=current["sink"],
+            rows=int(current["rows"]),
+            data=current["data"],
+        )
+
+    @classmethod
+    def loads(cls, text: str) -> Handle:
+        return cls.from_json(json.loads(text))
+
+
+# Upgrades from each older handle format to the next one. A format change adds an entry here and
+# a golden file under tests/data/handles/; the golden files of every older format must keep
+# loading. There is only one format so far.
+_HANDLE_UPGRADES: dict[int, Callable[[dict[str, JSON]], dict[str, JSON]]] = {}

@@ -1,0 +1,273 @@
+"""The state file: the authority on which batches are decided.
+
+One JSON file per query, by default ``<checkpointLocation>/twophase/state.json``, so it moves with
+Spark's checkpoint. It holds the fencing epoch, the last batch whose transactions are all
+committed, every decided-but-not-done batch with its handles, and a bounded history.
+
+Durability and atomicity: every change is a read-modify-write under an exclusive ``flock`` on
+``state.lock``; the new content goes to a temporary file that is fsynced, renamed over
+``state.json``, and the directory is fsynced. A reader therefore sees the old or the new state,
+never a torn one; the body also carries a SHA-256 checksum, so a file damaged any other way is
+refused (``StateCorruptError``) instead of being read as "nothing decided".
+
+Fencing: each run bumps the epoch when it starts. Every change a run makes names the epoch it
+holds; a run whose epoch is older than the file's is a zombie and gets ``FencedError``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from twophase._handle import Handle, TxnId
+from twophase.errors import ConfigurationError, FencedError, StateCorruptError
+
+log = logging.getLogger("twophase")
+
+STATE_FORMAT_VERSION = 1
+STATE_DIR_NAME = "twophase"
+STATE_FILE_NAME = "state.json"
+LOCK_FILE_NAME = "state.lock"
+HISTORY_LIMIT = 100
+NO_BATCH = -1
+
+_DIR_MODE = 0o700
+_FILE_MODE = 0o600
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A decided batch: its handles must all end up committed."""
+
+    batch: int
+    epoch: int
+    decided_at: float
+    handles: tuple[Handle, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "batch": self.batch,
+            "epoch": self.epoch,
+            "decided_at": self.decided_at,
+            "handles": [handle.to_json() for handle in self.handles],
+        }
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> Decision:
+        return cls(
+            batch=int(obj["batch"]),
+            epoch=int(obj["epoch"]),
+            decided_at=float(obj["decided_at"]),
+            handles=tuple(Handle.from_json(handle) for handle in obj["handles"]),
+        )
+
+
+@dataclass(frozen=True)
+class BatchRecord:
+    """What the history remembers of a completed batch (for status, the demo and benchmarks)."""
+
+    batch: int
+    epoch: int
+    txns: int
+    rows: int
+    already_committed: int
+    decided_at: float
+    done_at: float
+    decision_ms: float
+    commit_ms: float
+
+
+@dataclass(frozen=True)
+class State:
+    namespace: str
+    epoch: int = 0
+    query_id: str | None = None
+    last_done_batch: int = NO_BATCH
+    pending: tuple[Decision, ...] = ()
+    history: tuple[BatchRecord, ...] = ()
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    def decision(self, batch: int) -> Decision | None:
+        return next((d for d in self.pending if d.batch == batch), None)
+
+    def is_decided(self, batch: int) -> bool:
+        """True if ``batch`` is decided: pending, or done (every batch up to the last done one)."""
+        return batch <= self.last_done_batch or self.decision(batch) is not None
+
+    def decided_txns(self) -> frozenset[TxnId]:
+        return frozenset(h.txn_id for d in self.pending for h in d.handles)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": STATE_FORMAT_VERSION,
+            "namespace": self.namespace,
+            "epoch": self.epoch,
+            "query_id": self.query_id,
+            "last_done_batch": self.last_done_batch,
+            "pending": [d.to_json() for d in self.pending],
+            "history": [vars(r) for r in self.history],
+            "settings": self.settings,
+        }
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> State:
+        return cls(
+            namespace=obj["namespace"],
+            epoch=int(obj["epoch"]),
+            query_id=obj["query_id"],
+            last_done_batch=int(obj["last_done_batch"]),
+            pending=tuple(Decision.from_json(d) for d in obj["pending"]),
+            history=tuple(BatchRecord(**r) for r in obj["history"]),
+            settings=dict(obj["settings"]),
+        )
+
+
+def _checksum(body: dict[str, Any]) -> str:
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+class StateStore:
+    """Reads and atomically replaces one query's state file."""
+
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        self.directory = Path(directory)
+        self.path = self.directory / STATE_FILE_NAME
+
+    @classmethod
+    def for_checkpoint(cls, checkpoint_location: str) -> StateStore:
+        return cls(Path(checkpoint_location) / STATE_DIR_NAME)
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def read(self) -> State | None:
+        """The current state, or None if there is no state file yet."""
+        try:
+            raw = self.path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise ConfigurationError(
+                f"cannot read the state file {self.path}: {exc.strerror}.",
+                fix="make it readable by the user running the query",
+            ) from exc
+        return self._decode(raw)
+
+    def _decode(self, raw: bytes) -> State:
+        try:
+            envelope = json.loads(raw)
+            body = envelope["state"]
+            intact = envelope["checksum"] == _checksum(body)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise self._corrupt(f"it is not a twophase state file ({exc})") from exc
+        if not intact:
+            raise self._corrupt("its checksum does not match its content")
+        if body.get("format") != STATE_FORMAT_VERSION:
+            raise self._corrupt(f"its format {body.get('format')!r} is unknown to this version")
+        return State.from_json(body)
+
+    def _corrupt(self, why: str) -> StateCorruptError:
+        return StateCorruptError(
+            f"state file {self.path} cannot be trusted: {why}. It records which batches were "
+            "decided; guessing could commit a batch twice or lose one.",
+            fix="restore the file from a backup of the checkpoint, or inspect it with "
+            "`python -m twophase.status`; never delete it while transactions are pending",
+        )
+
+    # -- changing --------------------------------------------------------------------------
+
+    def update(
+        self,
+        change: Callable[[State | None], State],
+        *,
+        epoch: int | None,
+    ) -> State:
+        """Apply ``change`` under the lock and replace the file atomically.
+
+        ``epoch`` is the epoch the caller holds; if the file has moved on, the caller is a zombie
+        and gets FencedError without anything being written. ``None`` skips the check (for
+        changes that are safe from any process: starting a run, marking a batch done).
+        """
+        with self._locked():
+            current = self.read()
+            if epoch is not None and current is not None and current.epoch != epoch:
+                raise FencedError(
+                    f"run with epoch {epoch} is fenced: the state file {self.path} is at epoch "
+                    f"{current.epoch}, so a newer run of this query took over.",
+                    fix="stop this run; the newer run finishes every decided batch",
+                )
+            new = change(current)
+            self._replace(new)
+            return new
+
+    def start_run(self, namespace: str, settings: dict[str, Any]) -> State:
+        """Bump the epoch (fencing every older run) and return the new state."""
+
+        def bump(current: State | None) -> State:
+            if current is None:
+                return State(namespace=namespace, epoch=1, settings=settings)
+            if current.namespace != namespace:
+                raise ConfigurationError(
+                    f"state file {self.path} belongs to namespace {current.namespace!r}, "
+                    f"not {namespace!r}; its in-doubt transactions would be orphaned.",
+                    fix=f"keep namespace={current.namespace!r} for this checkpoint, or start "
+                    "the new namespace with a new checkpoint location",
+                )
+            return replace(current, epoch=current.epoch + 1, settings=settings)
+
+        return self.update(bump, epoch=None)
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        self._ensure_directory()
+        try:
+            fd = os.open(self.directory / LOCK_FILE_NAME, os.O_RDWR | os.O_CREAT, _FILE_MODE)
+        except OSError as exc:
+            raise self._unwritable(exc) from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # closing releases the lock
+
+    def _ensure_directory(self) -> None:
+        try:
+            self.directory.mkdir(mode=_DIR_MODE, parents=True, exist_ok=True)
+        except OSError as exc:
+            raise self._unwritable(exc) from exc
+
+    def _unwritable(self, exc: OSError) -> ConfigurationError:
+        return ConfigurationError(
+            f"cannot write the state location {self.directory}: {exc.strerror or exc}.",
+            fix="give the query's user write access there, or pass another state location",
+        )
+
+    def _replace(self, state: State) -> None:
+        body = state.to_json()
+        data = json.dumps({"checksum": _checksum(body), "state": body}, indent=1).encode()
+        tmp = self.directory / f".{STATE_FILE_NAME}.{os.getpid()}.tmp"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, _FILE_MODE)
+            with os.fdopen(fd, "wb") as file:
+                file.write(data)
+                file.flush()
+                os.fsync(file.fileno())
+            os.replace(tmp, self.path)
+            dir_fd = os.open(self.directory, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise self._unwritable(exc) from exc
+
