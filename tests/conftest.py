@@ -1,3 +1,1 @@
 """Shared fixtures. Servers are real processes started here and stopped at the end of the run."""
-
-pytest_plugins = ["tests.servers.mariadb"]
