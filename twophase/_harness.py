@@ -1,0 +1,170 @@
+"""A crashable streaming driver, for the demo, the crash tests and the chaos runs.
+
+:func:`launch` starts ``python -m twophase._harness <spec.json>`` in a session of its own (so a
+crash point can SIGKILL the driver, its JVM and its Python workers together, like ``kill -9`` of
+a job), optionally armed at a crash point, and returns how it ended. The driver streams a
+generated order-status feed (JSON files, ``files_per_batch`` per micro-batch) through
+:func:`twophase.spark.write_stream` into the sink that ``sink_factory`` builds, until every file
+is consumed (``availableNow``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import os
+import random
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import SparkSession
+
+from twophase._crash import CRASH_ENV
+from twophase.sink import TwoPhaseCommitSink
+from twophase.spark import write_stream
+
+ORDER_STATUSES = ("created", "paid", "packed", "shipped", "delivered", "cancelled")
+FEED_SCHEMA = "event_id BIGINT, order_id BIGINT, status STRING, ts TIMESTAMP"
+FEED_START = datetime(2026, 11, 1, tzinfo=UTC)
+SPARK_CONF = {
+    "spark.ui.enabled": "false",
+    "spark.sql.shuffle.partitions": "2",
+    "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1",
+    "spark.sql.streaming.minBatchesToRetain": "10",
+}
+
+
+@dataclass(frozen=True)
+class DriverSpec:
+    """Everything a driver process needs; written to JSON and read by the child."""
+
+    input_dir: str
+    checkpoint: str
+    sink_factory: str  # "module:callable", called with sink_kwargs
+    sink_kwargs: dict[str, Any] = field(default_factory=dict)
+    files_per_batch: int = 1
+    partitions: int = 2
+    foreach_batch: bool = False
+    log_level: str = "INFO"
+
+    def build_sink(self) -> TwoPhaseCommitSink[Any]:
+        module, _, name = self.sink_factory.partition(":")
+        factory = getattr(importlib.import_module(module), name)
+        sink: TwoPhaseCommitSink[Any] = factory(**self.sink_kwargs)
+        return sink
+
+
+def generate_feed(input_dir: Path, *, files: int, rows_per_file: int, seed: int = 7) -> int:
+    """Write ``files`` JSON files of order events with unique ``event_id``; return the row count."""
+    input_dir.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(seed)  # noqa: S311 - test data, not secrets
+    event_id = 0
+    for number in range(files):
+        with (input_dir / f"orders-{number:05d}.json").open("w") as out:
+            for _ in range(rows_per_file):
+                out.write(json.dumps(_order_event(rng, event_id)) + "\n")
+                event_id += 1
+    return event_id
+
+
+def _order_event(rng: random.Random, event_id: int) -> dict[str, Any]:
+    ts = FEED_START + timedelta(seconds=event_id)
+    return {
+        "event_id": event_id,
+        "order_id": rng.randrange(1, 50_000),
+        "status": rng.choice(ORDER_STATUSES),
+        "ts": ts.isoformat(),
+    }
+
+
+@dataclass(frozen=True)
+class RunResult:
+    returncode: int
+    crashed: bool  # killed by SIGKILL, as an armed crash point does
+    log: Path
+
+
+def launch(spec: DriverSpec, *, workdir: Path, crash_at: str | None = None,
+           timeout_s: float = 600) -> RunResult:
+    """Run one driver to its end (or its crash point) in a session of its own."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    spec_path = workdir / "driver-spec.json"
+    spec_path.write_text(json.dumps(asdict(spec)))
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    env.pop(CRASH_ENV, None)
+    if crash_at:
+        env[CRASH_ENV] = crash_at
+    log_path = workdir / "driver.log"
+    with log_path.open("a") as log_file:
+        log_file.write(f"\n=== driver run, crash point {crash_at or 'none'} ===\n")
+        log_file.flush()
+        process = subprocess.Popen(
+            [sys.executable, "-m", "twophase._harness", str(spec_path)],
+            env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        try:
+            returncode = process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            raise
+        finally:
+            _reap_session(process.pid)
+    return RunResult(returncode, returncode == -signal.SIGKILL, log_path)
+
+
+def _reap_session(session: int) -> None:
+    """Kill what is left of a driver's session (a JVM whose Python parent died, say)."""
+    for pid in _session_members(session):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            continue
+
+
+def _session_members(session: int) -> Iterator[int]:
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if os.getsid(int(entry.name)) == session:
+                    yield int(entry.name)
+            except (ProcessLookupError, PermissionError):
+                continue
+
+
+# -- the child ----------------------------------------------------------------------------
+
+
+def run_driver(spec: DriverSpec) -> None:
+    """Stream every file of the feed into the sink, then return."""
+    builder = SparkSession.builder.master(f"local[{spec.partitions}]").appName("twophase-driver")
+    for key, value in SPARK_CONF.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    feed = (spark.readStream.schema(FEED_SCHEMA)
+            .option("maxFilesPerTrigger", spec.files_per_batch).json(spec.input_dir)
+            .repartition(spec.partitions))
+    query = write_stream(feed, spec.build_sink(), checkpoint_location=spec.checkpoint,
+                         trigger={"availableNow": True}, foreach_batch=spec.foreach_batch)
+    query.awaitTermination()
+    spark.stop()
+
+
+def main(argv: list[str]) -> int:
+    spec = DriverSpec(**json.loads(Path(argv[0]).read_text()))
+    logging.basicConfig(level=spec.log_level, stream=sys.stdout,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    run_driver(spec)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
