@@ -172,6 +172,12 @@ class SQLiteSink(TwoPhaseCommitSink[SQLiteTransaction]):
         txn_id = str(txn.ctx.txn_id)
         columns = list(txn.ctx.column_names)
         with self._transaction(f"pre-commit of {txn_id}", txn.connection) as connection:
+            if self._is_committed(connection, txn_id):
+                raise FatalError(
+                    f"transaction id {txn_id} was already committed once; committing it again "
+                    "would silently drop these rows (a state file restored from a backup?).",
+                    fix="restart the query so it opens transactions under a new epoch",
+                )
             connection.execute("SAVEPOINT trial")
             self._apply_staged(connection, txn_id, columns)  # raises now if a row does not fit
             connection.execute("ROLLBACK TO trial")
@@ -184,7 +190,14 @@ class SQLiteSink(TwoPhaseCommitSink[SQLiteTransaction]):
         return self.handle(txn.ctx.txn_id, txn.rows)
 
     def discard(self, txn: SQLiteTransaction) -> None:
-        txn.connection.close()  # staged chunks stay in doubt until a sweep aborts them
+        """Drop the staged chunks now; if that fails too, a sweep or cleanup drops them later."""
+        try:
+            with self._transaction(f"discard of {txn.ctx.txn_id}", txn.connection) as connection:
+                self._drop_staged(connection, str(txn.ctx.txn_id))
+        except TwoPhaseError as exc:
+            log.warning("could not discard %s, it stays in doubt: %s", txn.ctx.txn_id, exc)
+        finally:
+            txn.connection.close()
 
     # -- driver ----------------------------------------------------------------------------
 
@@ -359,7 +372,9 @@ class SQLiteSink(TwoPhaseCommitSink[SQLiteTransaction]):
 
     def _require_unique_key(self, connection: sqlite3.Connection) -> None:
         table = quote(self.table)
-        unique_keys = [
+        primary_key = tuple(row[1] for row in connection.execute(f"PRAGMA table_info({table})")
+                            if row[5])
+        unique_keys = [primary_key] + [
             tuple(row[2] for row in connection.execute(f"PRAGMA index_info({quote(index[1])})"))
             for index in connection.execute(f"PRAGMA index_list({table})") if index[2]
         ]

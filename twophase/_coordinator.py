@@ -32,7 +32,7 @@ from twophase._crash import (
 from twophase._handle import Handle, query_key
 from twophase._retry import RetryPolicy
 from twophase._state import HISTORY_LIMIT, BatchRecord, Decision, State, StateStore
-from twophase.errors import ConfigurationError, FatalError, FencedError
+from twophase.errors import ConfigurationError
 from twophase.sink import AbortOutcome, CommitOutcome, TwoPhaseCommitSink
 
 log = logging.getLogger("twophase")
@@ -63,7 +63,7 @@ class Coordinator:
     def commit_batch(self, batch: int, query_id: str, handles: Sequence[Handle]) -> None:
         """Decide ``batch`` with ``handles`` and make it visible (see the module docstring)."""
         state = self._owned_state(query_id)
-        for decision in state.pending:
+        for decision in _oldest_first(state.pending):
             if decision.batch < batch:
                 self._finish(decision)
         if state.is_decided(batch):
@@ -84,38 +84,24 @@ class Coordinator:
             log.warning("batch %d is decided: not aborting it; the next run finishes it", batch)
             return
         self._abort_all(handles)
-        if query_id is not None and state is not None and state.epoch == self.epoch:
+        if state is None or state.epoch != self.epoch:
+            return  # fenced or not started: sweeping is the owner's job
+        query_id = query_id or state.query_id  # failed tasks may have sent no message at all
+        if query_id is not None:
             self._sweep(state, query_id, up_to_batch=batch, keep=())
 
-    def recover(self) -> State:
+    def recover(self) -> None:
         """Finish every decided batch left pending by an earlier run, oldest first."""
-        state = self.store.read()
-        if state is None:
-            raise ConfigurationError(
-                f"no state file at {self.store.path}; a run must be started first.",
-                fix="start the query through twophase.spark, which creates it",
-            )
-        for decision in sorted(state.pending, key=lambda d: d.batch):
+        for decision in _oldest_first(self.store.read_existing().pending):
             log.info("recovering decided batch %d (%d transactions)",
                      decision.batch, len(decision.handles))
             self._finish(decision)
-        return state
 
     # -- steps -----------------------------------------------------------------------------
 
     def _owned_state(self, query_id: str) -> State:
-        state = self.store.read()
-        if state is None:
-            raise ConfigurationError(
-                f"the state file {self.store.path} disappeared while the query ran.",
-                fix="restore it from a backup of the checkpoint; do not delete it",
-            )
-        if state.epoch != self.epoch:
-            raise FencedError(
-                f"run with epoch {self.epoch} is fenced: {self.store.path} is at epoch "
-                f"{state.epoch}, a newer run of this query took over.",
-                fix="stop this run; the newer run finishes every decided batch",
-            )
+        state = self.store.read_existing()
+        self.store.check_epoch(state, self.epoch)
         if state.query_id not in (None, query_id):
             raise ConfigurationError(
                 f"the state file {self.store.path} belongs to query {state.query_id}, "
@@ -149,8 +135,7 @@ class Coordinator:
     def _decide(self, batch: int, query_id: str, handles: Sequence[Handle]) -> Decision:
         decision = Decision(batch, self.epoch, time.time(), tuple(handles))
 
-        def add(current: State | None) -> State:
-            state = _existing(current)
+        def add(state: State) -> State:
             return replace(state, query_id=query_id, pending=(*state.pending, decision))
 
         self.store.update(add, epoch=self.epoch)
@@ -206,15 +191,11 @@ class Coordinator:
             return list(pool.map(action, items))
 
 
-def _existing(current: State | None) -> State:
-    if current is None:
-        raise FatalError("the state file disappeared while the query ran.",
-                         fix="restore it from a backup of the checkpoint; never delete it")
-    return current
+def _oldest_first(decisions: Iterable[Decision]) -> list[Decision]:
+    return sorted(decisions, key=lambda decision: decision.batch)
 
 
-def _mark_done(current: State | None, record: BatchRecord) -> State:
-    current = _existing(current)
+def _mark_done(current: State, record: BatchRecord) -> State:
     if current.decision(record.batch) is None and record.batch <= current.last_done_batch:
         return current  # another process (a zombie, cleanup) finished it first
     return replace(

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from twophase._handle import Handle, TxnId
-from twophase.errors import ConfigurationError, FencedError, StateCorruptError
+from twophase.errors import ConfigurationError, FatalError, FencedError, StateCorruptError
 
 log = logging.getLogger("twophase")
 
@@ -184,26 +184,41 @@ class StateStore:
 
     # -- changing --------------------------------------------------------------------------
 
-    def update(
-        self,
-        change: Callable[[State | None], State],
-        *,
-        epoch: int | None,
-    ) -> State:
+    def update(self, change: Callable[[State], State], *, epoch: int | None) -> State:
         """Apply ``change`` under the lock and replace the file atomically.
 
         ``epoch`` is the epoch the caller holds; if the file has moved on, the caller is a zombie
         and gets FencedError without anything being written. ``None`` skips the check (for
-        changes that are safe from any process: starting a run, marking a batch done).
+        changes that are safe from any process, like marking a batch done).
         """
+        return self._update(lambda current: change(self._existing(current)), epoch=epoch)
+
+    def read_existing(self) -> State:
+        """The current state; a missing file is an error (the run must have started)."""
+        return self._existing(self.read())
+
+    def check_epoch(self, state: State, epoch: int) -> None:
+        """Raise FencedError if ``state`` belongs to a newer run than the one holding ``epoch``."""
+        if state.epoch != epoch:
+            raise FencedError(
+                f"run with epoch {epoch} is fenced: the state file {self.path} is at epoch "
+                f"{state.epoch}, so a newer run of this query took over.",
+                fix="stop this run; the newer run finishes every decided batch",
+            )
+
+    def _existing(self, current: State | None) -> State:
+        if current is None:
+            raise FatalError(
+                f"there is no state file {self.path}, but this run of its query started.",
+                fix="restore it from a backup of the checkpoint; never delete it",
+            )
+        return current
+
+    def _update(self, change: Callable[[State | None], State], *, epoch: int | None) -> State:
         with self._locked():
             current = self.read()
-            if epoch is not None and current is not None and current.epoch != epoch:
-                raise FencedError(
-                    f"run with epoch {epoch} is fenced: the state file {self.path} is at epoch "
-                    f"{current.epoch}, so a newer run of this query took over.",
-                    fix="stop this run; the newer run finishes every decided batch",
-                )
+            if epoch is not None and current is not None:
+                self.check_epoch(current, epoch)
             new = change(current)
             self._replace(new)
             return new
@@ -223,7 +238,15 @@ class StateStore:
                 )
             return replace(current, epoch=current.epoch + 1, settings=settings)
 
-        return self.update(bump, epoch=None)
+        state = self._update(bump, epoch=None)
+        self._remove_stale_temporaries()
+        return state
+
+    def _remove_stale_temporaries(self) -> None:
+        """Temporary files of writers killed before their rename: never valid, never read."""
+        for stale in self.directory.glob(f".{STATE_FILE_NAME}.*.tmp"):
+            with contextlib.suppress(OSError):
+                stale.unlink()
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:

@@ -153,11 +153,8 @@ def _start_run(
     return config
 
 
-def _with_job_query_id(state: State | None) -> State:
+def _with_job_query_id(state: State) -> State:
     """Batch jobs of one state location share a query id, so a job sweeps its crashed ones."""
-    if state is None:
-        raise ConfigurationError("the state file vanished at the start of the job.",
-                                 fix="do not delete state files of running jobs")
     return state if state.query_id else replace(state, query_id=str(uuid.uuid4()))
 
 

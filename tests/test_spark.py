@@ -1,0 +1,165 @@
+"""twophase.spark through real PySpark (one shared local session), SQLite as the target."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.errors import StreamingQueryException
+from pyspark.sql import DataFrame, SparkSession
+
+from sinks.sqlite import SQLiteSink
+from twophase import ConfigurationError, SchemaMismatchError
+from twophase._harness import FEED_SCHEMA, generate_feed
+from twophase._state import StateStore
+from twophase.spark import write, write_stream
+
+pytestmark = pytest.mark.spark
+
+FILES, ROWS_PER_FILE = 4, 150
+
+
+@pytest.fixture
+def feed(tmp_path: Path) -> Path:
+    directory = tmp_path / "feed"
+    generate_feed(directory, files=FILES, rows_per_file=ROWS_PER_FILE)
+    return directory
+
+
+def read_feed(spark: SparkSession, directory: Path) -> DataFrame:
+    return (spark.readStream.schema(FEED_SCHEMA).option("maxFilesPerTrigger", 1)
+            .json(str(directory)).repartition(2))
+
+
+def run_to_end(spark: SparkSession, feed: Path, sink: SQLiteSink, checkpoint: Path,
+               **options: Any) -> None:
+    query = write_stream(read_feed(spark, feed), sink, checkpoint_location=str(checkpoint),
+                         trigger={"availableNow": True}, **options)
+    query.awaitTermination()
+
+
+def assert_exactly_once(reader: sqlite3.Connection, sink: SQLiteSink, expected: int) -> None:
+    ids = [row[0] for row in reader.execute("SELECT event_id FROM orders ORDER BY event_id")]
+    assert ids == list(range(expected))  # none missing, none twice
+    assert sink.list_in_doubt("orders") == []
+
+
+@pytest.mark.parametrize("foreach_batch", [False, True], ids=["data-source", "foreach-batch"])
+def test_a_stream_delivers_every_row_exactly_once(
+    spark: SparkSession, feed: Path, sqlite_sink: SQLiteSink, sqlite_reader: sqlite3.Connection,
+    tmp_path: Path, foreach_batch: bool,
+) -> None:
+    run_to_end(spark, feed, sqlite_sink, tmp_path / "ckpt", foreach_batch=foreach_batch)
+    assert_exactly_once(sqlite_reader, sqlite_sink, FILES * ROWS_PER_FILE)
+    state = StateStore(tmp_path / "ckpt" / "twophase").read()
+    assert state is not None
+    assert (state.last_done_batch, state.pending) == (FILES - 1, ())
+    assert [r.rows for r in state.history] == [ROWS_PER_FILE] * FILES
+    assert all(r.txns == 2 for r in state.history)
+
+
+def test_a_batch_spark_replays_after_the_sink_committed_commits_nothing_twice(
+    spark: SparkSession, feed: Path, sqlite_sink: SQLiteSink, sqlite_reader: sqlite3.Connection,
+    tmp_path: Path,
+) -> None:
+    checkpoint = tmp_path / "ckpt"
+    run_to_end(spark, feed, sqlite_sink, checkpoint)
+    # A crash after twophase committed batch N but before Spark wrote commits/N:
+    for name in (str(FILES - 1), f".{FILES - 1}.crc"):
+        (checkpoint / "commits" / name).unlink()
+    run_to_end(spark, feed, sqlite_sink, checkpoint)
+    assert_exactly_once(sqlite_reader, sqlite_sink, FILES * ROWS_PER_FILE)
+    state = StateStore(checkpoint / "twophase").read()
+    assert state is not None and state.epoch == 2
+    assert (checkpoint / "commits" / str(FILES - 1)).exists()
+
+
+def test_a_batch_job_is_one_decision_and_the_next_job_the_next_batch(
+    spark: SparkSession, sqlite_sink: SQLiteSink, sqlite_reader: sqlite3.Connection,
+    tmp_path: Path,
+) -> None:
+    jobs = [[(i, i, "paid", None) for i in range(first, first + 50)] for first in (0, 50)]
+    for rows in jobs:
+        df = spark.createDataFrame(rows, FEED_SCHEMA).repartition(3)
+        write(df, sqlite_sink, state_location=str(tmp_path / "job-state"))
+    assert_exactly_once(sqlite_reader, sqlite_sink, 100)
+    state = StateStore(tmp_path / "job-state").read()
+    assert state is not None
+    assert [(r.batch, r.rows, r.txns) for r in state.history] == [(0, 50, 3), (1, 50, 3)]
+
+
+def rewrite_keeping_mtime(path: Path, lines: list[str]) -> None:
+    stat = path.stat()
+    path.write_text("\n".join(lines) + "\n")
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+
+def test_a_row_that_does_not_fit_stops_the_query_then_the_fixed_restart_delivers_all(
+    spark: SparkSession, feed: Path, sqlite_sink: SQLiteSink, sqlite_reader: sqlite3.Connection,
+    tmp_path: Path,
+) -> None:
+    bad_file = sorted(feed.iterdir())[2]
+    good_lines = bad_file.read_text().splitlines()
+    bad_event = json.loads(good_lines[7])
+    bad_lines = list(good_lines)
+    bad_lines[7] = json.dumps({**bad_event, "status": "bogus"})  # fails CHECK (status <> 'bogus')
+    rewrite_keeping_mtime(bad_file, bad_lines)  # the file source orders files by mtime
+
+    with pytest.raises(StreamingQueryException, match=r"violates a constraint of the target: "
+                       r"CHECK constraint failed.*Fix: correct or filter"):
+        run_to_end(spark, feed, sqlite_sink, tmp_path / "ckpt")
+    # Batches 0 and 1 are in; nothing of batch 2 is visible; nothing is left in doubt.
+    assert_exactly_once(sqlite_reader, sqlite_sink, 2 * ROWS_PER_FILE)
+
+    rewrite_keeping_mtime(bad_file, good_lines)  # the operator fixes the input
+    run_to_end(spark, feed, sqlite_sink, tmp_path / "ckpt")
+    assert_exactly_once(sqlite_reader, sqlite_sink, FILES * ROWS_PER_FILE)
+
+
+def test_an_unwritable_state_location_fails_before_the_start_then_the_fix_delivers_all(
+    spark: SparkSession, feed: Path, sqlite_sink: SQLiteSink, sqlite_reader: sqlite3.Connection,
+    tmp_path: Path,
+) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    with pytest.raises(ConfigurationError,
+                       match=f"cannot write the state location {blocker}/state.*Fix: give"):
+        run_to_end(spark, feed, sqlite_sink, tmp_path / "ckpt",
+                   state_location=str(blocker / "state"))
+    assert not (tmp_path / "ckpt").exists()
+    assert_exactly_once(sqlite_reader, sqlite_sink, 0)
+
+    run_to_end(spark, feed, sqlite_sink, tmp_path / "ckpt", state_location=str(tmp_path / "state"))
+    assert_exactly_once(sqlite_reader, sqlite_sink, FILES * ROWS_PER_FILE)
+
+
+@pytest.mark.parametrize(("options", "error", "message"), [
+    ({"checkpoint_location": ""}, ConfigurationError, "write_stream needs checkpoint_location"),
+    ({"namespace": "has space"}, ConfigurationError, "namespace 'has space' is not usable"),
+    ({"state_location": "s3://bucket/state"}, ConfigurationError, "must be on a local file system"),
+])
+def test_a_missing_or_wrong_option_is_named_before_anything_is_written(
+    spark: SparkSession, feed: Path, sqlite_sink: SQLiteSink, sqlite_reader: sqlite3.Connection,
+    tmp_path: Path, options: dict[str, str], error: type[Exception], message: str,
+) -> None:
+    arguments: dict[str, Any] = {"checkpoint_location": str(tmp_path / "ckpt"), **options}
+    with pytest.raises(error, match=f"{message}.*Fix: "):
+        write_stream(read_feed(spark, feed), sqlite_sink, **arguments)
+    assert_exactly_once(sqlite_reader, sqlite_sink, 0)
+    run_to_end(spark, feed, sqlite_sink, tmp_path / "ckpt")
+    assert_exactly_once(sqlite_reader, sqlite_sink, FILES * ROWS_PER_FILE)
+
+
+def test_rows_with_a_column_the_table_lacks_are_refused_before_the_start(
+    spark: SparkSession, feed: Path, sqlite_sink: SQLiteSink, tmp_path: Path,
+) -> None:
+    df = read_feed(spark, feed).withColumnRenamed("status", "state")
+    with pytest.raises(SchemaMismatchError,
+                       match=r"\['state'\] of the rows are not in table 'orders'"):
+        write_stream(df, sqlite_sink, checkpoint_location=str(tmp_path / "ckpt"))
+    with pytest.raises(ConfigurationError, match="is not a TwoPhaseCommitSink"):
+        write_stream(df, object(), checkpoint_location=str(tmp_path / "ckpt"))  # type: ignore[arg-type]

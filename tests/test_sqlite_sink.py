@@ -1,0 +1,171 @@
+"""sinks.sqlite at the sink level: every phase against a real SQLite database file."""
+
+from __future__ import annotations
+
+import sqlite3
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+
+from sinks.sqlite import SQLiteSink
+from tests.txns import ORDER_COLUMNS, context, orders, prepare
+from twophase import (
+    AbortOutcome,
+    Column,
+    CommitOutcome,
+    ConfigurationError,
+    FatalError,
+    Handle,
+    SchemaMismatchError,
+    TransactionLostError,
+)
+
+
+def visible(reader: sqlite3.Connection) -> list[int]:
+    return [row[0] for row in reader.execute("SELECT event_id FROM orders ORDER BY event_id")]
+
+
+def test_pre_committed_rows_are_durable_but_invisible_until_commit(
+    sqlite_sink: SQLiteSink, sqlite_reader: sqlite3.Connection
+) -> None:
+    handle = prepare(sqlite_sink, orders(0, 5))
+    assert visible(sqlite_reader) == []
+    assert [h.txn_id for h in sqlite_sink.list_in_doubt("orders")] == [handle.txn_id]
+    assert sqlite_sink.commit(handle) is CommitOutcome.COMMITTED
+    assert visible(sqlite_reader) == [0, 1, 2, 3, 4]
+    assert sqlite_sink.list_in_doubt("orders") == []
+
+
+def test_commit_is_idempotent(sqlite_sink: SQLiteSink, sqlite_reader: sqlite3.Connection) -> None:
+    handle = prepare(sqlite_sink, orders(0, 3))
+    assert sqlite_sink.commit(handle) is CommitOutcome.COMMITTED
+    assert sqlite_sink.commit(handle) is CommitOutcome.ALREADY_COMMITTED
+    assert visible(sqlite_reader) == [0, 1, 2]
+
+
+def test_abort_is_idempotent_and_a_decided_abort_is_reported_lost(
+    sqlite_sink: SQLiteSink, sqlite_reader: sqlite3.Connection
+) -> None:
+    handle = prepare(sqlite_sink, orders(0, 3))
+    assert sqlite_sink.abort(handle) is AbortOutcome.ABORTED
+    assert sqlite_sink.abort(handle) is AbortOutcome.NOT_FOUND
+    with pytest.raises(TransactionLostError, match=rf"transaction {handle.txn_id} \(3 rows"):
+        sqlite_sink.commit(handle)
+    assert visible(sqlite_reader) == []
+
+
+def test_an_empty_partition_commits(
+    sqlite_sink: SQLiteSink, sqlite_reader: sqlite3.Connection
+) -> None:
+    handle = prepare(sqlite_sink, [])
+    assert handle.rows == 0
+    assert sqlite_sink.commit(handle) is CommitOutcome.COMMITTED
+    assert sqlite_sink.commit(handle) is CommitOutcome.ALREADY_COMMITTED
+    assert visible(sqlite_reader) == []
+
+
+def test_a_row_violating_a_constraint_fails_at_pre_commit_and_nothing_is_visible(
+    sqlite_sink: SQLiteSink, sqlite_reader: sqlite3.Connection
+) -> None:
+    rows = [*orders(0, 3), (3, 1003, "bogus", None)]
+    with pytest.raises(SchemaMismatchError, match=r"violates a constraint.*CHECK constraint"):
+        prepare(sqlite_sink, rows, batch=4)
+    assert visible(sqlite_reader) == []
+    assert sqlite_sink.list_in_doubt("orders") == []  # discarded by the failing writer
+
+
+def test_staged_rows_of_a_writer_that_died_are_in_doubt_until_aborted(
+    sqlite_sink: SQLiteSink, sqlite_reader: sqlite3.Connection
+) -> None:
+    txn = sqlite_sink.begin_transaction(context(batch=3))
+    sqlite_sink.write(txn, orders(0, 5))
+    txn.connection.close()  # the executor died between write and pre-commit
+    (leftover,) = sqlite_sink.list_in_doubt("orders")
+    assert leftover.txn_id == txn.ctx.txn_id
+    assert sqlite_sink.abort(leftover) is AbortOutcome.ABORTED
+    assert sqlite_sink.list_in_doubt("orders") == []
+    assert visible(sqlite_reader) == []
+
+
+def test_upsert_keeps_the_last_row_per_key_within_and_across_transactions(tmp_path: Path) -> None:
+    path = tmp_path / "status.db"
+    with sqlite3.connect(path) as connection:
+        connection.execute("CREATE TABLE status (order_id INTEGER PRIMARY KEY, status TEXT)")
+    sink = SQLiteSink(path, "status", mode="upsert", key=("order_id",))
+    columns = (Column("order_id", "bigint"), Column("status", "string"))
+    sink.check_schema(columns)
+    first = prepare(sink, [(1, "created"), (2, "created"), (1, "paid")], columns=columns)
+    second = prepare(sink, [(2, "shipped")], columns=columns, batch=1)
+    sink.commit(first)
+    sink.commit(second)
+    with sqlite3.connect(path) as connection:
+        assert connection.execute("SELECT * FROM status ORDER BY 1").fetchall() == [
+            (1, "paid"), (2, "shipped")]
+
+
+def test_values_spark_hands_over_are_stored(sqlite_sink: SQLiteSink,
+                                           sqlite_reader: sqlite3.Connection) -> None:
+    ts = datetime(2026, 11, 21, 12, 30, tzinfo=UTC)
+    handle = prepare(sqlite_sink, [(1, 2, "paid", ts)])
+    sqlite_sink.commit(handle)
+    assert sqlite_reader.execute("SELECT ts FROM orders").fetchone() == (ts.isoformat(),)
+    columns = (*ORDER_COLUMNS[:3], Column("ts", "decimal(10,2)"))
+    sqlite_sink.commit(prepare(sqlite_sink, [(2, 2, "paid", Decimal("1.50"))], columns=columns,
+                               batch=1))
+    assert sqlite_reader.execute("SELECT ts FROM orders WHERE event_id = 2").fetchone() == ("1.50",)
+
+
+def test_schema_check_names_the_missing_column_and_the_fix(sqlite_sink: SQLiteSink) -> None:
+    columns = (*ORDER_COLUMNS, Column("coupon", "string"))
+    with pytest.raises(SchemaMismatchError,
+                       match=r"\['coupon'\] of the rows are not in table 'orders'.*Fix: add"):
+        sqlite_sink.check_schema(columns)
+    sqlite_sink.check_schema(ORDER_COLUMNS)
+
+
+def test_schema_check_of_a_missing_table_and_a_non_unique_upsert_key(orders_db: Path) -> None:
+    with pytest.raises(SchemaMismatchError, match="table 'nope' does not exist"):
+        SQLiteSink(orders_db, "nope").check_schema(ORDER_COLUMNS)
+    with pytest.raises(SchemaMismatchError, match=r"upsert key \['order_id'\] is not a primary"):
+        upsert = SQLiteSink(orders_db, "orders", mode="upsert", key=("order_id",))
+        upsert.check_schema(ORDER_COLUMNS)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"table": ""}, "needs a table name"),
+    ({"table": "t", "mode": "merge"}, "unknown mode 'merge'"),
+    ({"table": "t", "mode": "upsert"}, "needs the key columns"),
+    ({"table": "t", "chunk_size": 0}, "chunk_size=0 must be at least 1"),
+])
+def test_wrong_options_are_refused_with_a_fix(orders_db: Path, kwargs: dict[str, object],
+                                             message: str) -> None:
+    with pytest.raises(ConfigurationError, match=f"{message}.* Fix: "):
+        SQLiteSink(orders_db, **kwargs)  # type: ignore[arg-type]
+
+
+def test_in_doubt_listing_is_per_namespace(sqlite_sink: SQLiteSink) -> None:
+    mine = prepare(sqlite_sink, orders(0, 1))
+    prepare(sqlite_sink, orders(1, 1), namespace="payments")
+    assert [h.txn_id for h in sqlite_sink.list_in_doubt("orders")] == [mine.txn_id]
+
+
+def test_a_reused_transaction_id_is_refused_at_pre_commit(sqlite_sink: SQLiteSink) -> None:
+    sqlite_sink.commit(prepare(sqlite_sink, orders(0, 1), attempt=7))
+    with pytest.raises(FatalError, match="already committed once"):
+        prepare(sqlite_sink, orders(1, 1), attempt=7)
+
+
+def test_a_handle_of_another_sink_kind_is_refused(sqlite_sink: SQLiteSink) -> None:
+    foreign = Handle(context().txn_id, "mysql", rows=1)
+    with pytest.raises(ConfigurationError, match="written by a 'mysql' sink"):
+        sqlite_sink.commit(foreign)
+
+
+def test_old_commit_records_are_purged(sqlite_sink: SQLiteSink, orders_db: Path) -> None:
+    sqlite_sink.commit(prepare(sqlite_sink, orders(0, 1)))
+    assert sqlite_sink.purge_commit_records("orders", datetime.now(UTC) - timedelta(days=1)) == 0
+    assert sqlite_sink.purge_commit_records("orders", datetime.now(UTC) + timedelta(seconds=1)) == 1
+    with sqlite3.connect(orders_db) as connection:
+        assert connection.execute("SELECT count(*) FROM _twophase_committed").fetchone() == (0,)
