@@ -29,7 +29,7 @@ from twophase._crash import (
     MID_COMMIT,
     crash_point,
 )
-from twophase._handle import Handle, query_key
+from twophase._handle import Handle, TxnId, query_key
 from twophase._retry import RetryPolicy
 from twophase._state import HISTORY_LIMIT, BatchRecord, Decision, State, StateStore
 from twophase.errors import ConfigurationError
@@ -123,13 +123,11 @@ class Coordinator:
     ) -> None:
         """Abort this query's orphans: undecided, and from this or an earlier batch or run."""
         protected = state.decided_txns() | {handle.txn_id for handle in keep}
-        ours = query_key(query_id)
         for handle in self.sink.list_in_doubt(self.namespace):
-            txn = handle.txn_id
-            if txn.query != ours or txn in protected or txn.epoch > self.epoch:
-                continue
-            if txn.epoch < self.epoch or txn.batch <= up_to_batch:
-                log.info("aborting orphan transaction %s", txn)
+            if handle.txn_id not in protected and is_orphan(
+                handle.txn_id, query_id=query_id, epoch=self.epoch, up_to_batch=up_to_batch
+            ):
+                log.info("aborting orphan transaction %s", handle.txn_id)
                 self._abort_one(handle)
 
     def _decide(self, batch: int, query_id: str, handles: Sequence[Handle]) -> Decision:
@@ -189,6 +187,18 @@ class Coordinator:
         workers = min(self.sink.commit_parallelism, len(items))
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="twophase") as pool:
             return list(pool.map(action, items))
+
+
+def is_orphan(txn: TxnId, *, query_id: str, epoch: int, up_to_batch: int) -> bool:
+    """Can ``txn`` (not referenced by any decision) never be decided by the run holding ``epoch``?
+
+    True for transactions of the query from an earlier run (an earlier run never decides
+    again: it is fenced) and from this run for batches up to ``up_to_batch`` (decided or being
+    decided without it). Never for another query's or a newer run's transactions.
+    """
+    if txn.query != query_key(query_id) or txn.epoch > epoch:
+        return False
+    return txn.epoch < epoch or txn.batch <= up_to_batch
 
 
 def _oldest_first(decisions: Iterable[Decision]) -> list[Decision]:

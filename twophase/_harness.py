@@ -18,7 +18,8 @@ import random
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -33,6 +34,8 @@ from twophase.spark import write_stream
 ORDER_STATUSES = ("created", "paid", "packed", "shipped", "delivered", "cancelled")
 FEED_SCHEMA = "event_id BIGINT, order_id BIGINT, status STRING, ts TIMESTAMP"
 FEED_START = datetime(2026, 11, 1, tzinfo=UTC)
+DRIVER_TIMEOUT_S = 600.0
+POLL_INTERVAL_S = 0.5
 SPARK_CONF = {
     "spark.ui.enabled": "false",
     "spark.sql.shuffle.partitions": "2",
@@ -92,8 +95,12 @@ class RunResult:
 
 
 def launch(spec: DriverSpec, *, workdir: Path, crash_at: str | None = None,
-           timeout_s: float = 600) -> RunResult:
-    """Run one driver to its end (or its crash point) in a session of its own."""
+           timeout_s: float = DRIVER_TIMEOUT_S,
+           while_running: Callable[[], None] | None = None) -> RunResult:
+    """Run one driver to its end (or its crash point) in a session of its own.
+
+    ``while_running`` is called about every ``POLL_INTERVAL_S`` until the driver exits.
+    """
     workdir.mkdir(parents=True, exist_ok=True)
     spec_path = workdir / "driver-spec.json"
     spec_path.write_text(json.dumps(asdict(spec)))
@@ -110,14 +117,24 @@ def launch(spec: DriverSpec, *, workdir: Path, crash_at: str | None = None,
             env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
         )
         try:
-            returncode = process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-            raise
+            returncode = _wait(process, timeout_s, while_running)
         finally:
             _reap_session(process.pid)
     return RunResult(returncode, returncode == -signal.SIGKILL, log_path)
+
+
+def _wait(process: subprocess.Popen[bytes], timeout_s: float,
+          while_running: Callable[[], None] | None) -> int:
+    deadline = time.monotonic() + timeout_s
+    while (returncode := process.poll()) is None:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"driver {process.pid} still running after {timeout_s:.0f}s")
+        if while_running is not None:
+            while_running()
+        time.sleep(POLL_INTERVAL_S)
+    if while_running is not None:
+        while_running()
+    return returncode
 
 
 def _reap_session(session: int) -> None:

@@ -1,0 +1,341 @@
+"""``python -m twophase.cleanup``: finish what was decided, abort what never will be (for cron).
+
+For each target (a sink plus the state locations of the queries writing into it):
+
+1. roll forward: commit every decided-but-not-done batch of each state file;
+2. abort orphans: in-doubt transactions of the target's namespace that no decision references
+   and that can never be decided: from an earlier run of their query, from a batch its query
+   already finished, or older than ``older_than`` (default: twice the query's trigger interval,
+   at least 10 minutes). Transactions of queries with no configured state are only reported,
+   unless ``abort_unknown`` is set (they might belong to a query you did not list);
+3. purge proofs of commit older than ``retention`` (default 7 days).
+
+It never bumps an epoch, so it is safe while the queries run. One JSON line per action goes to
+stdout, a log line per action to stderr. Exit codes: 0 all well, 1 an action failed, 2 bad
+usage or configuration, 3 attention needed (a decided transaction is lost, or old in-doubt
+transactions of unknown queries are left).
+
+Config file (TOML), one ``[[target]]`` per sink; an option written ``{ env = "NAME" }`` is read
+from the environment (keep passwords out of the file)::
+
+    [[target]]
+    sink = "sinks.mysql:MySQLXASink"
+    options = { host = "db", user = "etl", password = { env = "DB_PASSWORD" }, table = "orders" }
+    states = ["/checkpoints/orders/twophase"]
+    older_than = "15m"        # optional
+    abort_unknown = false     # optional
+    retention = "7d"          # optional
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import os
+import re
+import sys
+import time
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from twophase._coordinator import Coordinator, is_orphan
+from twophase._handle import Handle, validate_namespace
+from twophase._state import State, StateStore
+from twophase.errors import ConfigurationError, TransactionLostError, TwoPhaseError
+from twophase.sink import TwoPhaseCommitSink
+
+log = logging.getLogger("twophase.cleanup")
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_ATTENTION = 0, 1, 2, 3
+DEFAULT_MIN_ORPHAN_AGE_S = 600.0
+DEFAULT_RETENTION_S = 7 * 86_400.0
+TRIGGER_INTERVALS_PER_ORPHAN_AGE = 2
+
+_UNITS_S = {"ms": 0.001, "millisecond": 0.001, "s": 1.0, "sec": 1.0, "second": 1.0,
+            "m": 60.0, "min": 60.0, "minute": 60.0, "h": 3600.0, "hour": 3600.0,
+            "d": 86_400.0, "day": 86_400.0}
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]+?)s?\s*$")
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in ``"10m"``, ``"7d"``, ``"10 seconds"``, ``"500 ms"``."""
+    match = _DURATION_RE.match(text.lower())
+    if not match or match.group(2) not in _UNITS_S:
+        raise ConfigurationError(f"cannot read {text!r} as a duration.",
+                                 fix="write it like 30s, 10m, 2h or 7d")
+    return float(match.group(1)) * _UNITS_S[match.group(2)]
+
+
+@dataclass(frozen=True)
+class Target:
+    sink: TwoPhaseCommitSink[Any]
+    states: tuple[StateStore, ...]
+    namespace: str
+    older_than_s: float | None = None
+    abort_unknown: bool = False
+    retention_s: float = DEFAULT_RETENTION_S
+
+
+@dataclass
+class Action:
+    """One thing cleanup did (or, with --dry-run, would do)."""
+
+    action: str
+    namespace: str
+    subject: str
+    reason: str
+    done: bool
+    error: str | None = None
+
+
+@dataclass
+class Report:
+    actions: list[Action] = field(default_factory=list)
+    attention: bool = False
+
+    def add(self, action: Action) -> None:
+        self.actions.append(action)
+        level = logging.ERROR if action.error else logging.INFO
+        log.log(level, "%s %s %s: %s%s", action.action, action.namespace, action.subject,
+                action.reason, f" FAILED: {action.error}" if action.error else "")
+
+    @property
+    def exit_code(self) -> int:
+        if self.attention:
+            return EXIT_ATTENTION
+        return EXIT_FAILED if any(a.error for a in self.actions) else EXIT_OK
+
+
+def clean(target: Target, report: Report, *, dry_run: bool,
+          clock: Callable[[], float] = time.time) -> None:
+    states = [(store, store.read()) for store in target.states]
+    known = [(store, state) for store, state in states if state is not None]
+    for store, state in known:
+        _roll_forward(target, store, state, report, dry_run=dry_run)
+    _abort_orphans(target, [state for _, state in known], report, dry_run=dry_run, now=clock())
+    _purge(target, report, dry_run=dry_run, now=clock())
+
+
+def _roll_forward(target: Target, store: StateStore, state: State, report: Report, *,
+                  dry_run: bool) -> None:
+    if not state.pending:
+        return
+    subject = f"batches {[d.batch for d in state.pending]} of {store.path}"
+    action = Action("roll_forward", target.namespace, subject, "decided, not done", not dry_run)
+    if not dry_run:
+        try:
+            Coordinator(target.sink, store, namespace=state.namespace,
+                        epoch=state.epoch).recover()
+        except TwoPhaseError as exc:
+            action.done, action.error = False, str(exc)
+            report.attention |= isinstance(exc, TransactionLostError)
+    report.add(action)
+
+
+def _abort_orphans(target: Target, states: list[State], report: Report, *, dry_run: bool,
+                   now: float) -> None:
+    decided = frozenset().union(*(state.decided_txns() for state in states))
+    for handle in target.sink.list_in_doubt(target.namespace):
+        if handle.txn_id in decided:
+            continue
+        reason = _orphan_reason(target, states, handle, now)
+        if reason is None:
+            continue
+        if reason.startswith("unknown"):
+            report.attention = True
+            report.add(Action("keep_unknown", target.namespace, str(handle.txn_id), reason,
+                              done=False))
+            continue
+        report.add(_abort(target, handle, reason, dry_run=dry_run))
+
+
+def _orphan_reason(target: Target, states: list[State], handle: Handle, now: float) -> str | None:
+    """Why ``handle`` can be aborted ("unknown ..." if it might be another query's), or None."""
+    txn = handle.txn_id
+    age = now - txn.created
+    owners = [(s, s.query_id) for s in states
+              if s.query_id is not None and txn.belongs_to(s.namespace, s.query_id)]
+    if not owners:
+        if age < _older_than(target, None):
+            return None
+        if target.abort_unknown:
+            return f"query of no configured state, {age:.0f}s old (abort_unknown)"
+        return f"unknown query, {age:.0f}s old: list its state location, or set abort_unknown"
+    owner, query_id = owners[0]
+    if is_orphan(txn, query_id=query_id, epoch=owner.epoch, up_to_batch=owner.last_done_batch):
+        return f"undecided; its query finished batch {owner.last_done_batch} or moved on"
+    if age >= _older_than(target, owner):
+        return f"undecided for {age:.0f}s"
+    return None
+
+
+def _abort(target: Target, handle: Handle, reason: str, *, dry_run: bool) -> Action:
+    action = Action("abort_orphan", target.namespace, str(handle.txn_id), reason, not dry_run)
+    if not dry_run:
+        try:
+            target.sink.abort(handle)
+        except TwoPhaseError as exc:
+            action.done, action.error = False, str(exc)
+    return action
+
+
+def _older_than(target: Target, state: State | None) -> float:
+    if target.older_than_s is not None:
+        return target.older_than_s
+    interval = _trigger_interval_s(state.settings) if state else 0.0
+    return max(DEFAULT_MIN_ORPHAN_AGE_S, TRIGGER_INTERVALS_PER_ORPHAN_AGE * interval)
+
+
+def _trigger_interval_s(settings: Mapping[str, Any]) -> float:
+    interval = settings.get("trigger", {}).get("processingTime")
+    try:
+        return parse_duration(str(interval)) if interval else 0.0
+    except ConfigurationError:
+        return 0.0
+
+
+def _purge(target: Target, report: Report, *, dry_run: bool, now: float) -> None:
+    before = datetime.fromtimestamp(now - target.retention_s, tz=UTC)
+    action = Action("purge", target.namespace, f"commit records before {before.isoformat()}",
+                    "past retention", not dry_run)
+    if not dry_run:
+        try:
+            action.reason = f"{target.sink.purge_commit_records(target.namespace, before)} purged"
+        except TwoPhaseError as exc:
+            action.done, action.error = False, str(exc)
+    report.add(action)
+
+
+def forget_batch(store: StateStore, batch: int) -> None:
+    """Drop a decided batch whose transactions are lost, after its rows were re-delivered."""
+
+    def forget(state: State) -> State:
+        if state.decision(batch) is None:
+            raise ConfigurationError(f"batch {batch} is not pending in {store.path}.",
+                                     fix="see `python -m twophase.status` for pending batches")
+        return replace(state, pending=tuple(d for d in state.pending if d.batch != batch),
+                       last_done_batch=max(state.last_done_batch, batch))
+
+    store.update(forget, epoch=None)
+    log.warning("forgot decided batch %d of %s: its lost rows must be re-delivered by you",
+                batch, store.path)
+
+
+# -- configuration ---------------------------------------------------------------------------
+
+
+def build_sink(factory: str, options: Mapping[str, Any]) -> TwoPhaseCommitSink[Any]:
+    module_name, _, name = factory.partition(":")
+    try:
+        built = getattr(importlib.import_module(module_name), name)(**_resolve_env(options))
+    except (ImportError, AttributeError, TypeError, ValueError) as exc:
+        raise ConfigurationError(f"cannot build sink {factory!r}: {exc}.",
+                                 fix="give 'module:Class' and the options it takes") from exc
+    if not isinstance(built, TwoPhaseCommitSink):
+        raise ConfigurationError(f"{factory!r} did not build a TwoPhaseCommitSink.",
+                                 fix="point sink at a sink class or factory")
+    return built
+
+
+def _resolve_env(options: Mapping[str, Any]) -> dict[str, Any]:
+    return {key: _from_env(key, value) for key, value in options.items()}
+
+
+def _from_env(key: str, value: Any) -> Any:
+    """An option written ``{ env = "NAME" }`` is the value of $NAME."""
+    if not (isinstance(value, Mapping) and set(value) == {"env"}):
+        return value
+    if value["env"] not in os.environ:
+        raise ConfigurationError(f"option {key!r} reads ${value['env']}, which is unset.",
+                                 fix=f"export {value['env']} for the cleanup job")
+    return os.environ[value["env"]]
+
+
+def target_from(entry: Mapping[str, Any]) -> Target:
+    sink = build_sink(entry["sink"], entry.get("options", {}))
+    states = tuple(StateStore(path) for path in entry.get("states", ()))
+    namespace = entry.get("namespace") or _namespace_of(states) or sink.default_namespace()
+    older = entry.get("older_than")
+    return Target(
+        sink=sink,
+        states=states,
+        namespace=validate_namespace(namespace),
+        older_than_s=parse_duration(older) if older else None,
+        abort_unknown=bool(entry.get("abort_unknown", False)),
+        retention_s=parse_duration(entry.get("retention", "7d")),
+    )
+
+
+def _namespace_of(states: tuple[StateStore, ...]) -> str | None:
+    namespaces = {state.namespace for store in states if (state := store.read())}
+    if len(namespaces) > 1:
+        raise ConfigurationError(f"the states of one target have namespaces {namespaces}.",
+                                 fix="make one target per namespace")
+    return next(iter(namespaces), None)
+
+
+def _targets(args: argparse.Namespace) -> list[Target]:
+    if args.config:
+        entries = tomllib.loads(Path(args.config).read_text()).get("target", [])
+        if not entries:
+            raise ConfigurationError(f"{args.config} has no [[target]] table.",
+                                     fix="see `python -m twophase.cleanup --help`")
+        return [target_from(entry) for entry in entries]
+    if not args.sink:
+        raise ConfigurationError("no target given.",
+                                 fix="pass --config FILE, or --sink and --state")
+    return [target_from({
+        "sink": args.sink, "options": json.loads(args.options), "states": args.state,
+        "namespace": args.namespace, "older_than": args.older_than,
+        "abort_unknown": args.abort_unknown, "retention": args.retention,
+    })]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m twophase.cleanup", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", help="TOML file with [[target]] tables")
+    parser.add_argument("--sink", help="module:Class of a single target's sink")
+    parser.add_argument("--options", default="{}", help="JSON keyword arguments of the sink")
+    parser.add_argument("--state", action="append", default=[], help="a state location")
+    parser.add_argument("--namespace")
+    parser.add_argument("--older-than")
+    parser.add_argument("--abort-unknown", action="store_true")
+    parser.add_argument("--retention", default="7d")
+    parser.add_argument("--dry-run", action="store_true", help="report, change nothing")
+    parser.add_argument("--forget-batch", type=int, metavar="N",
+                        help="drop lost decided batch N of the one --state (after re-delivery)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        if args.forget_batch is not None:
+            if len(args.state) != 1:
+                raise ConfigurationError("--forget-batch needs exactly one --state.",
+                                         fix="name the state location of that query")
+            forget_batch(StateStore(args.state[0]), args.forget_batch)
+            return EXIT_OK
+        targets = _targets(args)
+    except (ConfigurationError, tomllib.TOMLDecodeError, json.JSONDecodeError, OSError) as exc:
+        log.error("%s", exc)
+        return EXIT_USAGE
+    report = Report()
+    for target in targets:
+        try:
+            clean(target, report, dry_run=args.dry_run)
+        except TwoPhaseError as exc:
+            report.add(Action("target", target.namespace, repr(target.sink), "cleanup stopped",
+                              done=False, error=str(exc)))
+    for action in report.actions:
+        sys.stdout.write(json.dumps(asdict(action)) + "\n")
+    return report.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
