@@ -143,8 +143,7 @@ def test_the_cron_command_reads_a_config_file_and_prints_json_lines(
     )
     assert result.returncode == 0, result.stderr
     actions = [json.loads(line) for line in result.stdout.splitlines()]
-    assert [(a["action"], a["subject"]) for a in actions][0] == ("abort_orphan",
-                                                                 str(orphan.txn_id))
+    assert (actions[0]["action"], actions[0]["subject"]) == ("abort_orphan", str(orphan.txn_id))
     assert "abort_orphan orders" in result.stderr  # a log line per action
     assert in_doubt(sqlite_sink) == set()
 

@@ -165,3 +165,19 @@ def test_history_stays_bounded(sqlite_sink: SQLiteSink, tmp_path: Path) -> None:
     assert state is not None
     assert len(state.history) == HISTORY_LIMIT
     assert state.history[-1].batch == HISTORY_LIMIT + 4
+
+
+def test_a_new_run_aborts_earlier_runs_orphans_before_it_writes(
+    sqlite_sink: SQLiteSink, sqlite_reader: sqlite3.Connection, tmp_path: Path
+) -> None:
+    """Orphans hold locks in a database: the replay of their batch must not wait for them."""
+    crashed = start_run(sqlite_sink, tmp_path)
+    crashed.commit_batch(0, QUERY_ID, [prepare(sqlite_sink, orders(0, 1), batch=0)])
+    orphan = prepare(sqlite_sink, orders(1, 1), batch=1, epoch=crashed.epoch)
+    other_query = prepare(sqlite_sink, orders(2, 1), batch=1, query_id=OTHER_QUERY_ID)
+
+    start_run(sqlite_sink, tmp_path).start(QUERY_ID)
+
+    assert {h.txn_id for h in sqlite_sink.list_in_doubt("orders")} == {other_query.txn_id}
+    assert orphan.txn_id not in {h.txn_id for h in sqlite_sink.list_in_doubt("orders")}
+    assert event_ids(sqlite_reader) == [0]

@@ -8,40 +8,66 @@ system's own view must then hold every input row exactly once, with nothing left
 
 from __future__ import annotations
 
+import itertools
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from sinks.sqlite import SQLiteSink
 from tests.conftest import ORDERS_DDL
-from twophase._crash import CRASH_POINTS
+from tests.servers.mariadb import Db, MariaDBServer
+from twophase._crash import AFTER_DECISION, AFTER_PRE_COMMIT, CRASH_POINTS, MID_COMMIT
 from twophase._harness import DriverSpec, generate_feed, launch
 from twophase._state import StateStore
 
 pytestmark = [pytest.mark.spark, pytest.mark.crash]
 
 FILES, ROWS_PER_FILE, CRASH_BATCH = 3, 200, 1
+EXPECTED_IDS = list(range(FILES * ROWS_PER_FILE))
+MYSQL_ORDERS_DDL = (
+    "CREATE TABLE `{table}` (event_id BIGINT NOT NULL PRIMARY KEY, order_id BIGINT NOT NULL, "
+    "status VARCHAR(16) NOT NULL, ts DATETIME(6)) ENGINE=InnoDB"
+)
+_mysql_tables = itertools.count()
+
+
+def driver_spec(tmp_path: Path, sink_factory: str, sink_kwargs: dict[str, Any], *,
+                foreach_batch: bool = False) -> DriverSpec:
+    generate_feed(tmp_path / "feed", files=FILES, rows_per_file=ROWS_PER_FILE)
+    return DriverSpec(input_dir=str(tmp_path / "feed"), checkpoint=str(tmp_path / "ckpt"),
+                      sink_factory=sink_factory, sink_kwargs=sink_kwargs,
+                      foreach_batch=foreach_batch)
+
+
+def crash_then_recover(spec: DriverSpec, workdir: Path, point: str,
+                       while_down: Callable[[], None] | None = None) -> None:
+    """Kill the driver at ``point`` (then run ``while_down``), restart it to the end."""
+    crashed = launch(spec, workdir=workdir, crash_at=f"{point}@{CRASH_BATCH}")
+    assert crashed.crashed, f"the driver did not die at {point}: see {crashed.log}"
+    if while_down is not None:
+        while_down()
+    recovered = launch(spec, workdir=workdir)
+    assert recovered.returncode == 0, f"the restarted driver failed: see {recovered.log}"
+
+
+def assert_state_finished(spec: DriverSpec) -> None:
+    state = StateStore(Path(spec.checkpoint) / "twophase").read()
+    assert state is not None
+    assert (state.pending, state.last_done_batch) == ((), FILES - 1)
+
+
+# -- SQLite ------------------------------------------------------------------------------------
 
 
 def sqlite_spec(tmp_path: Path, *, foreach_batch: bool = False) -> DriverSpec:
     database = tmp_path / "orders.db"
     with sqlite3.connect(database) as connection:
         connection.execute(ORDERS_DDL)
-    generate_feed(tmp_path / "feed", files=FILES, rows_per_file=ROWS_PER_FILE)
-    return DriverSpec(
-        input_dir=str(tmp_path / "feed"), checkpoint=str(tmp_path / "ckpt"),
-        sink_factory="sinks.sqlite:SQLiteSink",
-        sink_kwargs={"path": str(database), "table": "orders"},
-        foreach_batch=foreach_batch,
-    )
-
-
-def crash_then_recover(spec: DriverSpec, workdir: Path, point: str) -> None:
-    crashed = launch(spec, workdir=workdir, crash_at=f"{point}@{CRASH_BATCH}")
-    assert crashed.crashed, f"the driver did not die at {point}: see {crashed.log}"
-    recovered = launch(spec, workdir=workdir)
-    assert recovered.returncode == 0, f"the restarted driver failed: see {recovered.log}"
+    return driver_spec(tmp_path, "sinks.sqlite:SQLiteSink",
+                       {"path": str(database), "table": "orders"}, foreach_batch=foreach_batch)
 
 
 def assert_sqlite_exactly_once(spec: DriverSpec) -> None:
@@ -49,12 +75,10 @@ def assert_sqlite_exactly_once(spec: DriverSpec) -> None:
     with sqlite3.connect(sink.path) as connection:
         ids = [row[0] for row in connection.execute("SELECT event_id FROM orders ORDER BY 1")]
         staged = connection.execute(f'SELECT count(*) FROM "{sink.staged_table}"').fetchone()[0]
-    assert ids == list(range(FILES * ROWS_PER_FILE)), "rows lost or duplicated"
+    assert ids == EXPECTED_IDS, "rows lost or duplicated"
     assert staged == 0
     assert sink.list_in_doubt("orders") == []
-    state = StateStore(Path(spec.checkpoint) / "twophase").read()
-    assert state is not None
-    assert (state.pending, state.last_done_batch) == ((), FILES - 1)
+    assert_state_finished(spec)
 
 
 @pytest.mark.parametrize("point", CRASH_POINTS)
@@ -70,5 +94,48 @@ def test_foreach_batch_driver_killed_mid_commit_recovers_every_row_exactly_once(
     tmp_path: Path,
 ) -> None:
     spec = sqlite_spec(tmp_path, foreach_batch=True)
-    crash_then_recover(spec, tmp_path / "runs", "mid_commit")
+    crash_then_recover(spec, tmp_path / "runs", MID_COMMIT)
     assert_sqlite_exactly_once(spec)
+
+
+# -- MySQL / MariaDB ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def mysql_spec(mariadb: MariaDBServer, db: Db, tmp_path: Path) -> DriverSpec:
+    """A stream into a fresh table (primary key on event_id) with in-database fencing on."""
+    table = f"orders_{next(_mysql_tables)}"
+    db.query(MYSQL_ORDERS_DDL.format(table=table))
+    return driver_spec(tmp_path, "sinks.mysql:MySQLXASink",
+                       {**mariadb.params.kwargs(), "table": table, "fencing": True})
+
+
+def assert_mysql_exactly_once(spec: DriverSpec, db: Db) -> None:
+    table = spec.sink_kwargs["table"]
+    ids = [row[0] for row in db.query(f"SELECT event_id FROM `{table}` ORDER BY 1")]
+    assert ids == EXPECTED_IDS, "rows lost or duplicated"
+    assert db.xa_recover() == [], "prepared XA branches left behind"
+    assert_state_finished(spec)
+
+
+@pytest.mark.parametrize("point", CRASH_POINTS)
+def test_mysql_driver_killed_at_each_point_recovers_every_row_exactly_once(
+    mysql_spec: DriverSpec, db: Db, tmp_path: Path, point: str
+) -> None:
+    crash_then_recover(mysql_spec, tmp_path / "runs", point)
+    assert_mysql_exactly_once(mysql_spec, db)
+
+
+@pytest.mark.parametrize("point", [AFTER_PRE_COMMIT, AFTER_DECISION])
+def test_mysql_server_killed_while_branches_are_prepared_recovers_exactly_once(
+    mysql_spec: DriverSpec, mariadb: MariaDBServer, db: Db, tmp_path: Path, point: str
+) -> None:
+    """Driver killed with branches prepared (undecided / decided), then kill -9 of MariaDB."""
+
+    def kill_and_restart_the_server() -> None:
+        assert db.xa_recover(), "nothing was prepared when the driver died"
+        mariadb.kill()
+        mariadb.restart_after_kill()
+
+    crash_then_recover(mysql_spec, tmp_path / "runs", point, kill_and_restart_the_server)
+    assert_mysql_exactly_once(mysql_spec, db)

@@ -163,3 +163,16 @@ def test_rows_with_a_column_the_table_lacks_are_refused_before_the_start(
         write_stream(df, sqlite_sink, checkpoint_location=str(tmp_path / "ckpt"))
     with pytest.raises(ConfigurationError, match="is not a TwoPhaseCommitSink"):
         write_stream(df, object(), checkpoint_location=str(tmp_path / "ckpt"))  # type: ignore[arg-type]
+
+
+def test_a_new_checkpoint_with_an_old_state_location_is_refused_before_the_start(
+    spark: SparkSession, feed: Path, sqlite_sink: SQLiteSink, sqlite_reader: sqlite3.Connection,
+    tmp_path: Path,
+) -> None:
+    """A new checkpoint restarts batch ids at 0: they must not pass for replays of old ones."""
+    state = str(tmp_path / "state")
+    run_to_end(spark, feed, sqlite_sink, tmp_path / "ckpt", state_location=state)
+    with pytest.raises(ConfigurationError, match=r"belongs to query .* but the checkpoint .* "
+                       r"to query \(none: a new checkpoint\)"):
+        run_to_end(spark, feed, sqlite_sink, tmp_path / "new-ckpt", state_location=state)
+    assert_exactly_once(sqlite_reader, sqlite_sink, FILES * ROWS_PER_FILE)

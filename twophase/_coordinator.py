@@ -32,7 +32,7 @@ from twophase._crash import (
 from twophase._handle import Handle, TxnId, query_key
 from twophase._retry import RetryPolicy
 from twophase._state import HISTORY_LIMIT, BatchRecord, Decision, State, StateStore
-from twophase.errors import ConfigurationError
+from twophase.errors import ConfigurationError, TwoPhaseError
 from twophase.sink import AbortOutcome, CommitOutcome, TwoPhaseCommitSink
 
 log = logging.getLogger("twophase")
@@ -57,12 +57,14 @@ class Coordinator:
         self.namespace = namespace
         self.epoch = epoch
         self.retry = retry or RetryPolicy()
+        self._claimed: str | None = None  # the query this process fenced the sink for
 
     # -- the two entry points of a batch ---------------------------------------------------
 
     def commit_batch(self, batch: int, query_id: str, handles: Sequence[Handle]) -> None:
         """Decide ``batch`` with ``handles`` and make it visible (see the module docstring)."""
         state = self._owned_state(query_id)
+        self._claim(query_id)
         for decision in _oldest_first(state.pending):
             if decision.batch < batch:
                 self._finish(decision)
@@ -80,7 +82,7 @@ class Coordinator:
     def abort_batch(self, batch: int, query_id: str | None, handles: Sequence[Handle]) -> None:
         """Spark gave up on ``batch``: discard its transactions unless it is decided."""
         state = self.store.read()
-        if state is not None and state.is_decided(batch):
+        if state is not None and state.query_id in (None, query_id) and state.is_decided(batch):
             log.warning("batch %d is decided: not aborting it; the next run finishes it", batch)
             return
         self._abort_all(handles)
@@ -88,14 +90,31 @@ class Coordinator:
             return  # fenced or not started: sweeping is the owner's job
         query_id = query_id or state.query_id  # failed tasks may have sent no message at all
         if query_id is not None:
+            self._claim(query_id)
             self._sweep(state, query_id, up_to_batch=batch, keep=())
 
     def recover(self) -> None:
         """Finish every decided batch left pending by an earlier run, oldest first."""
-        for decision in _oldest_first(self.store.read_existing().pending):
+        state = self.store.read_existing()
+        if state.pending and state.query_id is not None:
+            self._claim(state.query_id)
+        for decision in _oldest_first(state.pending):
             log.info("recovering decided batch %d (%d transactions)",
                      decision.batch, len(decision.handles))
             self._finish(decision)
+
+    def start(self, query_id: str | None) -> None:
+        """Begin a run: finish what earlier runs decided, abort what they left undecided.
+
+        Earlier runs' undecided transactions can never be decided (those runs are fenced), and
+        in a database they hold row locks that the replay of their batch would wait for: abort
+        them before this run's first task writes.
+        """
+        self.recover()
+        if query_id is not None:
+            self._claim(query_id)
+            state = self.store.read_existing()
+            self._sweep(state, query_id, up_to_batch=state.last_done_batch, keep=())
 
     # -- steps -----------------------------------------------------------------------------
 
@@ -110,6 +129,13 @@ class Coordinator:
             )
         return state
 
+    def _claim(self, query_id: str) -> None:
+        """Fence the sink for this run's epoch, once per process (see TwoPhaseCommitSink.fence)."""
+        if self._claimed != query_id:
+            self.retry.call(lambda: self.sink.fence(self.namespace, query_id, self.epoch),
+                            what=f"fencing query {query_id} at epoch {self.epoch}")
+            self._claimed = query_id
+
     def _finish_replay(self, state: State, batch: int, handles: Sequence[Handle]) -> None:
         log.info("batch %d is a replay of a decided batch: aborting its %d new transactions",
                  batch, len(handles))
@@ -123,12 +149,13 @@ class Coordinator:
     ) -> None:
         """Abort this query's orphans: undecided, and from this or an earlier batch or run."""
         protected = state.decided_txns() | {handle.txn_id for handle in keep}
-        for handle in self.sink.list_in_doubt(self.namespace):
-            if handle.txn_id not in protected and is_orphan(
-                handle.txn_id, query_id=query_id, epoch=self.epoch, up_to_batch=up_to_batch
-            ):
-                log.info("aborting orphan transaction %s", handle.txn_id)
-                self._abort_one(handle)
+        orphans = [handle for handle in self.sink.list_in_doubt(self.namespace)
+                   if handle.txn_id not in protected and is_orphan(
+                       handle.txn_id, query_id=query_id, epoch=self.epoch,
+                       up_to_batch=up_to_batch)]
+        for orphan in orphans:
+            log.info("aborting orphan transaction %s", orphan.txn_id)
+        self._abort_all(orphans)
 
     def _decide(self, batch: int, query_id: str, handles: Sequence[Handle]) -> Decision:
         decision = Decision(batch, self.epoch, time.time(), tuple(handles))
@@ -174,9 +201,20 @@ class Coordinator:
         return self.retry.call(lambda: self.sink.commit(handle),
                                what=f"commit of transaction {handle.txn_id}")
 
-    def _abort_one(self, handle: Handle) -> AbortOutcome:
-        return self.retry.call(lambda: self.sink.abort(handle),
-                               what=f"abort of transaction {handle.txn_id}")
+    def _abort_one(self, handle: Handle) -> AbortOutcome | None:
+        """Abort an undecided transaction; a failure is logged, not raised.
+
+        Nothing depends on an abort succeeding now: the transaction stays in doubt, invisible,
+        and the next batch's sweep or the cleanup task aborts it. Failing the batch instead
+        would stop a query whose data is fine.
+        """
+        try:
+            return self.retry.call(lambda: self.sink.abort(handle),
+                                   what=f"abort of transaction {handle.txn_id}")
+        except TwoPhaseError as exc:
+            log.warning("transaction %s stays in doubt (a later sweep or cleanup aborts it): %s",
+                        handle.txn_id, exc)
+            return None
 
     def _abort_all(self, handles: Sequence[Handle]) -> None:
         self._in_parallel(self._abort_one, handles)

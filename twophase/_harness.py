@@ -38,6 +38,7 @@ DRIVER_TIMEOUT_S = 600.0
 POLL_INTERVAL_S = 0.5
 SPARK_CONF = {
     "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
     "spark.sql.shuffle.partitions": "2",
     "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1",
     "spark.sql.streaming.minBatchesToRetain": "10",

@@ -20,7 +20,8 @@ from the environment (keep passwords out of the file)::
 
     [[target]]
     sink = "sinks.mysql:MySQLXASink"
-    options = { host = "db", user = "etl", password = { env = "DB_PASSWORD" }, table = "orders" }
+    options = { host = "db", user = "etl", password = { env = "DB_PASSWORD" },
+                database = "shop", table = "orders" }
     states = ["/checkpoints/orders/twophase"]
     older_than = "15m"        # optional
     abort_unknown = false     # optional

@@ -56,16 +56,55 @@ class Progress:
                          if record.decision_ms == 0 else "")
 
 
-def plan_crashes(batches: int, rng: random.Random) -> list[tuple[str, int]]:
-    """Each named point once, in random order, at increasing random batches."""
-    points = list(CRASH_POINTS)
-    rng.shuffle(points)
-    at = sorted(rng.sample(range(1, batches - 1), len(points)))
+CrashPlan = list[tuple[str, int]]
+
+
+def plan_crashes(batches: int, rng: random.Random, *, count: int = len(CRASH_POINTS)
+                 ) -> CrashPlan:
+    """``count`` crashes at increasing random batches; every named point once per five."""
+    points = [point for _ in range(count // len(CRASH_POINTS) + 1)
+              for point in rng.sample(CRASH_POINTS, len(CRASH_POINTS))][:count]
+    at = sorted(rng.sample(range(1, batches - 1), count))
     return list(zip(points, at, strict=True))
 
 
-def run(workdir: Path, *, batches: int, rows_per_batch: int, seed: int) -> int:
-    rng = random.Random(seed)  # noqa: S311 - picks crash points, not secrets
+@dataclass(frozen=True)
+class Verdict:
+    """What SQLite itself holds at the end of a scenario."""
+
+    rows_in: int
+    visible: int
+    duplicates: int
+    missing: int
+    batches_done: int
+    batches: int
+    crashes: int
+    in_doubt: int
+    pending: int
+    median_commit_ms: float | None
+
+    @property
+    def exactly_once(self) -> bool:
+        return (self.duplicates == self.missing == self.in_doubt == self.pending == 0
+                and self.visible == self.rows_in and self.batches_done == self.batches)
+
+    def table(self) -> str:
+        latency = f"{self.median_commit_ms:.1f} ms" if self.median_commit_ms else "n/a"
+        rows = [("rows in", self.rows_in), ("rows visible", self.visible),
+                ("duplicates", self.duplicates), ("missing", self.missing),
+                ("batches", f"{self.batches_done} of {self.batches}"),
+                ("crashes survived", self.crashes), ("left in doubt", self.in_doubt),
+                ("median commit latency", latency)]
+        return "\n".join(f"  {name:<22} {value:>12}" for name, value in rows)
+
+
+class DriverError(RuntimeError):
+    """The driver ended in a way the scenario did not plan (see its log)."""
+
+
+def run_scenario(workdir: Path, *, batches: int, rows_per_batch: int, crashes: CrashPlan,
+                 seed: int, foreach_batch: bool = False) -> Verdict:
+    """Stream the feed into SQLite, SIGKILLing the driver as planned; judge the result."""
     database = workdir / "orders.db"
     with sqlite3.connect(database) as connection:
         connection.execute(TABLE_DDL)
@@ -73,32 +112,26 @@ def run(workdir: Path, *, batches: int, rows_per_batch: int, seed: int) -> int:
                             seed=seed)
     spec = DriverSpec(input_dir=str(workdir / "feed"), checkpoint=str(workdir / "checkpoint"),
                       sink_factory="sinks.sqlite:SQLiteSink",
-                      sink_kwargs={"path": str(database), "table": TABLE})
+                      sink_kwargs={"path": str(database), "table": TABLE},
+                      foreach_batch=foreach_batch)
     progress = Progress(StateStore(Path(spec.checkpoint) / STATE_DIR_NAME))
-    log.info("twophase demo: %d order events in %d micro-batches -> %s:%s",
-             rows_in, batches, database, TABLE)
-    crashes = 0
-    for point, batch in [*plan_crashes(batches, rng), (None, None)]:
+    log.info("%d order events in %d micro-batches -> %s:%s", rows_in, batches, database, TABLE)
+    for point, batch in [*crashes, (None, None)]:
         crash_at = f"{point}@{batch}" if point else None
         log.info("starting the driver%s", f" (will be SIGKILLed at {point}, batch {batch})"
                  if point else " (no crash this time)")
         result = launch(spec, workdir=workdir / "driver", crash_at=crash_at,
                         while_running=progress)
-        if point and not result.crashed:
-            log.error("the driver was armed at %s but ended with %d; see %s",
-                      crash_at, result.returncode, result.log)
-            return 1
-        if result.crashed:
-            crashes += 1
+        if result.crashed != bool(point) or (not point and result.returncode != 0):
+            raise DriverError(f"driver armed at {crash_at} ended with {result.returncode}; "
+                               f"see {result.log}")
+        if point:
             log.info("  ** driver SIGKILLed at %s, batch %d: restarting", point, batch)
-        elif result.returncode != 0:
-            log.error("the driver failed with exit code %d; see %s", result.returncode, result.log)
-            return 1
-    return verify(database, progress, rows_in=rows_in, batches=batches, crashes=crashes)
+    return judge(database, progress, rows_in=rows_in, batches=batches, crashes=len(crashes))
 
 
-def verify(database: Path, progress: Progress, *, rows_in: int, batches: int,
-           crashes: int) -> int:
+def judge(database: Path, progress: Progress, *, rows_in: int, batches: int,
+          crashes: int) -> Verdict:
     with sqlite3.connect(database) as connection:
         visible, distinct = connection.execute(
             f"SELECT count(*), count(DISTINCT event_id) FROM {TABLE}").fetchone()
@@ -109,23 +142,26 @@ def verify(database: Path, progress: Progress, *, rows_in: int, batches: int,
     state = progress.store.read_existing()
     latencies = [r.decision_ms + r.commit_ms for r in progress.records.values()
                  if r.decision_ms > 0]
-    rows = [
-        ("rows in", rows_in),
-        ("rows visible", visible),
-        ("duplicates", visible - distinct),
-        ("missing", rows_in - present),
-        ("batches", f"{state.last_done_batch + 1} of {batches}"),
-        ("crashes survived", crashes),
-        ("left in doubt", in_doubt),
-        ("median commit latency",
-         f"{statistics.median(latencies):.1f} ms" if latencies else "n/a"),
-    ]
-    log.info("\n%s", "\n".join(f"  {name:<22} {value:>12}" for name, value in rows))
-    ok = (visible == distinct == present == rows_in and in_doubt == 0
-          and state.last_done_batch + 1 == batches and not state.pending)
-    log.info("%s", "EXACTLY ONCE: every row visible once." if ok
+    return Verdict(rows_in=rows_in, visible=visible, duplicates=visible - distinct,
+                   missing=rows_in - present, batches_done=state.last_done_batch + 1,
+                   batches=batches, crashes=crashes, in_doubt=in_doubt,
+                   pending=len(state.pending),
+                   median_commit_ms=statistics.median(latencies) if latencies else None)
+
+
+def run(workdir: Path, *, batches: int, rows_per_batch: int, seed: int) -> int:
+    rng = random.Random(seed)  # noqa: S311 - picks crash points, not secrets
+    log.info("twophase demo")
+    try:
+        verdict = run_scenario(workdir, batches=batches, rows_per_batch=rows_per_batch,
+                               crashes=plan_crashes(batches, rng), seed=seed)
+    except DriverError as exc:
+        log.error("%s", exc)
+        return 1
+    log.info("\n%s", verdict.table())
+    log.info("%s", "EXACTLY ONCE: every row visible once." if verdict.exactly_once
              else "FAILED: rows lost, duplicated or left in doubt.")
-    return 0 if ok else 1
+    return 0 if verdict.exactly_once else 1
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,6 +11,7 @@ method                     runs on   meaning
 ``write(txn, rows)``       executor  write rows through the open transaction
 ``pre_commit(txn)``        executor  flush: durable but NOT visible; return a :class:`Handle`
 ``discard(txn)``           executor  release a transaction that will never be pre-committed
+``fence(ns, query, epoch)`` driver   optional: claim the run's epoch in the external system
 ``commit(handle)``         driver    make it visible; idempotent
 ``abort(handle)``          driver    throw it away; idempotent
 ``list_in_doubt(ns)``      driver    pre-committed transactions of a namespace, not yet resolved
@@ -100,6 +101,15 @@ class TwoPhaseCommitSink(ABC, Generic[TxnT]):
     @abstractmethod
     def pre_commit(self, txn: TxnT) -> Handle:
         """Make the transaction durable and invisible, release its resources, return its handle."""
+
+    def fence(self, namespace: str, query_id: str, epoch: int) -> None:
+        """Claim ``epoch`` for the query in the external system, if it can fence (optional).
+
+        The driver calls it before its first commit or sweep in a process. Raise
+        :class:`FencedError` if a newer epoch has claimed the query: then ``commit`` must refuse
+        this run's commits. The state file fences zombie runs anyway; a sink fences again where
+        a zombie on another host might otherwise still commit (see ``sinks.mysql``).
+        """
 
     def discard(self, txn: TxnT) -> None:
         """Release a transaction that failed before ``pre_commit``; must not raise."""

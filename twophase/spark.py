@@ -21,6 +21,7 @@ start of the same query: decided batches are committed, undecided transactions a
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
 from collections.abc import Mapping
@@ -49,6 +50,7 @@ __all__ = ["write", "write_stream"]
 log = logging.getLogger("twophase")
 
 FILE_SCHEME = "file:"
+SPARK_CHECKPOINT_METADATA = "metadata"  # Spark's checkpoint file holding {"id": query id}
 
 
 def write_stream(
@@ -89,8 +91,10 @@ def write_stream(
                                  fix="pass checkpoint_location='/path/to/checkpoint'")
     store = StateStore(_local_dir(state_location) if state_location
                        else _local_dir(checkpoint_location) / STATE_DIR_NAME)
-    config = _start_run(df, sink, store, namespace=namespace, retry=retry,
+    query_id = _same_query(store, checkpoint_location)  # before fencing anybody
+    config = _begin_run(df, sink, store, namespace=namespace, retry=retry,
                         settings={"trigger": dict(trigger or {}), "kind": "stream"})
+    config.coordinator().start(query_id)
     writer = df.writeStream.option("checkpointLocation", checkpoint_location)
     if trigger:
         writer = writer.trigger(**trigger)
@@ -123,14 +127,15 @@ def write(
         raise ConfigurationError("write needs state_location (a local directory).",
                                  fix="pass state_location='/path/to/state'")
     store = StateStore(_local_dir(state_location))
-    config = _start_run(df, sink, store, namespace=namespace, retry=retry,
+    config = _begin_run(df, sink, store, namespace=namespace, retry=retry,
                         settings={"kind": "batch"})
     state = store.update(_with_job_query_id, epoch=config.epoch)
+    config.coordinator().start(state.query_id)
     config = replace(config, query_id=state.query_id, batch=state.last_done_batch + 1)
     df.write.format(register_data_source(df, config)).mode("append").save()
 
 
-def _start_run(
+def _begin_run(
     df: DataFrame,
     sink: TwoPhaseCommitSink[Any],
     store: StateStore,
@@ -139,7 +144,7 @@ def _start_run(
     retry: RetryPolicy | None,
     settings: dict[str, Any],
 ) -> RunConfig:
-    """Check the options, fence older runs, finish what they decided; return the run config."""
+    """Check the options and the rows' columns, fence older runs; return the run config."""
     if not isinstance(sink, TwoPhaseCommitSink):
         raise ConfigurationError(f"{sink!r} is not a TwoPhaseCommitSink.",
                                  fix="pass a sink object, e.g. sinks.sqlite.SQLiteSink(...)")
@@ -147,10 +152,42 @@ def _start_run(
     columns = columns_of(df.schema)
     sink.check_schema(columns)
     state = store.start_run(namespace, settings)
-    config = RunConfig(sink=sink, state_dir=str(store.directory), namespace=namespace,
-                       epoch=state.epoch, columns=columns, retry=retry or RetryPolicy())
-    config.coordinator().recover()
-    return config
+    return RunConfig(sink=sink, state_dir=str(store.directory), namespace=namespace,
+                     epoch=state.epoch, columns=columns, retry=retry or RetryPolicy())
+
+
+def _same_query(store: StateStore, checkpoint_location: str) -> str | None:
+    """The query id, if known yet; refuses a state file that belongs to another query.
+
+    A new checkpoint restarts batch ids at 0: its batches must not pass for replays of the old
+    query's (nor the other way round).
+    """
+    state = store.read()
+    checkpoint_query = _checkpoint_query_id(checkpoint_location)
+    if state is None or state.query_id is None or checkpoint_query == state.query_id:
+        return checkpoint_query or (state.query_id if state else None)
+    if "://" in checkpoint_location:
+        return state.query_id  # a remote checkpoint: trust the state file
+    raise ConfigurationError(
+        f"the state file {store.path} belongs to query {state.query_id}, but the checkpoint "
+        f"{checkpoint_location} to query {checkpoint_query or '(none: a new checkpoint)'}.",
+        fix="give each checkpoint its own state_location (the default keeps the state "
+        "inside the checkpoint), or restore the checkpoint that goes with this state",
+    )
+
+
+def _checkpoint_query_id(checkpoint_location: str) -> str | None:
+    """The query id Spark keeps in ``<checkpoint>/metadata``; None for a new or remote one."""
+    if "://" in checkpoint_location:
+        return None
+    metadata = _local_dir(checkpoint_location) / SPARK_CHECKPOINT_METADATA
+    try:
+        return str(json.loads(metadata.read_text())["id"])
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError) as exc:
+        raise ConfigurationError(f"cannot read Spark's query id from {metadata}: {exc}.",
+                                 fix="point checkpoint_location at a Spark checkpoint") from exc
 
 
 def _with_job_query_id(state: State) -> State:

@@ -1,0 +1,216 @@
+"""Throughput of MySQLXASink against plain transactions, on one private MariaDB.
+
+Run from the repository root::
+
+    .venv/bin/python -m bench.mysql_xa [--rows 100000] [--partitions 4] [--repeat 7]
+
+It starts a private server exactly as the tests do (``tests.servers.mariadb``: own datadir,
+port and socket, binary log on, ``innodb_flush_log_at_trx_commit=1``, ``sync_binlog=1``), builds
+the rows once, and times each way of writing them into an empty table, checking afterwards
+that every row arrived exactly once. ``--repeat`` rounds run every variant once, back to back;
+the ratios are medians over rounds of the paired (same-round) ratios, which keeps them stable
+on a machine that other work keeps busy. Client and server CPU per row are reported too (the
+server's from ``/proc``): unlike wall time they do not depend on that other work.
+
+* ``sink``: MySQLXASink, one XA branch per partition (begin, write, pre-commit), then a commit
+  of every handle, as the driver does. Exactly once.
+* ``at-least-once``: the same partitions, each one plain transaction through the same bulk
+  function (``sinks.mysql.load_rows``, same batch size). What a non-2PC sink would do.
+* ``raw``: every row in one plain transaction and a single ``LOAD DATA LOCAL INFILE``: the
+  fastest bulk load we know from Python, the ceiling.
+
+and, for reference, the same two with the multi-row ``INSERT`` path (``bulk="insert"``). Rows
+are encoded by the same code and connections opened the same way (``open_connection``) in every
+variant, so the ratios isolate what XA, the marker row and the per-branch commit cost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import statistics
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sinks.mysql import (
+    DEFAULT_BATCH_SIZE,
+    MySQLXASink,
+    insert_rows,
+    load_rows,
+    open_connection,
+)
+from tests.servers.mariadb import MariaDBServer, private_server
+from twophase import Column, TransactionContext, TxnId
+
+TABLE = "bench_rows"
+TABLE_DDL = (f"CREATE TABLE {TABLE} (id BIGINT NOT NULL PRIMARY KEY, name VARCHAR(64) NOT NULL, "
+             "amount DOUBLE, ts DATETIME(6), flag BOOLEAN) ENGINE=InnoDB")
+COLUMNS = (Column("id", "bigint", False), Column("name", "string", False),
+           Column("amount", "double"), Column("ts", "timestamp"), Column("flag", "boolean"))
+NAMES = tuple(column.name for column in COLUMNS)
+TARGET = f"`{TABLE}`"
+DEFAULT_ROWS = 100_000
+DEFAULT_PARTITIONS = 4
+DEFAULT_REPEAT = 7
+GOAL_VS_AT_LEAST_ONCE = 0.90
+GOAL_VS_RAW = 0.80
+EPOCH = 1
+
+Rows = list[tuple[Any, ...]]
+
+
+def make_rows(count: int) -> Rows:
+    start = dt.datetime(2024, 1, 1)
+    return [(i, f"customer-{i:08d}", i * 0.25, start + dt.timedelta(seconds=i), i % 3 == 0)
+            for i in range(count)]
+
+
+def split(rows: Rows, partitions: int) -> list[Rows]:
+    size = -(-len(rows) // partitions)
+    return [rows[i:i + size] for i in range(0, len(rows), size)]
+
+
+def chunks(rows: Rows, size: int) -> list[Rows]:
+    return [rows[i:i + size] for i in range(0, len(rows), size)]
+
+
+def run_sink(server: MariaDBServer, parts: list[Rows], bulk: str) -> None:
+    params = server.params
+    sink = MySQLXASink(host=params.host, port=params.port, user=params.user,
+                       password=params.password, database=params.database, table=TABLE,
+                       bulk=bulk)  # type: ignore[arg-type]
+    query_id = str(uuid.uuid4())
+    handles = []
+    for partition, rows in enumerate(parts):
+        txn_id = TxnId.open(namespace="bench", query_id=query_id, epoch=EPOCH, batch=0,
+                            partition=partition, attempt=0)
+        txn = sink.begin_transaction(TransactionContext(txn_id, COLUMNS))
+        sink.write(txn, rows)
+        handles.append(sink.pre_commit(txn))
+    for handle in handles:
+        sink.commit(handle)
+
+
+def run_plain(server: MariaDBServer, parts: list[Rows], *, load: bool, batch_size: int) -> None:
+    for rows in parts:
+        conn = open_connection(**server.params.kwargs(), local_infile=load, autocommit=True)
+        try:
+            conn.begin()
+            for batch in chunks(rows, batch_size):
+                if load:
+                    load_rows(conn, TARGET, NAMES, batch, what="bench load")
+                else:
+                    insert_rows(conn, TARGET, NAMES, batch, upsert=False, what="bench insert")
+            conn.commit()
+        finally:
+            conn.close()
+
+
+@dataclass(frozen=True)
+class Run:
+    """One timed run: wall time, and the CPU it cost this process and the server."""
+
+    wall_s: float
+    client_cpu_s: float
+    server_cpu_s: float
+
+
+def server_cpu_s(server: MariaDBServer) -> float:
+    fields = Path(f"/proc/{server.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def count_rows(server: MariaDBServer) -> tuple[int, int]:
+    conn = server.connect()
+    try:
+        with conn.cursor() as cursor:
+            cursor.execute(f"SELECT COUNT(*), COUNT(DISTINCT id) FROM {TABLE}")
+            total, distinct = cursor.fetchone()
+            return int(total), int(distinct)
+    finally:
+        conn.close()
+
+
+def run_once(server: MariaDBServer, action: Callable[[], None], rows: int) -> Run:
+    """One run into an empty table, checking that every row arrived exactly once."""
+    server.connect().query(f"TRUNCATE TABLE {TABLE}")
+    cpu, server_cpu, started = time.process_time(), server_cpu_s(server), time.perf_counter()
+    action()
+    run = Run(time.perf_counter() - started, time.process_time() - cpu,
+              server_cpu_s(server) - server_cpu)
+    if count_rows(server) != (rows, rows):
+        raise AssertionError(f"expected {rows} distinct rows, found {count_rows(server)}")
+    return run
+
+
+def measure(server: MariaDBServer, variants: dict[str, Callable[[], None]], repeat: int,
+            rows: int) -> dict[str, list[Run]]:
+    """Every variant once per round, back to back, so load changes hit all of a round alike."""
+    runs: dict[str, list[Run]] = {name: [] for name in variants}
+    for _ in range(repeat):
+        for name, action in variants.items():
+            runs[name].append(run_once(server, action, rows))
+    return runs
+
+
+def paired_ratio(runs: dict[str, list[Run]], name: str, base: str) -> float:
+    """Median over rounds of (rows/s of ``name``) / (rows/s of ``base``) in the same round."""
+    return statistics.median(b.wall_s / n.wall_s for n, b in zip(runs[name], runs[base],
+                                                                 strict=True))
+
+
+def report(runs: dict[str, list[Run]], rows: int, settings: str) -> None:
+    width = max(map(len, runs))
+    print(settings, "\n")
+    print(f"{'method':<{width}}  {'median rows/s':>13}  {'best rows/s':>11}  "
+          f"{'client CPU us/row':>17}  {'server CPU us/row':>17}")
+    for name, results in runs.items():
+        walls = [run.wall_s for run in results]
+        client = statistics.median(run.client_cpu_s for run in results) * 1e6 / rows
+        server = statistics.median(run.server_cpu_s for run in results) * 1e6 / rows
+        print(f"{name:<{width}}  {rows / statistics.median(walls):>13,.0f}  "
+              f"{rows / min(walls):>11,.0f}  {client:>17.2f}  {server:>17.2f}")
+    print("\nratios: median over rounds of the paired rows/s ratio")
+    for name, base, goal in (("sink", "at-least-once", GOAL_VS_AT_LEAST_ONCE),
+                             ("sink", "raw", GOAL_VS_RAW),
+                             ("sink, bulk=insert", "at-least-once, INSERT", None),
+                             ("sink", "sink, bulk=insert", None)):
+        target = f"   goal >= {goal:.2f}" if goal is not None else ""
+        print(f"  {name} / {base}: {paired_ratio(runs, name, base):.2f}{target}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=DEFAULT_ROWS)
+    parser.add_argument("--partitions", type=int, default=DEFAULT_PARTITIONS)
+    parser.add_argument("--repeat", type=int, default=DEFAULT_REPEAT)
+    args = parser.parse_args()
+    rows = make_rows(args.rows)
+    parts = split(rows, args.partitions)
+    batch = DEFAULT_BATCH_SIZE
+    with private_server() as server:
+        server.connect().query(TABLE_DDL)
+        MySQLXASink(host=server.params.host, port=server.params.port, user=server.params.user,
+                    password=server.params.password, database=server.params.database,
+                    table=TABLE).check_schema(COLUMNS)
+        variants: dict[str, Callable[[], None]] = {
+            "sink": lambda: run_sink(server, parts, "auto"),
+            "at-least-once": lambda: run_plain(server, parts, load=True, batch_size=batch),
+            "raw": lambda: run_plain(server, [rows], load=True, batch_size=len(rows)),
+            "sink, bulk=insert": lambda: run_sink(server, parts, "insert"),
+            "at-least-once, INSERT": lambda: run_plain(server, parts, load=False,
+                                                       batch_size=batch),
+        }
+        runs = measure(server, variants, args.repeat, len(rows))
+        version = server.connect().get_server_info()
+    report(runs, len(rows), f"MariaDB {version}, {len(rows):,} rows x {len(COLUMNS)} columns, "
+                  f"{args.partitions} partitions, batch {batch:,} rows, {args.repeat} rounds")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,341 @@
+"""A private MariaDB server for tests and benchmarks: own datadir, port, socket; never a service.
+
+Used as a pytest plugin (``pytest_plugins = ["tests.servers.mariadb"]``) it provides:
+
+* ``mariadb_server`` (session): a :class:`MariaDBServer` started once per test session in a
+  temporary directory, with binary logging on (XA crash safety needs it), a database and a user
+  with a password, so the code under test connects over TCP with real credentials. It is stopped
+  and its directory deleted at the end.
+* ``mariadb`` (function): the same server, restarted first if an earlier test killed it.
+
+Tests can :meth:`~MariaDBServer.kill` it (SIGKILL, like a power cut) and
+:meth:`~MariaDBServer.start` it again on the same datadir and port. The benchmark
+``bench/mysql_xa.py`` starts its server through :func:`private_server` too.
+
+If Debian's MariaDB server binaries are missing, the fixture FAILS (it never skips): install
+them with ``apt-get install mariadb-server``. The machine-wide server (port 3306) is neither
+used nor touched: every program runs with ``--no-defaults`` and its own socket.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pymysql
+import pytest
+
+from twophase import Handle
+
+SERVER_BINARY = "mariadbd"
+INSTALL_BINARY = "mariadb-install-db"
+ADMIN_BINARY = "mariadb-admin"
+CLIENT_BINARY = "mariadb"
+SEARCH_PATH = "/usr/sbin:/usr/bin:/usr/local/sbin:/usr/local/bin"
+INSTALL_HINT = "install Debian's MariaDB server: apt-get install mariadb-server"
+
+HOST = "127.0.0.1"
+DATABASE = "twophase_test"
+USER = "twophase"
+READY_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 30.0
+POLL_INTERVAL_S = 0.05
+INSTALL_TIMEOUT_S = 120.0
+
+# Small and fast, but durable like production: every commit and prepare is fsynced to the redo
+# log and the binary log, which is what makes prepared XA branches survive kill -9.
+SERVER_OPTIONS = (
+    "--log-bin=binlog",
+    "--server-id=1",
+    "--binlog-format=ROW",
+    "--innodb-flush-log-at-trx-commit=1",
+    "--sync-binlog=1",
+    "--innodb-buffer-pool-size=128M",
+    "--max-connections=200",
+    "--skip-name-resolve",
+    "--local-infile=1",
+)
+
+
+class MariaDBMissingError(RuntimeError):
+    """The MariaDB server binaries are not installed."""
+
+
+def _binary(name: str) -> str:
+    path = shutil.which(name, path=SEARCH_PATH)
+    if path is None:
+        raise MariaDBMissingError(f"{name} not found in {SEARCH_PATH}: {INSTALL_HINT}")
+    return path
+
+
+def _os_user() -> str:
+    """The OS user, which the server lets in over its socket as an administrator."""
+    return "root" if os.geteuid() == 0 else getpass.getuser()
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((HOST, 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+@dataclass(frozen=True)
+class ConnectionParams:
+    """How a client reaches the private server over TCP with the test user."""
+
+    host: str
+    port: int
+    user: str
+    password: str
+    database: str
+
+    def kwargs(self) -> dict[str, Any]:
+        return {"host": self.host, "port": self.port, "user": self.user,
+                "password": self.password, "database": self.database}
+
+    def __repr__(self) -> str:
+        return (f"ConnectionParams(host={self.host!r}, port={self.port}, user={self.user!r}, "
+                f"password='***', database={self.database!r})")
+
+
+class MariaDBServer:
+    """One private mariadbd process on its own datadir, port and socket."""
+
+    def __init__(self, base_dir: Path) -> None:
+        self.base_dir = base_dir
+        self.datadir = base_dir / "data"
+        self.socket = base_dir / "mariadb.sock"
+        self.error_log = base_dir / "error.log"
+        self.port = _free_port()
+        self.params = ConnectionParams(HOST, self.port, USER, secrets.token_hex(12), DATABASE)
+        self._process: subprocess.Popen[bytes] | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def install(self) -> None:
+        """Create the system tables in a fresh datadir (about 1 s)."""
+        command = [
+            _binary(INSTALL_BINARY), "--no-defaults", f"--datadir={self.datadir}",
+            "--auth-root-authentication-method=socket", f"--auth-root-socket-user={_os_user()}",
+            "--skip-test-db", *self._user_option(),
+        ]
+        done = subprocess.run(command, capture_output=True, timeout=INSTALL_TIMEOUT_S,
+                              check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"{INSTALL_BINARY} failed ({done.returncode}): "
+                               f"{done.stderr.decode(errors='replace')[-2000:]}")
+
+    def start(self) -> None:
+        """Start mariadbd on the datadir and wait until it answers a ping."""
+        if self.running:
+            return
+        command = [
+            _binary(SERVER_BINARY), "--no-defaults", f"--datadir={self.datadir}",
+            f"--socket={self.socket}", f"--port={self.port}", f"--bind-address={HOST}",
+            f"--pid-file={self.base_dir / 'mariadbd.pid'}", f"--log-error={self.error_log}",
+            f"--tmpdir={self.base_dir}", *SERVER_OPTIONS, *self._user_option(),
+        ]
+        self._process = subprocess.Popen(command, stdin=subprocess.DEVNULL,
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                         start_new_session=True)
+        self._wait_ready()
+
+    def kill(self) -> None:
+        """SIGKILL the server, as a crash or power cut would (no shutdown, no flush)."""
+        process = self._process
+        if process is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(signal.SIGKILL)
+        process.wait()
+        self._process = None
+
+    def restart_after_kill(self) -> None:
+        """kill -9 and start again on the same datadir and port (crash recovery runs)."""
+        self.kill()
+        self.start()
+
+    def stop(self) -> None:
+        """Shut down cleanly (SIGTERM), or kill if it does not stop in time."""
+        process = self._process
+        if process is None:
+            return
+        process.terminate()
+        try:
+            process.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.kill()
+        self._process = None
+
+    @property
+    def pid(self) -> int:
+        if self._process is None:
+            raise RuntimeError("the server is not running")
+        return self._process.pid
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    # -- administration --------------------------------------------------------------------
+
+    def bootstrap(self) -> None:
+        """Create the test database and a password user reachable over TCP."""
+        params = self.params
+        self.root_sql(
+            f"CREATE DATABASE IF NOT EXISTS `{params.database}`;"
+            f"CREATE USER IF NOT EXISTS '{params.user}'@'%' IDENTIFIED BY '{params.password}';"
+            f"GRANT ALL ON `{params.database}`.* TO '{params.user}'@'%';"
+        )
+
+    def root_sql(self, sql: str) -> str:
+        """Run SQL as the server's administrator over its socket; returns tab-separated rows."""
+        command = [_binary(CLIENT_BINARY), "--no-defaults", f"--socket={self.socket}",
+                   f"--user={_os_user()}", "--batch", "--skip-column-names"]
+        done = subprocess.run(command, input=sql.encode(), capture_output=True,  # not in argv
+                              timeout=READY_TIMEOUT_S, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"SQL as root failed: {done.stderr.decode(errors='replace')}")
+        return done.stdout.decode()
+
+    def connect(self, **options: Any) -> pymysql.connections.Connection:
+        """A PyMySQL connection as the test user (autocommit unless told otherwise).
+
+        Plain TCP: the private server has no certificate, and PyMySQL's TLS-preferred default
+        would spend ~30 ms building a TLS context for every connection before falling back.
+        """
+        options.setdefault("autocommit", True)
+        options.setdefault("ssl_disabled", True)
+        return pymysql.connect(**self.params.kwargs(), **options)
+
+    # -- internals -------------------------------------------------------------------------
+
+    @staticmethod
+    def _user_option() -> list[str]:
+        return ["--user=root"] if os.geteuid() == 0 else []
+
+    def _ping(self) -> bool:
+        command = [_binary(ADMIN_BINARY), "--no-defaults", f"--socket={self.socket}",
+                   f"--user={_os_user()}", "--connect-timeout=1", "ping"]
+        return subprocess.run(command, capture_output=True, check=False).returncode == 0
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self._process is not None and self._process.poll() is not None:
+                raise RuntimeError(f"mariadbd exited with {self._process.returncode} at start; "
+                                   f"log {self.error_log}:\n{self._log_tail()}")
+            if self._ping():
+                return
+            time.sleep(POLL_INTERVAL_S)
+        raise RuntimeError(f"mariadbd on port {self.port} not ready after {READY_TIMEOUT_S}s; "
+                           f"log {self.error_log}:\n{self._log_tail()}")
+
+    def _log_tail(self) -> str:
+        try:
+            return self.error_log.read_text(errors="replace")[-3000:]
+        except OSError:
+            return "(no error log)"
+
+
+@contextlib.contextmanager
+def private_server() -> Iterator[MariaDBServer]:
+    """Install, start and bootstrap a private server; stop it and delete everything after."""
+    base_dir = Path(tempfile.mkdtemp(prefix="twophase-mariadb-"))
+    server = MariaDBServer(base_dir)
+    try:
+        server.install()
+        server.start()
+        server.bootstrap()
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(base_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def mariadb_server() -> Iterator[MariaDBServer]:
+    """A private MariaDB for the whole test session (fails, never skips, if not installed)."""
+    try:
+        for name in (SERVER_BINARY, INSTALL_BINARY, ADMIN_BINARY, CLIENT_BINARY):
+            _binary(name)
+    except MariaDBMissingError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    with private_server() as server:
+        yield server
+
+
+@pytest.fixture
+def mariadb(mariadb_server: MariaDBServer) -> MariaDBServer:
+    """The session's server, started again if an earlier test killed it."""
+    mariadb_server.start()
+    return mariadb_server
+
+
+@dataclass
+class Db:
+    """The test's own connection to the server: MariaDB's view of what the sink did."""
+
+    server: MariaDBServer
+
+    def query(self, sql: str, args: Any = None, **options: Any) -> list[tuple[Any, ...]]:
+        conn = self.server.connect(**options)
+        try:
+            with conn.cursor() as cursor:
+                cursor.execute(sql, args)
+                return list(cursor.fetchall())
+        finally:
+            conn.close()
+
+    def ids(self, table: str) -> list[int]:
+        return [row[0] for row in self.query(f"SELECT id FROM `{table}` ORDER BY id")]
+
+    def xa_recover(self) -> list[tuple[str, str]]:
+        return [(data[:glen].decode(), data[glen:].decode())
+                for _fmt, glen, _blen, data in self.query("XA RECOVER")]
+
+    def marker(self, handle: Handle) -> tuple[Any, ...] | None:
+        rows = self.query("SELECT row_count, committed_at FROM _twophase_xa_markers "
+                          "WHERE txn_id = %s", (str(handle.txn_id),))
+        return rows[0] if rows else None
+
+    def prepare_foreign(self, xid: str) -> None:
+        """Leave a prepared branch that is not the sink's (another application's)."""
+        self.query("CREATE TABLE IF NOT EXISTS foreign_rows (x INT) ENGINE=InnoDB")
+        conn = self.server.connect()
+        with conn.cursor() as cursor:
+            for statement in ("XA START {}", "INSERT INTO foreign_rows VALUES (1)", "XA END {}",
+                              "XA PREPARE {}"):
+                cursor.execute(statement.format(xid))
+        conn.close()
+
+    def rollback_all_prepared(self) -> list[tuple[bytes, bytes, int]]:
+        left = [(data[:glen], data[glen:], fmt)
+                for fmt, glen, _blen, data in self.query("XA RECOVER")]
+        for gtrid, bqual, fmt in left:
+            self.query(f"XA ROLLBACK X'{gtrid.hex()}',X'{bqual.hex()}',{fmt}")
+        return left
+
+
+@pytest.fixture
+def db(mariadb: MariaDBServer) -> Iterator[Db]:
+    """The server's view; fails the test if it leaves a prepared branch behind."""
+    view = Db(mariadb)
+    view.rollback_all_prepared()
+    yield view
+    mariadb.start()  # a test that killed the server may have failed before restarting it
+    left = view.rollback_all_prepared()
+    assert left == [], f"prepared XA branches left behind: {left}"

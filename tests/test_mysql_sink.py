@@ -1,0 +1,634 @@
+"""MySQLXASink against a real, private MariaDB: outcomes, crashes, bad input, fencing.
+
+Every assertion about data is made on MariaDB's own view (SELECT, XA RECOVER), and every test
+ends with no prepared XA branch left on the server (checked by the ``db`` fixture).
+
+The module is also the program of the child processes that the crash tests SIGKILL:
+``python -m tests.test_mysql_sink <role> <json>`` (see ``_child_main``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import itertools
+import json
+import os
+import pickle
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sinks.mysql import MARKER_TABLE_DDL, MySQLXASink
+from tests.servers.mariadb import ConnectionParams, Db, MariaDBServer
+from twophase import (
+    AbortOutcome,
+    Column,
+    CommitOutcome,
+    ConfigurationError,
+    FatalError,
+    FencedError,
+    Handle,
+    RetryableError,
+    RetryPolicy,
+    SchemaMismatchError,
+    TransactionContext,
+    TransactionLostError,
+    TxnId,
+)
+from twophase._coordinator import Coordinator
+from twophase._crash import CRASH_ENV
+from twophase._handle import query_key
+from twophase._state import StateStore
+
+REPO = Path(__file__).resolve().parents[1]
+NAMESPACE = "orders"
+COLUMNS = (Column("id", "bigint", False), Column("name", "string"), Column("amount", "double"))
+TABLE_DDL = ("CREATE TABLE {table} (id BIGINT NOT NULL PRIMARY KEY, name VARCHAR(16), "
+             "amount DOUBLE, CONSTRAINT positive CHECK (amount IS NULL OR amount >= 0)) "
+             "ENGINE=InnoDB")
+PASSWORD_ENV = "TWOPHASE_TEST_MYSQL_PASSWORD"
+CHILD_TIMEOUT_S = 60
+FAST_RETRY = RetryPolicy(max_attempts=3, initial_backoff_s=0.01, max_backoff_s=0.05)
+_tables = itertools.count()
+
+
+def new_query_id() -> str:
+    return str(uuid.uuid4())
+
+
+def rows_for(batch: int, partition: int, count: int) -> list[tuple[Any, ...]]:
+    first = batch * 1_000_000 + partition * 10_000
+    return [(first + i, f"n{first + i}", i * 0.5) for i in range(count)]
+
+
+def ids_of(*row_sets: Sequence[tuple[Any, ...]]) -> list[int]:
+    return sorted(row[0] for rows in row_sets for row in rows)
+
+
+def make_sink(params: ConnectionParams, table: str, **options: Any) -> MySQLXASink:
+    return MySQLXASink(host=params.host, port=params.port, user=params.user,
+                       password=params.password, database=params.database, table=table,
+                       **options)
+
+
+def prepare(sink: MySQLXASink, query_id: str, rows: Sequence[Sequence[Any]], *,
+            batch: int = 0, partition: int = 0, attempt: int = 0, epoch: int = 1,
+            namespace: str = NAMESPACE, columns: Sequence[Column] = COLUMNS) -> Handle:
+    """begin + write + pre-commit, as an executor does for one partition."""
+    txn_id = TxnId.open(namespace=namespace, query_id=query_id, epoch=epoch, batch=batch,
+                        partition=partition, attempt=attempt)
+    txn = sink.begin_transaction(TransactionContext(txn_id, tuple(columns)))
+    sink.write(txn, rows)
+    return sink.pre_commit(txn)
+
+
+# -- fixtures ----------------------------------------------------------------------------------
+
+@pytest.fixture
+def table(db: Db) -> str:
+    name = f"t{next(_tables)}"
+    db.query(TABLE_DDL.format(table=name))
+    return name
+
+
+@pytest.fixture
+def sink(mariadb: MariaDBServer, table: str) -> MySQLXASink:
+    created = make_sink(mariadb.params, table)
+    created.check_schema(COLUMNS)
+    return created
+
+
+# -- outcomes ----------------------------------------------------------------------------------
+
+def test_commit_then_already_committed(sink: MySQLXASink, db: Db, table: str) -> None:
+    query = new_query_id()
+    parts = [rows_for(0, p, 50) for p in range(3)]
+    handles = [prepare(sink, query, rows, partition=p) for p, rows in enumerate(parts)]
+    assert db.ids(table) == []
+    assert len(db.xa_recover()) == 3
+
+    assert [sink.commit(h) for h in handles] == [CommitOutcome.COMMITTED] * 3
+    assert [sink.commit(h) for h in handles] == [CommitOutcome.ALREADY_COMMITTED] * 3
+
+    assert db.ids(table) == ids_of(*parts)
+    assert db.xa_recover() == []
+    for handle in handles:
+        row_count, committed_at = db.marker(handle)
+        assert row_count == 50 and committed_at is not None
+
+
+def test_abort_twice_then_commit_is_lost(sink: MySQLXASink, db: Db, table: str) -> None:
+    handle = prepare(sink, new_query_id(), rows_for(0, 0, 10))
+
+    assert sink.abort(handle) is AbortOutcome.ABORTED
+    assert sink.abort(handle) is AbortOutcome.NOT_FOUND
+    with pytest.raises(TransactionLostError) as lost:
+        sink.commit(handle)
+
+    message = str(lost.value)
+    assert str(handle.txn_id) in message and "XA ROLLBACK" in message
+    assert "NOT in" in message and "replay batch 0" in message
+    assert db.ids(table) == [] and db.xa_recover() == [] and db.marker(handle) is None
+
+
+def test_empty_partition_commits(sink: MySQLXASink, db: Db, table: str) -> None:
+    handle = prepare(sink, new_query_id(), [])
+
+    assert handle.rows == 0
+    assert sink.commit(handle) is CommitOutcome.COMMITTED  # not 1402: the marker row is a write
+    assert sink.commit(handle) is CommitOutcome.ALREADY_COMMITTED
+    assert db.marker(handle)[0] == 0 and db.ids(table) == []
+
+
+def test_upsert_updates_rows_by_key(mariadb: MariaDBServer, db: Db, table: str) -> None:
+    db.query(f"INSERT INTO `{table}` VALUES (1, 'old', 1.0), (2, 'keep', 2.0)")
+    upsert = make_sink(mariadb.params, table, mode="upsert")
+    upsert.check_schema(COLUMNS)
+
+    handle = prepare(upsert, new_query_id(), [(1, "new", 10.0), (3, "added", 3.0)])
+    assert db.query(f"SELECT name FROM `{table}` WHERE id = 1") == [("old",)]
+    assert upsert.commit(handle) is CommitOutcome.COMMITTED
+
+    assert db.query(f"SELECT id, name, amount FROM `{table}` ORDER BY id") == [
+        (1, "new", 10.0), (2, "keep", 2.0), (3, "added", 3.0)]
+
+
+AWKWARD_COLUMNS = (Column("id", "bigint", False), Column("s", "string"), Column("b", "binary"),
+                   Column("d", "decimal(12,3)"), Column("ts", "timestamp"), Column("day", "date"),
+                   Column("flag", "boolean"), Column("x", "double"))
+AWKWARD_ROWS = [
+    (1, "tab\there\nnewline\\back\\slash \\N", bytes(range(256)), decimal.Decimal("-12.345"),
+     dt.datetime(2024, 2, 29, 23, 59, 58, 123456), dt.date(1999, 12, 31), True, 1e-300),
+    (2, "\\N", b"\\N\t\n", decimal.Decimal("1E+3"), dt.datetime(2024, 1, 1), dt.date(2024, 1, 1),
+     False, -0.0),
+    (3, None, None, None, None, None, None, None),
+    (4, "nul\x00 and ünïcødé ✓ 😀", b"", decimal.Decimal("0"), dt.datetime(1970, 1, 1, 0, 0, 1),
+     dt.date(1970, 1, 1), True, 3.141592653589793),
+]
+
+
+@pytest.mark.parametrize("bulk", ["load_data", "insert"])
+def test_values_round_trip(mariadb: MariaDBServer, db: Db, bulk: str) -> None:
+    table = f"t{next(_tables)}"
+    db.query(f"CREATE TABLE `{table}` (id BIGINT PRIMARY KEY, s VARCHAR(64), b BLOB, "
+             "d DECIMAL(12,3), ts DATETIME(6), day DATE, flag BOOLEAN, x DOUBLE) "
+             "ENGINE=InnoDB CHARACTER SET utf8mb4")
+    writer = make_sink(mariadb.params, table, bulk=bulk, batch_size=3)
+    writer.check_schema(AWKWARD_COLUMNS)
+
+    handle = prepare(writer, new_query_id(), AWKWARD_ROWS, columns=AWKWARD_COLUMNS)
+    assert writer.commit(handle) is CommitOutcome.COMMITTED
+
+    stored = db.query(f"SELECT * FROM `{table}` ORDER BY id")
+    expected = [(i, s, None if b is None else bytes(b), d, ts, day,
+                 None if flag is None else int(flag), x)
+                for i, s, b, d, ts, day, flag, x in AWKWARD_ROWS]
+    assert stored == expected
+
+
+# -- visibility, listing, purge ----------------------------------------------------------------
+
+def test_prepared_rows_invisible_to_read_committed(sink: MySQLXASink, db: Db, table: str) -> None:
+    reader = db.server.connect()
+    try:
+        with reader.cursor() as cursor:
+            cursor.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+            handle = prepare(sink, new_query_id(), rows_for(0, 0, 100))
+            cursor.execute(f"SELECT COUNT(*) FROM `{table}`")
+            assert cursor.fetchone() == (0,)
+            sink.commit(handle)
+            cursor.execute(f"SELECT COUNT(*) FROM `{table}`")
+            assert cursor.fetchone() == (100,)
+    finally:
+        reader.close()
+
+
+def test_list_in_doubt_filters_by_namespace(sink: MySQLXASink, db: Db) -> None:
+    query = new_query_id()
+    mine = {prepare(sink, query, rows_for(0, p, 2), partition=p).txn_id for p in range(2)}
+    other = prepare(sink, query, rows_for(1, 0, 2), batch=1, namespace="orders-eu")
+    prefix_only = prepare(sink, query, rows_for(2, 0, 2), batch=2, namespace="orders_x")
+    foreign = ["'tph.orders.not-a-twophase-id','x'",  # our prefix, not our id format
+               "X'00ff7470682e','b',7"]  # another application's binary xid
+    for xid in foreign:
+        db.prepare_foreign(xid)
+
+    in_doubt = sink.list_in_doubt(NAMESPACE)
+    assert {h.txn_id for h in in_doubt} == mine  # round trip of every TxnId field
+    assert all(h.sink == "mysql" and h.data["gtrid"].startswith("tph.orders.") for h in in_doubt)
+    assert [h.txn_id for h in sink.list_in_doubt("orders-eu")] == [other.txn_id]
+    assert [h.txn_id for h in sink.list_in_doubt("orders_x")] == [prefix_only.txn_id]
+
+    for handle in [*in_doubt, other, prefix_only]:
+        assert sink.abort(handle) is AbortOutcome.ABORTED
+    for xid in foreign:
+        db.query(f"XA ROLLBACK {xid}")
+
+
+def test_purge_commit_records(sink: MySQLXASink, db: Db) -> None:
+    query, namespace = new_query_id(), "purged"
+    old, recent = (prepare(sink, query, rows_for(b, 0, 1), batch=b, namespace=namespace)
+                   for b in (0, 1))
+    sink.commit(old)
+    sink.commit(recent)
+    db.query("UPDATE _twophase_xa_markers SET committed_at = UTC_TIMESTAMP(6) - INTERVAL 2 DAY "
+             "WHERE txn_id = %s", (str(old.txn_id),))
+    pending = prepare(sink, query, rows_for(2, 0, 1), batch=2, namespace=namespace)
+    now = dt.datetime.now(dt.UTC)
+
+    assert sink.purge_commit_records(namespace, now - dt.timedelta(days=1)) == 1
+    assert db.marker(old) is None and db.marker(recent) is not None
+    started = time.monotonic()
+    assert sink.purge_commit_records(namespace, now + dt.timedelta(days=1)) == 1
+    assert time.monotonic() - started < 2  # never waits for the prepared marker's row lock
+    assert sink.purge_commit_records("other", now + dt.timedelta(days=1)) == 0
+
+    assert sink.commit(pending) is CommitOutcome.COMMITTED
+    assert db.marker(pending) is not None
+
+
+# -- crashes -----------------------------------------------------------------------------------
+
+def _child_env(params: ConnectionParams, **extra: str) -> dict[str, str]:
+    env = {name: value for name, value in os.environ.items() if name != CRASH_ENV}
+    return {**env, PASSWORD_ENV: params.password, **extra}
+
+
+def _child_args(params: ConnectionParams, table: str, **job: Any) -> list[str]:
+    spec = {"host": params.host, "port": params.port, "user": params.user,
+            "database": params.database, "table": table, **job}
+    return [sys.executable, "-m", "tests.test_mysql_sink", json.dumps(spec)]
+
+
+def _run_killed_child(args: list[str], env: dict[str, str]) -> str:
+    done = subprocess.run(args, env=env, cwd=REPO, capture_output=True, text=True,
+                          timeout=CHILD_TIMEOUT_S, start_new_session=True, check=False)
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    return done.stdout
+
+
+def test_prepared_branches_survive_writer_and_server_kill(
+        mariadb: MariaDBServer, sink: MySQLXASink, db: Db, table: str) -> None:
+    query = new_query_id()
+    out = _run_killed_child(_child_args(mariadb.params, table, role="writer", query=query,
+                                        partitions=3, rows=200), _child_env(mariadb.params))
+    handles = [Handle.loads(line) for line in out.splitlines()]
+    assert len(handles) == 3 and sorted(db.xa_recover()) == sorted(
+        (h.data["gtrid"], h.data["bqual"]) for h in handles)  # not the unfinished 4th
+
+    mariadb.restart_after_kill()
+    assert len(db.xa_recover()) == 3 and db.ids(table) == []
+
+    assert [sink.commit(h) for h in handles] == [CommitOutcome.COMMITTED] * 3
+    assert [sink.commit(h) for h in handles] == [CommitOutcome.ALREADY_COMMITTED] * 3
+    assert db.ids(table) == ids_of(*(rows_for(0, p, 200) for p in range(3)))
+    assert db.xa_recover() == []
+    assert mariadb.root_sql("SELECT COUNT(*) FROM information_schema.INNODB_TRX").strip() == "0"
+
+
+@pytest.mark.parametrize("crash_at", ["after_decision", "mid_commit"])
+def test_coordinator_recovers_across_driver_and_server_kill(
+        mariadb: MariaDBServer, sink: MySQLXASink, db: Db, table: str, tmp_path: Path,
+        crash_at: str) -> None:
+    """Run 1 commits batch 0, decides batch 1 and dies (driver and server, kill -9).
+
+    Run 2 recovers batch 1, then batch 2 sweeps the orphans of run 1: a failed attempt of
+    batch 1 (aborted by run 1 before it died) and a batch-2 branch of run 1.
+    """
+    query = new_query_id()
+    _run_killed_child(
+        _child_args(mariadb.params, table, role="driver", query=query, state=str(tmp_path)),
+        _child_env(mariadb.params, **{CRASH_ENV: f"{crash_at}@1"}))
+    store = StateStore(tmp_path)
+    crashed = store.read()
+    assert crashed is not None and [d.batch for d in crashed.pending] == [1]
+    committed_by_run_1 = ids_of(rows_for(0, 0, 30), rows_for(0, 1, 30))
+    if crash_at == "mid_commit":
+        committed_by_run_1 += ids_of(rows_for(1, 0, 30))
+    assert db.ids(table) == sorted(committed_by_run_1)
+    assert len(db.xa_recover()) == (3 if crash_at == "after_decision" else 2)
+
+    mariadb.restart_after_kill()
+    state = store.start_run(NAMESPACE, {})
+    coordinator = Coordinator(sink, store, namespace=NAMESPACE, epoch=state.epoch,
+                              retry=FAST_RETRY)
+    coordinator.recover()
+    batch_2 = [prepare(sink, query, rows_for(2, p, 30), batch=2, partition=p, epoch=state.epoch)
+               for p in range(2)]
+    coordinator.commit_batch(2, query, batch_2)
+
+    assert db.ids(table) == ids_of(*(rows_for(b, p, 30) for b in range(3) for p in range(2)))
+    assert db.xa_recover() == []
+    final = store.read()
+    assert final is not None and final.pending == () and final.last_done_batch == 2
+    recovered = next(r for r in final.history if r.batch == 1)
+    assert recovered.already_committed == (1 if crash_at == "mid_commit" else 0)
+
+
+def test_lost_connection_before_prepare_is_retryable_and_leaves_nothing(
+        mariadb: MariaDBServer, sink: MySQLXASink, db: Db, table: str) -> None:
+    txn_id = TxnId.open(namespace=NAMESPACE, query_id=new_query_id(), epoch=1, batch=0,
+                        partition=0, attempt=0)
+    txn = sink.begin_transaction(TransactionContext(txn_id, COLUMNS))
+    sink.write(txn, rows_for(0, 0, 20))
+    mariadb.restart_after_kill()
+
+    with pytest.raises(RetryableError) as lost:
+        sink.write(txn, rows_for(0, 1, 20))
+    assert mariadb.params.host in str(lost.value) and str(mariadb.port) in str(lost.value)
+    assert "never committed" in str(lost.value)
+    with pytest.raises(FatalError, match="already prepared or discarded"):
+        sink.pre_commit(txn)
+    assert db.ids(table) == [] and db.xa_recover() == []
+
+
+# -- bad input and configuration ---------------------------------------------------------------
+
+@pytest.mark.parametrize("bulk", ["load_data", "insert"])
+@pytest.mark.parametrize(("rows", "expected"), [
+    ([(1, "a", 1.0), (1, "again", 2.0)], "Duplicate"),
+    ([(1, None, 1.0), (2, "x" * 17, 1.0)], "'name'"),
+    ([(1, "a", -5.0)], "positive"),
+], ids=["duplicate-key", "data-too-long", "check-constraint"])
+def test_rejected_rows_fail_cleanly(mariadb: MariaDBServer, db: Db, table: str, bulk: str,
+                                    rows: list[tuple[Any, ...]], expected: str) -> None:
+    writer = make_sink(mariadb.params, table, bulk=bulk)
+    good = rows_for(0, 1, 5)
+    txn_id = TxnId.open(namespace=NAMESPACE, query_id=new_query_id(), epoch=1, batch=0,
+                        partition=0, attempt=0)
+    txn = writer.begin_transaction(TransactionContext(txn_id, COLUMNS))
+    writer.write(txn, good)
+
+    with pytest.raises(SchemaMismatchError) as rejected:
+        writer.write(txn, rows)
+    assert expected in str(rejected.value) and "Fix:" in str(rejected.value)
+    assert db.ids(table) == [] and db.xa_recover() == []
+
+
+def test_null_into_not_null_names_the_column(sink: MySQLXASink, db: Db, table: str) -> None:
+    with pytest.raises(SchemaMismatchError, match="'id'"):
+        prepare(sink, new_query_id(), [(None, "a", 1.0)])
+    assert db.ids(table) == [] and db.xa_recover() == []
+
+
+def test_unsupported_value_type_names_the_column(sink: MySQLXASink, db: Db) -> None:
+    with pytest.raises(SchemaMismatchError, match="column 'name' holds a dict"):
+        prepare(sink, new_query_id(), [(1, {"nested": 1}, 1.0)])
+    assert db.xa_recover() == []
+
+
+def test_check_schema_names_missing_column_and_table(mariadb: MariaDBServer, db: Db,
+                                                     table: str) -> None:
+    writer = make_sink(mariadb.params, table)
+    with pytest.raises(SchemaMismatchError) as missing_column:
+        writer.check_schema([*COLUMNS, Column("colour", "string")])
+    assert "'colour'" in str(missing_column.value) and "ADD COLUMN" in str(missing_column.value)
+
+    with pytest.raises(SchemaMismatchError, match="`no_such_table` does not exist"):
+        make_sink(mariadb.params, "no_such_table").check_schema(COLUMNS)
+    with pytest.raises(SchemaMismatchError, match="requires column 'id'"):
+        writer.check_schema([Column("name", "string")])
+    db.query("CREATE TABLE keyless (id BIGINT AUTO_INCREMENT PRIMARY KEY, name VARCHAR(16), "
+             "amount DOUBLE) ENGINE=InnoDB")
+    with pytest.raises(SchemaMismatchError, match="PRIMARY or UNIQUE key"):
+        make_sink(mariadb.params, "keyless", mode="upsert").check_schema(COLUMNS[1:])
+
+    db.query("CREATE TABLE myisam_t (id INT) ENGINE=MyISAM")
+    with pytest.raises(SchemaMismatchError, match="ENGINE=InnoDB"):
+        make_sink(mariadb.params, "myisam_t").check_schema([Column("id", "int")])
+
+
+def test_wrong_password_is_a_clear_configuration_error(mariadb: MariaDBServer, db: Db,
+                                                       table: str) -> None:
+    params = mariadb.params
+    wrong = MySQLXASink(host=params.host, port=params.port, user=params.user,
+                        password="not-the-password", database=params.database, table=table)
+    txn_id = TxnId.open(namespace=NAMESPACE, query_id=new_query_id(), epoch=1, batch=0,
+                        partition=0, attempt=0)
+    with pytest.raises(ConfigurationError) as denied:
+        wrong.begin_transaction(TransactionContext(txn_id, COLUMNS))
+    message = str(denied.value)
+    assert "1045" in message and f"{params.host}:{params.port}" in message
+    assert "not-the-password" not in message and "password" in message.lower()
+    assert db.xa_recover() == []
+
+
+def test_unreachable_server_names_host_and_port(table: str) -> None:
+    with socket.socket() as probe:  # a port with nothing listening
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    nowhere = MySQLXASink(host="127.0.0.1", port=port, user="u", password="secret-pw",
+                          database="d", table=table, connect_timeout_s=2)
+    txn_id = TxnId.open(namespace=NAMESPACE, query_id=new_query_id(), epoch=1, batch=0,
+                        partition=0, attempt=0)
+    with pytest.raises(RetryableError) as unreachable:
+        nowhere.begin_transaction(TransactionContext(txn_id, COLUMNS))
+    assert f"127.0.0.1:{port}" in str(unreachable.value) and "2003" in str(unreachable.value)
+    assert "secret-pw" not in str(unreachable.value)
+
+
+def test_lock_wait_on_prepared_rows_is_retryable(mariadb: MariaDBServer, sink: MySQLXASink,
+                                                 db: Db, table: str) -> None:
+    query = new_query_id()
+    holder = prepare(sink, query, [(7, "held", 1.0)])
+    impatient = make_sink(mariadb.params, table, mode="upsert", lock_wait_timeout_s=1)
+    with pytest.raises(RetryableError, match=r"\[1205\].*XA RECOVER"):
+        prepare(impatient, query, [(7, "other", 2.0)], attempt=1)
+    assert sink.commit(holder) is CommitOutcome.COMMITTED
+    assert db.query(f"SELECT name FROM `{table}`") == [("held",)]
+
+
+def test_reused_transaction_id_is_refused(sink: MySQLXASink, db: Db, table: str) -> None:
+    txn_id = TxnId.open(namespace=NAMESPACE, query_id=new_query_id(), epoch=1, batch=0,
+                        partition=0, attempt=0)
+    first = sink.begin_transaction(TransactionContext(txn_id, COLUMNS))
+    sink.write(first, [(1, "a", 1.0)])
+    sink.commit(sink.pre_commit(first))
+
+    again = sink.begin_transaction(TransactionContext(txn_id, COLUMNS))
+    sink.write(again, [(2, "b", 1.0)])
+    with pytest.raises(FatalError, match="already used"):
+        sink.pre_commit(again)
+    assert db.ids(table) == [1] and db.xa_recover() == []
+
+
+def test_server_refusing_local_loads(mariadb: MariaDBServer, db: Db, table: str) -> None:
+    """bulk='auto' falls back to INSERT (MySQL 8's default); bulk='load_data' says what to do."""
+    mariadb.root_sql("SET GLOBAL local_infile = 0")
+    try:
+        auto = make_sink(mariadb.params, table)
+        auto.check_schema(COLUMNS)
+        assert auto.commit(prepare(auto, new_query_id(), rows_for(0, 0, 25))) is (
+            CommitOutcome.COMMITTED)
+        insisting = make_sink(mariadb.params, table, bulk="load_data")
+        with pytest.raises(ConfigurationError, match="local_infile=1"):
+            insisting.check_schema(COLUMNS)
+        with pytest.raises(ConfigurationError, match="local_infile=1"):
+            prepare(insisting, new_query_id(), rows_for(0, 1, 5))
+    finally:
+        mariadb.root_sql("SET GLOBAL local_infile = 1")
+    assert db.ids(table) == ids_of(rows_for(0, 0, 25)) and db.xa_recover() == []
+
+
+def test_branch_still_attached_to_its_writer_is_retryable(sink: MySQLXASink, db: Db) -> None:
+    """MariaDB cannot resolve a prepared branch from elsewhere while its session lives."""
+    txn_id = TxnId.open(namespace=NAMESPACE, query_id=new_query_id(), epoch=1, batch=0,
+                        partition=0, attempt=0)
+    handle = sink.handle(txn_id, rows=1)
+    xid = f"'tph.{txn_id.global_part}','{txn_id.branch_part}'"
+    writer = db.server.connect()  # a writer that did not close its connection after PREPARE
+    with writer.cursor() as cursor:
+        for statement in (f"XA START {xid}", "INSERT INTO _twophase_xa_markers VALUES "
+                          f"('{txn_id}', 'orders', 't', 1, NOW(), NOW(), NULL)",
+                          f"XA END {xid}", f"XA PREPARE {xid}"):
+            cursor.execute(statement)
+    with pytest.raises(RetryableError, match="still attached"):
+        sink.commit(handle)
+    writer.close()
+    assert sink.commit(handle) is CommitOutcome.COMMITTED
+    assert db.marker(handle) is not None
+
+
+def test_configuration_and_repr(mariadb: MariaDBServer) -> None:
+    params = mariadb.params
+    sink = make_sink(params, "My Orders.2024`table")
+    assert params.password not in repr(sink) and "password='***'" in repr(sink)
+    assert sink.default_namespace() == "My_Orders_2024_table"
+    assert make_sink(params, "x" * 40).default_namespace() == "x" * 24
+    with pytest.raises(ConfigurationError, match="LOAD DATA cannot update"):
+        make_sink(params, "t", mode="upsert", bulk="load_data")
+    with pytest.raises(ConfigurationError, match="connect_args"):
+        make_sink(params, "t", connect_args={"autocommit": False})
+    assert "CREATE TABLE IF NOT EXISTS" in MARKER_TABLE_DDL
+    shipped = pickle.loads(pickle.dumps(sink))  # what Spark does to send it to executors
+    assert repr(shipped) == repr(sink) and shipped.connect_args == {}
+
+
+def test_non_strict_server_still_refuses_truncation(mariadb: MariaDBServer, db: Db,
+                                                    table: str) -> None:
+    """The sink's sessions are strict even if the server's sql_mode is not."""
+    mariadb.root_sql("SET GLOBAL sql_mode = ''")
+    try:
+        loose = make_sink(mariadb.params, table, bulk="insert")
+        with pytest.raises(SchemaMismatchError, match="1406"):
+            prepare(loose, new_query_id(), [(1, "x" * 40, 1.0)])
+    finally:
+        mariadb.root_sql("SET GLOBAL sql_mode = DEFAULT")
+    assert db.ids(table) == [] and db.xa_recover() == []
+
+
+# -- fencing -----------------------------------------------------------------------------------
+
+def test_fencing_stops_a_zombie_run(mariadb: MariaDBServer, db: Db, table: str) -> None:
+    query = new_query_id()
+    zombie = make_sink(mariadb.params, table, fencing=True)
+    zombie.check_schema(COLUMNS)
+    zombie.fence(NAMESPACE, query, 1)
+    handle = prepare(zombie, query, rows_for(0, 0, 10))
+
+    newer = make_sink(mariadb.params, table, fencing=True)
+    newer.fence(NAMESPACE, query, 2)
+    with pytest.raises(FencedError, match=r"epoch 1 .* is at epoch 2"):
+        zombie.commit(handle)
+    with pytest.raises(FencedError):
+        zombie.abort(handle)
+    with pytest.raises(FencedError):
+        zombie.fence(NAMESPACE, query, 1)
+    assert db.ids(table) == [] and len(db.xa_recover()) == 1
+
+    assert newer.commit(handle) is CommitOutcome.COMMITTED  # the newer run finishes it
+    assert db.ids(table) == ids_of(rows_for(0, 0, 10))
+    newer.fence(NAMESPACE, query, 2)  # the same epoch again (cleanup joining) is fine
+    unclaimed = make_sink(mariadb.params, table, fencing=True)
+    with pytest.raises(ConfigurationError, match=r"never called sink.fence"):
+        unclaimed.commit(handle)  # committing needs a claimed epoch
+    orphan = prepare(zombie, query, rows_for(1, 0, 3), batch=1)
+    assert unclaimed.abort(orphan) is AbortOutcome.ABORTED  # cleanup may abort orphans
+    assert db.ids(table) == ids_of(rows_for(0, 0, 10))
+
+
+def test_fence_waits_for_a_commit_past_its_check(mariadb: MariaDBServer, db: Db,
+                                                 table: str) -> None:
+    """A zombie between its fence check and XA COMMIT holds the row: the takeover waits."""
+    query = new_query_id()
+    old = make_sink(mariadb.params, table, fencing=True)
+    old.check_schema(COLUMNS)
+    old.fence(NAMESPACE, query, 1)
+    holder = mariadb.connect(autocommit=False)  # what _fenced holds during XA COMMIT
+    with holder.cursor() as cursor:
+        cursor.execute("SELECT epoch FROM _twophase_xa_fence WHERE namespace = %s "
+                       "AND query = %s LOCK IN SHARE MODE", (NAMESPACE, query_key(query)))
+    newer = make_sink(mariadb.params, table, fencing=True, lock_wait_timeout_s=1)
+    with pytest.raises(RetryableError, match="1205"):
+        newer.fence(NAMESPACE, query, 2)
+
+    release = threading.Timer(0.5, holder.commit)
+    release.start()
+    patient = make_sink(mariadb.params, table, fencing=True, lock_wait_timeout_s=10)
+    patient.fence(NAMESPACE, query, 2)  # returns once the "commit" released the row
+    release.join()
+    holder.close()
+    assert db.query("SELECT epoch FROM _twophase_xa_fence WHERE query = %s",
+                    (query_key(query),)) == [(2,)]
+
+
+# -- child processes ---------------------------------------------------------------------------
+
+def _child_sink(spec: dict[str, Any]) -> MySQLXASink:
+    return MySQLXASink(host=spec["host"], port=spec["port"], user=spec["user"],
+                       password=os.environ[PASSWORD_ENV], database=spec["database"],
+                       table=spec["table"])
+
+
+def _writer(spec: dict[str, Any]) -> None:
+    """Prepare partitions, print their handles, then die like a killed executor, in the middle
+    of writing one more partition (whose branch the server must roll back)."""
+    sink = _child_sink(spec)
+    for partition in range(spec["partitions"]):
+        handle = prepare(sink, spec["query"], rows_for(0, partition, spec["rows"]),
+                         partition=partition)
+        print(handle.dumps(), flush=True)
+    unfinished = TxnId.open(namespace=NAMESPACE, query_id=spec["query"], epoch=1, batch=0,
+                            partition=spec["partitions"], attempt=0)
+    txn = sink.begin_transaction(TransactionContext(unfinished, COLUMNS))
+    sink.write(txn, rows_for(0, spec["partitions"], spec["rows"]))
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _driver(spec: dict[str, Any]) -> None:
+    """Run 1 of a query: batch 0 done, batch 1 decided, then the armed crash point kills it."""
+    sink, query = _child_sink(spec), spec["query"]
+    store = StateStore(spec["state"])
+    epoch = store.start_run(NAMESPACE, {}).epoch
+    coordinator = Coordinator(sink, store, namespace=NAMESPACE, epoch=epoch, retry=FAST_RETRY)
+
+    def batch(number: int, *, attempt: int = 0) -> list[Handle]:
+        return [prepare(sink, query, rows_for(number, p, 30), batch=number, partition=p,
+                        attempt=attempt, epoch=epoch) for p in range(2)]
+
+    coordinator.commit_batch(0, query, batch(0))
+    prepare(sink, query, [(-1, "failed attempt", 0.0)], batch=1, partition=0, attempt=9,
+            epoch=epoch)  # an orphan: run 1's sweep aborts it before deciding batch 1
+    prepare(sink, query, [(-2, "next batch", 0.0)], batch=2, partition=0, attempt=0,
+            epoch=epoch)  # a branch of batch 2 that run 1 never decides
+    coordinator.commit_batch(1, query, batch(1))
+    raise SystemExit("the crash point did not fire")
+
+
+def _child_main(argv: list[str]) -> None:
+    spec = json.loads(argv[0])
+    {"writer": _writer, "driver": _driver}[spec["role"]](spec)
+
+
+if __name__ == "__main__":
+    _child_main(sys.argv[1:])
