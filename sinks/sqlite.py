@@ -2,29 +2,32 @@
 
 It is also the reference for writing a sink: each phase is a few lines of SQL.
 
-Three tables live beside the target: ``_twophase_staged_<table>`` (rows written but not
-visible), ``_twophase_prepared`` (one marker per pre-committed transaction) and
+Every transaction stages its rows in a table of its own, ``"_twophase_stage:<txn id>:<table>"``
+(untyped columns: values keep their type until they reach the target). Two bookkeeping tables
+live beside the target: ``_twophase_prepared`` (one marker per pre-committed transaction) and
 ``_twophase_committed`` (one record per committed transaction: the proof that a second commit is
-a no-op). All phases are local SQLite transactions, so each one happens entirely or not at all.
+a no-op). Every phase is one local SQLite transaction, so it happens entirely or not at all.
 
-===============  =====================================  ===================================
-phase            what it does                           a crash here leaves behind
-===============  =====================================  ===================================
-begin / write    appends rows to the staging table in   staged rows without a marker: in
-                 short transactions of ``chunk_size``   doubt, found by ``list_in_doubt``
-                                                        and aborted by the next batch's
-                                                        sweep or by cleanup
-pre-commit       one transaction: trial-insert the      nothing new (rolled back), or a
-                 staged rows into the target and roll   prepared marker: invisible, durable,
-                 that back (so a constraint violation   committed or aborted by the driver's
-                 fails *now*, not after the decision),  decision
-                 then write the prepared marker
-commit           one transaction: move the staged rows  nothing (rolled back) or everything:
-                 into the target, drop the marker,      the commit record makes a repeated
-                 write the commit record                commit answer ALREADY_COMMITTED
-abort            one transaction: delete staged rows    nothing (rolled back) or nothing
-                 and marker                             left at all
-===============  =====================================  ===================================
+===========  ========================================  =====================================
+phase        what it does                              a crash here leaves behind
+===========  ========================================  =====================================
+begin        creates the staging table                 an empty staging table without a
+                                                       marker: in doubt, listed by
+                                                       ``list_in_doubt``, dropped by the
+                                                       next sweep or by cleanup
+write        appends rows to it, ``chunk_size`` rows   staged rows without a marker: as above
+             per transaction (converted before the
+             write lock is taken)
+pre-commit   one transaction: trial-insert the staged  as above (rolled back), or a prepared
+             rows into the target and roll that back   marker: durable, invisible; committed
+             (a constraint violation fails *now*, not  or aborted by the driver's decision
+             after the decision), write the marker
+commit       one transaction: copy the staged rows     nothing (rolled back) or everything;
+             into the target, drop the staging table   the commit record makes a repeated
+             and the marker, write the commit record   commit answer ALREADY_COMMITTED
+abort        one transaction: drop the staging table   nothing (rolled back) or nothing left
+             and the marker
+===========  ========================================  =====================================
 
 ``commit`` of a transaction with neither a marker nor a commit record raises
 :class:`~twophase.errors.TransactionLostError` (someone aborted a decided transaction).
@@ -35,7 +38,6 @@ batches apply in order).
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import re
 import sqlite3
@@ -70,8 +72,8 @@ DEFAULT_CHUNK_SIZE = 10_000
 DEFAULT_BUSY_TIMEOUT_S = 60.0
 PREPARED_TABLE = "_twophase_prepared"
 COMMITTED_TABLE = "_twophase_committed"
-STAGED_TABLE_PREFIX = "_twophase_staged_"
-TXN_COLUMN = "_twophase_txn"
+STAGE_PREFIX = "_twophase_stage:"
+STAGE_SEPARATOR = ":"  # never in a transaction id
 
 Mode = Literal["insert", "upsert"]
 
@@ -83,10 +85,11 @@ def quote(identifier: str) -> str:
 
 @dataclass
 class SQLiteTransaction:
-    """An open transaction: the connection and how many rows it staged."""
+    """An open transaction: its id, its staging table and how many rows it staged."""
 
     ctx: TransactionContext
     connection: sqlite3.Connection
+    stage: str
     rows: int = 0
 
 
@@ -130,20 +133,23 @@ class SQLiteSink(TwoPhaseCommitSink[SQLiteTransaction]):
     def default_namespace(self) -> str:
         return re.sub(r"[^A-Za-z0-9_-]", "_", self.table)[:24]
 
-    @property
-    def staged_table(self) -> str:
-        return STAGED_TABLE_PREFIX + self.table
+    def stage_table(self, txn_id: TxnId) -> str:
+        """The staging table of one transaction of this sink."""
+        return f"{STAGE_PREFIX}{txn_id}{STAGE_SEPARATOR}{self.table}"
 
     # -- driver: before the first write ----------------------------------------------------
 
     def check_schema(self, columns: Sequence[Column]) -> None:
         with self._reading("schema check") as connection:
-            target = self._target_columns(connection)
+            target = self._columns(connection, self.table)
+            if not target:
+                raise SchemaMismatchError(f"table {self.table!r} does not exist in {self.path}.",
+                                          fix="create it before starting the query")
             missing = [c.name for c in columns if c.name not in target]
             if missing:
                 raise SchemaMismatchError(
                     f"column(s) {missing} of the rows are not in table {self.table!r} of "
-                    f"{self.path} (its columns: {list(target)}).",
+                    f"{self.path} (its columns: {target}).",
                     fix="add the columns to the table, or select/rename them in the DataFrame",
                 )
             if self.mode == "upsert":
@@ -152,16 +158,18 @@ class SQLiteSink(TwoPhaseCommitSink[SQLiteTransaction]):
     # -- executor --------------------------------------------------------------------------
 
     def begin_transaction(self, ctx: TransactionContext) -> SQLiteTransaction:
+        stage = self.stage_table(ctx.txn_id)
         connection = self._connect(f"begin of {ctx.txn_id}")
         with self._transaction(f"begin of {ctx.txn_id}", connection):
-            self._ensure_tables(connection, ctx.column_names)
-        return SQLiteTransaction(ctx, connection)
+            self._create_bookkeeping(connection)
+            names = ", ".join(map(quote, ctx.column_names))  # untyped: values keep their type
+            connection.execute(f"CREATE TABLE {quote(stage)} ({names})")
+        return SQLiteTransaction(ctx, connection, stage)
 
     def write(self, txn: SQLiteTransaction, rows: Iterable[Sequence[Any]]) -> None:
-        names = (TXN_COLUMN, *txn.ctx.column_names)
-        insert = (f"INSERT INTO {quote(self.staged_table)} ({', '.join(map(quote, names))}) "
-                  f"VALUES ({', '.join('?' * len(names))})")
-        convert = _row_converter(str(txn.ctx.txn_id), txn.ctx.columns)
+        insert = (f"INSERT INTO {quote(txn.stage)} "
+                  f"VALUES ({', '.join('?' * len(txn.ctx.columns))})")
+        convert = _row_converter(txn.ctx.columns)
         iterator = iter(rows)
         while chunk := [convert(row) for row in islice(iterator, self.chunk_size)]:
             with self._transaction(f"write of {txn.ctx.txn_id}", txn.connection) as connection:
@@ -170,30 +178,29 @@ class SQLiteSink(TwoPhaseCommitSink[SQLiteTransaction]):
 
     def pre_commit(self, txn: SQLiteTransaction) -> Handle:
         txn_id = str(txn.ctx.txn_id)
-        columns = list(txn.ctx.column_names)
         with self._transaction(f"pre-commit of {txn_id}", txn.connection) as connection:
-            if self._is_committed(connection, txn_id):
+            if self._recorded(connection, COMMITTED_TABLE, txn_id):
                 raise FatalError(
                     f"transaction id {txn_id} was already committed once; committing it again "
                     "would silently drop these rows (a state file restored from a backup?).",
                     fix="restart the query so it opens transactions under a new epoch",
                 )
             connection.execute("SAVEPOINT trial")
-            self._apply_staged(connection, txn_id, columns)  # raises now if a row does not fit
+            self._apply_staged(connection, txn.stage)  # raises now if a row does not fit
             connection.execute("ROLLBACK TO trial")
             connection.execute(
-                f"INSERT INTO {PREPARED_TABLE} (txn_id, target, rows, columns, prepared_at) "
-                "VALUES (?, ?, ?, ?, ?)",
-                (txn_id, self.table, txn.rows, json.dumps(columns), time.time()),
+                f"INSERT INTO {PREPARED_TABLE} (txn_id, target, rows, prepared_at) "
+                "VALUES (?, ?, ?, ?)",
+                (txn_id, self.table, txn.rows, time.time()),
             )
         txn.connection.close()
         return self.handle(txn.ctx.txn_id, txn.rows)
 
     def discard(self, txn: SQLiteTransaction) -> None:
-        """Drop the staged chunks now; if that fails too, a sweep or cleanup drops them later."""
+        """Drop the staging table now; if that fails too, a sweep or cleanup drops it later."""
         try:
             with self._transaction(f"discard of {txn.ctx.txn_id}", txn.connection) as connection:
-                self._drop_staged(connection, str(txn.ctx.txn_id))
+                self._drop_staged(connection, str(txn.ctx.txn_id), txn.stage)
         except TwoPhaseError as exc:
             log.warning("could not discard %s, it stays in doubt: %s", txn.ctx.txn_id, exc)
         finally:
@@ -203,21 +210,21 @@ class SQLiteSink(TwoPhaseCommitSink[SQLiteTransaction]):
 
     def commit(self, handle: Handle) -> CommitOutcome:
         self.require_own(handle)
-        txn_id = str(handle.txn_id)
+        txn_id, stage = str(handle.txn_id), self.stage_table(handle.txn_id)
         with self._transaction(f"commit of {txn_id}") as connection:
-            if self._is_committed(connection, txn_id):
+            if self._recorded(connection, COMMITTED_TABLE, txn_id):
                 return CommitOutcome.ALREADY_COMMITTED
-            columns = self._prepared_columns(connection, txn_id)
-            if columns is None:
+            if not self._recorded(connection, PREPARED_TABLE, txn_id):
                 raise TransactionLostError(
                     f"transaction {txn_id} ({handle.rows} rows for {self.table!r}) was decided "
                     f"but is neither prepared nor committed in {self.path}: it was aborted "
                     "outside this query (a cleanup with a too short threshold?).",
                     fix="re-deliver the rows of that batch from the source, then run "
-                    "`python -m twophase.cleanup --forget-batch` for it",
+                    "`python -m twophase.cleanup --state <state location> --forget-batch "
+                    f"{handle.txn_id.batch}`",
                 )
-            self._apply_staged(connection, txn_id, columns)
-            self._drop_staged(connection, txn_id)
+            self._apply_staged(connection, stage)
+            self._drop_staged(connection, txn_id, stage)
             connection.execute(
                 f"INSERT INTO {COMMITTED_TABLE} (txn_id, target, rows, committed_at) "
                 "VALUES (?, ?, ?, ?)",
@@ -229,36 +236,37 @@ class SQLiteSink(TwoPhaseCommitSink[SQLiteTransaction]):
         self.require_own(handle)
         txn_id = str(handle.txn_id)
         with self._transaction(f"abort of {txn_id}") as connection:
-            if self._is_committed(connection, txn_id):
+            if self._recorded(connection, COMMITTED_TABLE, txn_id):
                 raise FatalError(
                     f"refusing to abort transaction {txn_id}: it is already committed.",
                     fix="this is a bug in the caller: a committed transaction was decided",
                 )
-            dropped = self._drop_staged(connection, txn_id)
+            dropped = self._drop_staged(connection, txn_id, self.stage_table(handle.txn_id))
             return AbortOutcome.ABORTED if dropped else AbortOutcome.NOT_FOUND
 
     def list_in_doubt(self, namespace: str) -> list[Handle]:
+        prefix = f"{namespace}."
         with self._reading("listing of in-doubt transactions") as connection:
-            if not self._has_table(connection, PREPARED_TABLE):
-                return []
-            prefix = f"{namespace}.%"
-            rows = connection.execute(
-                f"SELECT txn_id, rows FROM {PREPARED_TABLE} WHERE target = ? AND txn_id LIKE ? "
-                f"UNION SELECT DISTINCT {TXN_COLUMN}, 0 FROM {quote(self.staged_table)} "
-                f"WHERE {TXN_COLUMN} LIKE ? AND {TXN_COLUMN} NOT IN "
-                f"(SELECT txn_id FROM {PREPARED_TABLE})",
-                (self.table, prefix, prefix),
-            ).fetchall()
-        return [self.handle(TxnId.parse(txn_id), rows) for txn_id, rows in rows]
+            prepared = dict(connection.execute(
+                f"SELECT txn_id, rows FROM {PREPARED_TABLE} WHERE target = ?", (self.table,)
+            ).fetchall()) if self._has_table(connection, PREPARED_TABLE) else {}
+            staged = [name[len(STAGE_PREFIX):].partition(STAGE_SEPARATOR)[0]
+                      for (name,) in connection.execute(
+                          "SELECT name FROM sqlite_master WHERE type = 'table' AND "
+                          "substr(name, 1, ?) = ? AND substr(name, -?) = ?",
+                          (len(STAGE_PREFIX), STAGE_PREFIX, len(self.table) + 1,
+                           STAGE_SEPARATOR + self.table))]
+        in_doubt = {txn_id: prepared.get(txn_id, 0) for txn_id in [*prepared, *staged]
+                    if txn_id.startswith(prefix)}
+        return [self.handle(TxnId.parse(txn_id), rows) for txn_id, rows in in_doubt.items()]
 
     def purge_commit_records(self, namespace: str, older_than: datetime) -> int:
         with self._transaction("purge of commit records") as connection:
-            if not self._has_table(connection, COMMITTED_TABLE):
-                return 0
+            self._create_bookkeeping(connection)
             cursor = connection.execute(
-                f"DELETE FROM {COMMITTED_TABLE} WHERE target = ? AND txn_id LIKE ? "
-                "AND committed_at < ?",
-                (self.table, f"{namespace}.%", older_than.timestamp()),
+                f"DELETE FROM {COMMITTED_TABLE} WHERE target = ? AND "
+                "substr(txn_id, 1, ?) = ? AND committed_at < ?",
+                (self.table, len(namespace) + 1, f"{namespace}.", older_than.timestamp()),
             )
             return cursor.rowcount
 
@@ -300,61 +308,40 @@ class SQLiteSink(TwoPhaseCommitSink[SQLiteTransaction]):
         finally:
             connection.close()
 
-    def _ensure_tables(self, connection: sqlite3.Connection, columns: Sequence[str]) -> None:
-        staged = quote(self.staged_table)
+    @staticmethod
+    def _create_bookkeeping(connection: sqlite3.Connection) -> None:
         connection.execute(
             f"CREATE TABLE IF NOT EXISTS {PREPARED_TABLE} (txn_id TEXT PRIMARY KEY, "
-            "target TEXT NOT NULL, rows INTEGER NOT NULL, columns TEXT NOT NULL, "
-            "prepared_at REAL NOT NULL)"
+            "target TEXT NOT NULL, rows INTEGER NOT NULL, prepared_at REAL NOT NULL)"
         )
         connection.execute(
             f"CREATE TABLE IF NOT EXISTS {COMMITTED_TABLE} (txn_id TEXT PRIMARY KEY, "
             "target TEXT NOT NULL, rows INTEGER NOT NULL, committed_at REAL NOT NULL)"
         )
-        connection.execute(f"CREATE TABLE IF NOT EXISTS {staged} ({TXN_COLUMN} TEXT NOT NULL)")
-        connection.execute(
-            f"CREATE INDEX IF NOT EXISTS {quote(self.staged_table + '_txn')} "
-            f"ON {staged} ({TXN_COLUMN})"
-        )
-        present = {row[1] for row in connection.execute(f"PRAGMA table_info({staged})")}
-        for column in columns:
-            if column not in present:  # untyped: values keep their type until the target
-                connection.execute(f"ALTER TABLE {staged} ADD COLUMN {quote(column)}")
 
-    def _apply_staged(
-        self, connection: sqlite3.Connection, txn_id: str, columns: Sequence[str]
-    ) -> None:
-        """Insert (or upsert) the staged rows of ``txn_id`` into the target, in staging order."""
+    def _apply_staged(self, connection: sqlite3.Connection, stage: str) -> None:
+        """Insert (or upsert) the staged rows into the target, in the order they were written."""
+        columns = self._columns(connection, stage)
         names = ", ".join(map(quote, columns))
         sql = (f"INSERT INTO {quote(self.table)} ({names}) SELECT {names} "
-               f"FROM {quote(self.staged_table)} WHERE {TXN_COLUMN} = ? ORDER BY rowid")
+               f"FROM {quote(stage)} WHERE true ORDER BY rowid")
         if self.mode == "upsert":
             updates = ", ".join(f"{quote(c)} = excluded.{quote(c)}"
                                 for c in columns if c not in self.key)
             sql += f" ON CONFLICT ({', '.join(map(quote, self.key))}) DO " + (
                 f"UPDATE SET {updates}" if updates else "NOTHING")
-        connection.execute(sql, (txn_id,))
+        connection.execute(sql)
 
-    def _drop_staged(self, connection: sqlite3.Connection, txn_id: str) -> bool:
-        """Delete the staged rows and the marker of ``txn_id``; True if there was anything."""
-        rows = connection.execute(
-            f"DELETE FROM {quote(self.staged_table)} WHERE {TXN_COLUMN} = ?", (txn_id,)).rowcount
+    def _drop_staged(self, connection: sqlite3.Connection, txn_id: str, stage: str) -> bool:
+        """Drop the staging table and the marker of ``txn_id``; True if there was either."""
+        existed = self._has_table(connection, stage)
+        connection.execute(f"DROP TABLE IF EXISTS {quote(stage)}")
         marker = connection.execute(
             f"DELETE FROM {PREPARED_TABLE} WHERE txn_id = ?", (txn_id,)).rowcount
-        return bool(rows or marker)
-
-    def _is_committed(self, connection: sqlite3.Connection, txn_id: str) -> bool:
-        return self._exists(connection, COMMITTED_TABLE, txn_id)
+        return existed or bool(marker)
 
     @staticmethod
-    def _prepared_columns(connection: sqlite3.Connection, txn_id: str) -> list[str] | None:
-        """The columns of prepared ``txn_id``, or None if it is not prepared."""
-        row = connection.execute(
-            f"SELECT columns FROM {PREPARED_TABLE} WHERE txn_id = ?", (txn_id,)).fetchone()
-        return None if row is None else list(json.loads(row[0]))
-
-    @staticmethod
-    def _exists(connection: sqlite3.Connection, table: str, txn_id: str) -> bool:
+    def _recorded(connection: sqlite3.Connection, table: str, txn_id: str) -> bool:
         query = f"SELECT 1 FROM {table} WHERE txn_id = ?"
         return connection.execute(query, (txn_id,)).fetchone() is not None
 
@@ -363,12 +350,9 @@ class SQLiteSink(TwoPhaseCommitSink[SQLiteTransaction]):
         query = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?"
         return connection.execute(query, (table,)).fetchone() is not None
 
-    def _target_columns(self, connection: sqlite3.Connection) -> list[str]:
-        columns = [row[1] for row in connection.execute(f"PRAGMA table_info({quote(self.table)})")]
-        if not columns:
-            raise SchemaMismatchError(f"table {self.table!r} does not exist in {self.path}.",
-                                      fix="create it before starting the query")
-        return columns
+    @staticmethod
+    def _columns(connection: sqlite3.Connection, table: str) -> list[str]:
+        return [row[1] for row in connection.execute(f"PRAGMA table_info({quote(table)})")]
 
     def _require_unique_key(self, connection: sqlite3.Connection) -> None:
         table = quote(self.table)
@@ -423,20 +407,18 @@ def _classify(what: str, exc: sqlite3.Error) -> TwoPhaseError:
                       fix="fix the cause named above, then restart")
 
 
-def _row_converter(
-    txn_id: str, columns: Sequence[Column]
-) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
-    """Prefix rows with the txn id; turn values sqlite3 cannot store into text."""
+def _row_converter(columns: Sequence[Column]) -> Callable[[Sequence[Any]], Sequence[Any]]:
+    """Turn the values sqlite3 cannot store (timestamps, dates, decimals) into text."""
     needs = [i for i, c in enumerate(columns)
              if c.type in ("timestamp", "timestamp_ntz", "date") or c.type.startswith("decimal")]
     if not needs:
-        return lambda row: (txn_id, *row)
+        return lambda row: row
 
-    def convert(row: Sequence[Any]) -> tuple[Any, ...]:
+    def convert(row: Sequence[Any]) -> Sequence[Any]:
         values = list(row)
         for i in needs:
             values[i] = _to_text(values[i])
-        return (txn_id, *values)
+        return values
 
     return convert
 
@@ -447,4 +429,3 @@ def _to_text(value: Any) -> Any:
     if isinstance(value, Decimal):
         return str(value)
     return value
-

@@ -74,7 +74,8 @@ def assert_sqlite_exactly_once(spec: DriverSpec) -> None:
     sink = SQLiteSink(**spec.sink_kwargs)
     with sqlite3.connect(sink.path) as connection:
         ids = [row[0] for row in connection.execute("SELECT event_id FROM orders ORDER BY 1")]
-        staged = connection.execute(f'SELECT count(*) FROM "{sink.staged_table}"').fetchone()[0]
+        staged = connection.execute("SELECT count(*) FROM sqlite_master "
+                                    "WHERE name GLOB '_twophase_stage:*'").fetchone()[0]
     assert ids == EXPECTED_IDS, "rows lost or duplicated"
     assert staged == 0
     assert sink.list_in_doubt("orders") == []

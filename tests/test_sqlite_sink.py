@@ -36,6 +36,12 @@ def test_pre_committed_rows_are_durable_but_invisible_until_commit(
     assert sqlite_sink.commit(handle) is CommitOutcome.COMMITTED
     assert visible(sqlite_reader) == [0, 1, 2, 3, 4]
     assert sqlite_sink.list_in_doubt("orders") == []
+    assert stage_tables(sqlite_reader) == []
+
+
+def stage_tables(reader: sqlite3.Connection) -> list[str]:
+    return [row[0] for row in reader.execute(
+        "SELECT name FROM sqlite_master WHERE name GLOB '_twophase_stage:*'")]
 
 
 def test_commit_is_idempotent(sqlite_sink: SQLiteSink, sqlite_reader: sqlite3.Connection) -> None:
@@ -51,6 +57,7 @@ def test_abort_is_idempotent_and_a_decided_abort_is_reported_lost(
     handle = prepare(sqlite_sink, orders(0, 3))
     assert sqlite_sink.abort(handle) is AbortOutcome.ABORTED
     assert sqlite_sink.abort(handle) is AbortOutcome.NOT_FOUND
+    assert stage_tables(sqlite_reader) == []
     with pytest.raises(TransactionLostError, match=rf"transaction {handle.txn_id} \(3 rows"):
         sqlite_sink.commit(handle)
     assert visible(sqlite_reader) == []
@@ -145,10 +152,15 @@ def test_wrong_options_are_refused_with_a_fix(orders_db: Path, kwargs: dict[str,
         SQLiteSink(orders_db, **kwargs)  # type: ignore[arg-type]
 
 
-def test_in_doubt_listing_is_per_namespace(sqlite_sink: SQLiteSink) -> None:
-    mine = prepare(sqlite_sink, orders(0, 1))
+def test_in_doubt_listing_is_per_namespace_and_target(sqlite_sink: SQLiteSink,
+                                                     orders_db: Path) -> None:
+    mine = prepare(sqlite_sink, orders(0, 1), namespace="ord_rs")
     prepare(sqlite_sink, orders(1, 1), namespace="payments")
-    assert [h.txn_id for h in sqlite_sink.list_in_doubt("orders")] == [mine.txn_id]
+    prepare(sqlite_sink, orders(2, 1), namespace="ordXrs")  # '_' is no wildcard
+    with sqlite3.connect(orders_db) as connection:
+        connection.execute("CREATE TABLE archive AS SELECT * FROM orders")
+    prepare(SQLiteSink(orders_db, "archive"), orders(3, 1), namespace="ord_rs", partition=1)
+    assert [h.txn_id for h in sqlite_sink.list_in_doubt("ord_rs")] == [mine.txn_id]
 
 
 def test_a_reused_transaction_id_is_refused_at_pre_commit(sqlite_sink: SQLiteSink) -> None:
