@@ -11,7 +11,6 @@ run ``--rounds`` times alternately on a warm session; the best round of each cou
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import sqlite3
 import statistics
@@ -26,7 +25,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceStreamWriter, WriterCommitMessage
 
 from sinks.sqlite import SQLiteSink
-from twophase._harness import FEED_SCHEMA, SPARK_CONF, generate_feed
+from twophase._harness import generate_feed, local_session, read_feed
 from twophase._state import StateStore
 from twophase.spark import write_stream
 
@@ -100,19 +99,13 @@ def main() -> int:
     parser.add_argument("--rows-per-batch", type=int, default=10_000)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    builder = SparkSession.builder.master("local[2]").appName("twophase-bench")
-    for key, value in SPARK_CONF.items():
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = local_session("twophase-bench")
     spark.dataSource.register(PlainAppend)
     with tempfile.TemporaryDirectory(prefix="twophase-bench-") as tmp:
         workdir = Path(tmp)
         expected = generate_feed(workdir / "feed", files=args.batches,
                                  rows_per_file=args.rows_per_batch)
-        feed = (spark.readStream.schema(FEED_SCHEMA).option("maxFilesPerTrigger", 1)
-                .json(str(workdir / "feed")).repartition(2))
+        feed = read_feed(spark, workdir / "feed")
         run(spark, feed, "plain", workdir)  # warm the JVM and the Python workers
         run(spark, feed, "twophase", workdir)
         best: dict[str, float] = {}

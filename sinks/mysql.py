@@ -94,6 +94,7 @@ import re
 import ssl
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
@@ -132,6 +133,8 @@ DEFAULT_CONNECT_TIMEOUT_S = 10
 DEFAULT_READ_TIMEOUT_S = 600
 FENCE_LOCK_IDLE_TIMEOUT_S = 30
 PURGE_CHUNK = 1_000
+DETACH_WAIT_S = 2.0  # how long commit/abort wait for a just-closed writer session to end
+DETACH_POLL_S = 0.02
 CHARSET = "utf8mb4"
 TRANSACTIONAL_ENGINES = frozenset({"innodb"})
 MIN_MARIADB = (10, 5)
@@ -913,48 +916,58 @@ class MySQLXASink(TwoPhaseCommitSink[MySQLBranch]):
         what = f"commit of transaction {handle.txn_id} (xid {xid})"
         with self._fenced(handle.txn_id, what, required=True), self._session(what) as conn:
             try:
-                _xa(conn, "COMMIT", xid)
+                resolved = self._resolve(conn, "COMMIT", handle.txn_id, xid)
             except pymysql.err.MySQLError as exc:
-                if _error_code(exc) == XAER_NOTA:
-                    return self._commit_unknown(conn, handle, xid)
                 if _error_code(exc) in _LOST_ROLLED_BACK:
                     raise self._lost(handle, xid, f"the server rolled it back ({exc})") from exc
                 raise
+            outcome = CommitOutcome.COMMITTED
+            if not resolved:  # 1397: already committed (marker visible) or lost
+                if not self._marker_visible(conn, handle.txn_id):
+                    raise self._lost(handle, xid,
+                                     "XA RECOVER does not list it and its marker row is absent")
+                outcome = CommitOutcome.ALREADY_COMMITTED
             self._stamp(conn, handle.txn_id)
-            return CommitOutcome.COMMITTED
-
-    def _commit_unknown(self, conn: Any, handle: Handle, xid: Xid) -> CommitOutcome:
-        """XA COMMIT said 1397: attached elsewhere, already committed, or lost."""
-        self._raise_if_attached(conn, handle.txn_id, xid)
-        if self._marker_visible(conn, handle.txn_id):
-            self._stamp(conn, handle.txn_id)
-            return CommitOutcome.ALREADY_COMMITTED
-        raise self._lost(handle, xid, "XA RECOVER does not list it and its marker row is absent")
+            return outcome
 
     def abort(self, handle: Handle) -> AbortOutcome:
         xid = self._xid(handle)
         what = f"abort of transaction {handle.txn_id} (xid {xid})"
         with self._fenced(handle.txn_id, what, required=False), self._session(what) as conn:
+            if self._resolve(conn, "ROLLBACK", handle.txn_id, xid):
+                return AbortOutcome.ABORTED
+            if self._marker_visible(conn, handle.txn_id):
+                log.warning("abort of %s: it is committed already, nothing to roll back",
+                            handle.txn_id)
+            return AbortOutcome.NOT_FOUND
+
+    def _resolve(self, conn: Any, verb: str, txn_id: TxnId, xid: Xid) -> bool:
+        """``XA COMMIT``/``XA ROLLBACK``; False if the server does not know the xid (1397).
+
+        A 1397 while ``XA RECOVER`` still lists the branch means the session that prepared it
+        has not ended yet: its writer closed the connection a moment ago and the server is
+        still tearing the session down. That resolves within milliseconds, so wait for it (up
+        to ``DETACH_WAIT_S``) before calling it a retryable error.
+        """
+        deadline = time.monotonic() + DETACH_WAIT_S
+        while True:
             try:
-                _xa(conn, "ROLLBACK", xid)
+                _xa(conn, verb, xid)
+                return True
             except pymysql.err.MySQLError as exc:
                 if _error_code(exc) != XAER_NOTA:
                     raise
-                self._raise_if_attached(conn, handle.txn_id, xid)
-                if self._marker_visible(conn, handle.txn_id):
-                    log.warning("abort of %s: it is committed already, nothing to roll back",
-                                handle.txn_id)
-                return AbortOutcome.NOT_FOUND
-            return AbortOutcome.ABORTED
-
-    def _raise_if_attached(self, conn: Any, txn_id: TxnId, xid: Xid) -> None:
-        if _is_prepared(conn, xid):
-            raise RetryableError(
-                f"transaction {txn_id} (xid {xid}) is prepared on {self.address} but still "
-                "attached to the session that prepared it, so no other session can resolve it "
-                "(MariaDB does not detach prepared branches).",
-                fix="retried automatically; it resolves when that session disconnects",
-            )
+            if not _is_prepared(conn, xid):
+                return False
+            if time.monotonic() > deadline:
+                raise RetryableError(
+                    f"transaction {txn_id} (xid {xid}) is prepared on {self.address} but still "
+                    f"attached to the session that prepared it after {DETACH_WAIT_S:.0f}s, so "
+                    "no other session can resolve it (MariaDB does not detach prepared "
+                    "branches).",
+                    fix="retried automatically; it resolves when that session disconnects",
+                )
+            time.sleep(DETACH_POLL_S)
 
     def _marker_visible(self, conn: Any, txn_id: TxnId) -> bool:
         return bool(_query(conn, f"SELECT 1 FROM {self._qualified(self.marker_table)} "

@@ -123,7 +123,9 @@ def test_commit_then_already_committed(sink: MySQLXASink, db: Db, table: str) ->
     assert db.ids(table) == ids_of(*parts)
     assert db.xa_recover() == []
     for handle in handles:
-        row_count, committed_at = db.marker(handle)
+        marker = db.marker(handle)
+        assert marker is not None
+        row_count, committed_at = marker
         assert row_count == 50 and committed_at is not None
 
 
@@ -147,7 +149,8 @@ def test_empty_partition_commits(sink: MySQLXASink, db: Db, table: str) -> None:
     assert handle.rows == 0
     assert sink.commit(handle) is CommitOutcome.COMMITTED  # not 1402: the marker row is a write
     assert sink.commit(handle) is CommitOutcome.ALREADY_COMMITTED
-    assert db.marker(handle)[0] == 0 and db.ids(table) == []
+    marker = db.marker(handle)
+    assert marker is not None and marker[0] == 0 and db.ids(table) == []
 
 
 def test_upsert_updates_rows_by_key(mariadb: MariaDBServer, db: Db, table: str) -> None:

@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 from pyspark.errors import StreamingQueryException
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import SparkSession
 
 from sinks.sqlite import SQLiteSink
 from twophase import ConfigurationError, SchemaMismatchError
-from twophase._harness import FEED_SCHEMA, generate_feed
+from twophase._harness import FEED_SCHEMA, generate_feed, read_feed
 from twophase._state import StateStore
 from twophase.spark import write, write_stream
 
@@ -28,11 +28,6 @@ def feed(tmp_path: Path) -> Path:
     directory = tmp_path / "feed"
     generate_feed(directory, files=FILES, rows_per_file=ROWS_PER_FILE)
     return directory
-
-
-def read_feed(spark: SparkSession, directory: Path) -> DataFrame:
-    return (spark.readStream.schema(FEED_SCHEMA).option("maxFilesPerTrigger", 1)
-            .json(str(directory)).repartition(2))
 
 
 def run_to_end(spark: SparkSession, feed: Path, sink: SQLiteSink, checkpoint: Path,

@@ -25,7 +25,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 
 from twophase._crash import CRASH_ENV
 from twophase.sink import TwoPhaseCommitSink
@@ -160,16 +160,29 @@ def _session_members(session: int) -> Iterator[int]:
 # -- the child ----------------------------------------------------------------------------
 
 
-def run_driver(spec: DriverSpec) -> None:
-    """Stream every file of the feed into the sink, then return."""
-    builder = SparkSession.builder.master(f"local[{spec.partitions}]").appName("twophase-driver")
+def local_session(app_name: str, cores: int = 2) -> SparkSession:
+    """A local SparkSession tuned for small machines, with workers on this Python."""
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    builder = SparkSession.builder.master(f"local[{cores}]").appName(app_name)
     for key, value in SPARK_CONF.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
-    feed = (spark.readStream.schema(FEED_SCHEMA)
-            .option("maxFilesPerTrigger", spec.files_per_batch).json(spec.input_dir)
-            .repartition(spec.partitions))
+    return spark
+
+
+def read_feed(spark: SparkSession, input_dir: str | Path, *, files_per_batch: int = 1,
+              partitions: int = 2) -> DataFrame:
+    """The order feed as a stream: ``files_per_batch`` files per micro-batch."""
+    return (spark.readStream.schema(FEED_SCHEMA).option("maxFilesPerTrigger", files_per_batch)
+            .json(str(input_dir)).repartition(partitions))
+
+
+def run_driver(spec: DriverSpec) -> None:
+    """Stream every file of the feed into the sink, then return."""
+    spark = local_session("twophase-driver", spec.partitions)
+    feed = read_feed(spark, spec.input_dir, files_per_batch=spec.files_per_batch,
+                     partitions=spec.partitions)
     query = write_stream(feed, spec.build_sink(), checkpoint_location=spec.checkpoint,
                          trigger={"availableNow": True}, foreach_batch=spec.foreach_batch)
     query.awaitTermination()

@@ -152,7 +152,7 @@ class StateStore:
         """The current state, or None if there is no state file yet."""
         try:
             raw = self.path.read_bytes()
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             return None
         except OSError as exc:
             raise ConfigurationError(

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import shutil
-import sys
 from collections.abc import Iterator
 
 import pytest
 from pyspark.sql import SparkSession
 
-from twophase._harness import SPARK_CONF
+from twophase._harness import local_session
 
 
 def require_java() -> None:
@@ -22,11 +20,6 @@ def require_java() -> None:
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
     require_java()
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    builder = SparkSession.builder.master("local[2]").appName("twophase-tests")
-    for key, value in SPARK_CONF.items():
-        builder = builder.config(key, value)
-    session = builder.getOrCreate()
-    session.sparkContext.setLogLevel("ERROR")
+    session = local_session("twophase-tests")
     yield session
     session.stop()
