@@ -1,6 +1,8 @@
 """The driver side of the protocol, independent of Spark: decide, commit, recover, sweep.
 
-One :class:`Coordinator` serves one run (one fencing epoch) of one query. For every batch:
+One :class:`Coordinator` serves one run (one fencing epoch) of one query. When the run starts
+(:meth:`Coordinator.start`) it commits what earlier runs decided and aborts what they left
+undecided, before its first task writes. Then, for every batch:
 
 1. finish earlier decided batches that are not done (recovery after a crash);
 2. if the batch is already decided, it is a replay: abort the new handles, finish the old ones;

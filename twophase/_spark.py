@@ -64,8 +64,7 @@ class TwoPhaseMessage(WriterCommitMessage):
     """What an executor tells the driver: a handle, or that the batch was already decided."""
 
     query_id: str
-    handle: str | None  # Handle JSON; None when skipped
-    skipped: bool = False
+    handle: str | None  # Handle JSON; None: the batch was decided already, nothing written
 
 
 def columns_of(schema: StructType) -> tuple[Column, ...]:
@@ -82,7 +81,7 @@ def write_partition(
     state = StateStore(config.state_dir).read()
     if state is not None and state.is_decided(batch) and state.query_id in (None, query_id):
         log.info("batch %d is already decided: replay writes nothing", batch)
-        return TwoPhaseMessage(query_id=query_id, handle=None, skipped=True)
+        return TwoPhaseMessage(query_id=query_id, handle=None)
     task = _task()
     txn_id = TxnId.open(namespace=config.namespace, query_id=query_id, epoch=config.epoch,
                         batch=batch, partition=task.partitionId(), attempt=task.taskAttemptId())
