@@ -16,6 +16,10 @@ ORDERS_DDL = (
     "CREATE TABLE orders (event_id INTEGER NOT NULL, order_id INTEGER NOT NULL, "
     "status TEXT NOT NULL CHECK (status <> 'bogus'), ts TEXT)"
 )
+MYSQL_ORDERS_DDL = (
+    "CREATE TABLE `{table}` (event_id BIGINT NOT NULL PRIMARY KEY, order_id BIGINT NOT NULL, "
+    "status VARCHAR(16) NOT NULL CHECK (status <> 'bogus'), ts DATETIME(6)) ENGINE=InnoDB"
+)
 
 
 @pytest.fixture

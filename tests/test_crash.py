@@ -8,7 +8,6 @@ system's own view must then hold every input row exactly once, with nothing left
 
 from __future__ import annotations
 
-import itertools
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
@@ -17,7 +16,7 @@ from typing import Any
 import pytest
 
 from sinks.sqlite import SQLiteSink
-from tests.conftest import ORDERS_DDL
+from tests.conftest import MYSQL_ORDERS_DDL, ORDERS_DDL
 from tests.servers.mariadb import Db, MariaDBServer
 from twophase._crash import AFTER_DECISION, AFTER_PRE_COMMIT, CRASH_POINTS, MID_COMMIT
 from twophase._harness import DriverSpec, generate_feed, launch
@@ -27,11 +26,6 @@ pytestmark = [pytest.mark.spark, pytest.mark.crash]
 
 FILES, ROWS_PER_FILE, CRASH_BATCH = 3, 200, 1
 EXPECTED_IDS = list(range(FILES * ROWS_PER_FILE))
-MYSQL_ORDERS_DDL = (
-    "CREATE TABLE `{table}` (event_id BIGINT NOT NULL PRIMARY KEY, order_id BIGINT NOT NULL, "
-    "status VARCHAR(16) NOT NULL, ts DATETIME(6)) ENGINE=InnoDB"
-)
-_mysql_tables = itertools.count()
 
 
 def driver_spec(tmp_path: Path, sink_factory: str, sink_kwargs: dict[str, Any], *,
@@ -105,8 +99,7 @@ def test_foreach_batch_driver_killed_mid_commit_recovers_every_row_exactly_once(
 @pytest.fixture
 def mysql_spec(mariadb: MariaDBServer, db: Db, tmp_path: Path) -> DriverSpec:
     """A stream into a fresh table (primary key on event_id) with in-database fencing on."""
-    table = f"orders_{next(_mysql_tables)}"
-    db.query(MYSQL_ORDERS_DDL.format(table=table))
+    table = db.new_table(MYSQL_ORDERS_DDL, prefix="orders_")
     return driver_spec(tmp_path, "sinks.mysql:MySQLXASink",
                        {**mariadb.params.kwargs(), "table": table, "fencing": True})
 

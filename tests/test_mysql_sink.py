@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
-import itertools
 import json
 import os
 import pickle
@@ -59,7 +58,6 @@ TABLE_DDL = ("CREATE TABLE {table} (id BIGINT NOT NULL PRIMARY KEY, name VARCHAR
 PASSWORD_ENV = "TWOPHASE_TEST_MYSQL_PASSWORD"
 CHILD_TIMEOUT_S = 60
 FAST_RETRY = RetryPolicy(max_attempts=3, initial_backoff_s=0.01, max_backoff_s=0.05)
-_tables = itertools.count()
 
 
 def new_query_id() -> str:
@@ -96,9 +94,7 @@ def prepare(sink: MySQLXASink, query_id: str, rows: Sequence[Sequence[Any]], *,
 
 @pytest.fixture
 def table(db: Db) -> str:
-    name = f"t{next(_tables)}"
-    db.query(TABLE_DDL.format(table=name))
-    return name
+    return db.new_table(TABLE_DDL)
 
 
 @pytest.fixture
@@ -182,10 +178,9 @@ AWKWARD_ROWS = [
 
 @pytest.mark.parametrize("bulk", ["load_data", "insert"])
 def test_values_round_trip(mariadb: MariaDBServer, db: Db, bulk: str) -> None:
-    table = f"t{next(_tables)}"
-    db.query(f"CREATE TABLE `{table}` (id BIGINT PRIMARY KEY, s VARCHAR(64), b BLOB, "
-             "d DECIMAL(12,3), ts DATETIME(6), day DATE, flag BOOLEAN, x DOUBLE) "
-             "ENGINE=InnoDB CHARACTER SET utf8mb4")
+    table = db.new_table("CREATE TABLE `{table}` (id BIGINT PRIMARY KEY, s VARCHAR(64), b BLOB, "
+                         "d DECIMAL(12,3), ts DATETIME(6), day DATE, flag BOOLEAN, x DOUBLE) "
+                         "ENGINE=InnoDB CHARACTER SET utf8mb4")
     writer = make_sink(mariadb.params, table, bulk=bulk, batch_size=3)
     writer.check_schema(AWKWARD_COLUMNS)
 

@@ -6,7 +6,6 @@ and no prepared XA branch left on the server once the query has stopped.
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 from pathlib import Path
@@ -17,6 +16,7 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
 
 from sinks.mysql import MySQLXASink
+from tests.conftest import MYSQL_ORDERS_DDL
 from tests.servers.mariadb import Db, MariaDBServer
 from twophase import ConfigurationError, RetryableError, SchemaMismatchError
 from twophase._harness import generate_feed, read_feed
@@ -25,18 +25,9 @@ from twophase.spark import write_stream
 pytestmark = pytest.mark.spark
 
 FILES, ROWS_PER_FILE = 3, 100
-TABLE_DDL = (
-    "CREATE TABLE `{table}` (event_id BIGINT NOT NULL PRIMARY KEY, order_id BIGINT NOT NULL, "
-    "status VARCHAR(16) NOT NULL CHECK (status <> 'bogus'), ts DATETIME(6)) ENGINE=InnoDB"
-)
-_tables = itertools.count()
-
-
 @pytest.fixture
 def table(db: Db) -> str:
-    name = f"spark_orders_{next(_tables)}"
-    db.query(TABLE_DDL.format(table=name))
-    return name
+    return db.new_table(MYSQL_ORDERS_DDL, prefix="spark_orders_")
 
 
 @pytest.fixture

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import getpass
+import itertools
 import os
 import secrets
 import shutil
@@ -285,11 +286,20 @@ def mariadb(mariadb_server: MariaDBServer) -> MariaDBServer:
     return mariadb_server
 
 
+_table_numbers = itertools.count()
+
+
 @dataclass
 class Db:
     """The test's own connection to the server: MariaDB's view of what the sink did."""
 
     server: MariaDBServer
+
+    def new_table(self, ddl: str, prefix: str = "t") -> str:
+        """Create a table of a name no test used before from ``ddl`` (``{table}`` in it)."""
+        name = f"{prefix}{next(_table_numbers)}"
+        self.query(ddl.format(table=name))
+        return name
 
     def query(self, sql: str, args: Any = None, **options: Any) -> list[tuple[Any, ...]]:
         conn = self.server.connect(**options)
