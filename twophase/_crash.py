@@ -15,9 +15,11 @@ Not armed (the variable unset), :func:`crash_point` returns at its first compari
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 CRASH_ENV = "TWOPHASE_CRASH_AT"
@@ -62,13 +64,24 @@ def _kill_session() -> None:
         )
     sys.stderr.write(f"twophase: crash point {_ARMED} reached, SIGKILL\n")
     sys.stderr.flush()
-    me = os.getpid()
+    kill_session(session, last=os.getpid())
+
+
+def kill_session(session: int, *, last: int | None = None) -> None:
+    """SIGKILL every process of ``session``; ``last`` (this process, say) after all others."""
+    for pid in _session_members(session):
+        if pid != last:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    if last is not None:
+        os.kill(last, signal.SIGKILL)
+
+
+def _session_members(session: int) -> Iterator[int]:
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == me:
-            continue
-        try:
-            if os.getsid(int(entry.name)) == session:
-                os.kill(int(entry.name), signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            continue
-    os.kill(me, signal.SIGKILL)
+        if entry.name.isdigit():
+            try:
+                if os.getsid(int(entry.name)) == session:
+                    yield int(entry.name)
+            except (ProcessLookupError, PermissionError):
+                continue

@@ -19,7 +19,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -27,7 +27,7 @@ from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 
-from twophase._crash import CRASH_ENV
+from twophase._crash import CRASH_ENV, kill_session
 from twophase.sink import TwoPhaseCommitSink
 from twophase.spark import write_stream
 
@@ -120,7 +120,7 @@ def launch(spec: DriverSpec, *, workdir: Path, crash_at: str | None = None,
         try:
             returncode = _wait(process, timeout_s, while_running)
         finally:
-            _reap_session(process.pid)
+            kill_session(process.pid)  # what is left: a JVM whose Python parent died, say
     return RunResult(returncode, returncode == -signal.SIGKILL, log_path)
 
 
@@ -136,25 +136,6 @@ def _wait(process: subprocess.Popen[bytes], timeout_s: float,
     if while_running is not None:
         while_running()
     return returncode
-
-
-def _reap_session(session: int) -> None:
-    """Kill what is left of a driver's session (a JVM whose Python parent died, say)."""
-    for pid in _session_members(session):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            continue
-
-
-def _session_members(session: int) -> Iterator[int]:
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if os.getsid(int(entry.name)) == session:
-                    yield int(entry.name)
-            except (ProcessLookupError, PermissionError):
-                continue
 
 
 # -- the child ----------------------------------------------------------------------------
