@@ -143,7 +143,8 @@ class StateStore:
         self.path = self.directory / STATE_FILE_NAME
 
     @classmethod
-    def for_checkpoint(cls, checkpoint_location: str) -> StateStore:
+    def for_checkpoint(cls, checkpoint_location: str | os.PathLike[str]) -> StateStore:
+        """The store of the query whose Spark checkpoint is ``checkpoint_location``."""
         return cls(Path(checkpoint_location) / STATE_DIR_NAME)
 
     # -- reading ---------------------------------------------------------------------------

@@ -145,19 +145,24 @@ def _abort_orphans(target: Target, states: list[State], report: Report, *, dry_r
     for handle in target.sink.list_in_doubt(target.namespace):
         if handle.txn_id in decided:
             continue
-        reason = _orphan_reason(target, states, handle, now)
-        if reason is None:
+        verdict = _orphan_verdict(target, states, handle, now)
+        if verdict is None:
             continue
-        if reason.startswith("unknown"):
+        abort, reason = verdict
+        if abort:
+            report.add(_abort(target, handle, reason, dry_run=dry_run))
+        else:
             report.attention = True
             report.add(Action("keep_unknown", target.namespace, str(handle.txn_id), reason,
                               done=False))
-            continue
-        report.add(_abort(target, handle, reason, dry_run=dry_run))
 
 
-def _orphan_reason(target: Target, states: list[State], handle: Handle, now: float) -> str | None:
-    """Why ``handle`` can be aborted ("unknown ..." if it might be another query's), or None."""
+def _orphan_verdict(target: Target, states: list[State], handle: Handle,
+                    now: float) -> tuple[bool, str] | None:
+    """(abort it?, why) for an in-doubt transaction worth acting on or reporting, else None.
+
+    (False, why) means: old, but it may be a query nobody told cleanup about; report it.
+    """
     txn = handle.txn_id
     age = now - txn.created
     owners = [(s, s.query_id) for s in states
@@ -166,13 +171,14 @@ def _orphan_reason(target: Target, states: list[State], handle: Handle, now: flo
         if age < _older_than(target, None):
             return None
         if target.abort_unknown:
-            return f"query of no configured state, {age:.0f}s old (abort_unknown)"
-        return f"unknown query, {age:.0f}s old: list its state location, or set abort_unknown"
+            return True, f"query of no configured state, {age:.0f}s old (abort_unknown)"
+        return False, (f"unknown query, {age:.0f}s old: list its state location, "
+                       "or set abort_unknown")
     owner, query_id = owners[0]
     if is_orphan(txn, query_id=query_id, epoch=owner.epoch, up_to_batch=owner.last_done_batch):
-        return f"undecided; its query finished batch {owner.last_done_batch} or moved on"
+        return True, f"undecided; its query finished batch {owner.last_done_batch} or moved on"
     if age >= _older_than(target, owner):
-        return f"undecided for {age:.0f}s"
+        return True, f"undecided for {age:.0f}s"
     return None
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from sinks.sqlite import SQLiteSink
 from twophase._crash import CRASH_POINTS
 from twophase._harness import DriverSpec, generate_feed, launch
-from twophase._state import STATE_DIR_NAME, BatchRecord, StateStore
+from twophase._state import BatchRecord, StateStore
 
 log = logging.getLogger("twophase.demo")
 
@@ -114,7 +114,7 @@ def run_scenario(workdir: Path, *, batches: int, rows_per_batch: int, crashes: C
                       sink_factory="sinks.sqlite:SQLiteSink",
                       sink_kwargs={"path": str(database), "table": TABLE},
                       foreach_batch=foreach_batch)
-    progress = Progress(StateStore(Path(spec.checkpoint) / STATE_DIR_NAME))
+    progress = Progress(StateStore.for_checkpoint(spec.checkpoint))
     log.info("%d order events in %d micro-batches -> %s:%s", rows_in, batches, database, TABLE)
     for point, batch in [*crashes, (None, None)]:
         crash_at = f"{point}@{batch}" if point else None

@@ -37,7 +37,7 @@ from twophase._spark import (
     columns_of,
     register_data_source,
 )
-from twophase._state import STATE_DIR_NAME, State, StateStore
+from twophase._state import State, StateStore
 from twophase.errors import ConfigurationError
 from twophase.sink import TwoPhaseCommitSink
 
@@ -89,8 +89,8 @@ def write_stream(
     if not checkpoint_location:
         raise ConfigurationError("write_stream needs checkpoint_location.",
                                  fix="pass checkpoint_location='/path/to/checkpoint'")
-    store = StateStore(_local_dir(state_location) if state_location
-                       else _local_dir(checkpoint_location) / STATE_DIR_NAME)
+    store = (StateStore(_local_dir(state_location)) if state_location
+             else StateStore.for_checkpoint(_local_dir(checkpoint_location)))
     query_id = _same_query(store, checkpoint_location)  # before fencing anybody
     config = _begin_run(df, sink, store, namespace=namespace, retry=retry,
                         settings={"trigger": dict(trigger or {}), "kind": "stream"})

@@ -11,18 +11,16 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 
-from twophase._state import STATE_DIR_NAME, STATE_FILE_NAME, State, StateStore
+from twophase._state import State, StateStore
 from twophase.errors import TwoPhaseError
 
 RECENT_BATCHES = 10
 
 
 def store_for(location: str) -> StateStore:
-    path = Path(location)
-    nested = path / STATE_DIR_NAME
-    return StateStore(nested if (nested / STATE_FILE_NAME).exists() else path)
+    nested = StateStore.for_checkpoint(location)
+    return nested if nested.path.exists() else StateStore(location)
 
 
 def describe(store: StateStore, state: State, now: float) -> str:
