@@ -53,6 +53,23 @@ cannot update). ``bulk="auto"`` falls back to ``INSERT`` when the server refuses
 Enabling local loads lets the server ask the client for any file it can read (PyMySQL does not
 check the name the server asks for); use ``bulk="insert"`` with servers you do not trust.
 
+Values: a row holds ``None`` (NULL), ``bool``, ``int``, ``float``, ``decimal.Decimal``, ``str``,
+``bytes`` (also ``bytearray``, ``memoryview``), ``datetime.date``, ``datetime.datetime`` (aware
+or naive), ``datetime.time`` or ``datetime.timedelta`` (MySQL ``TIME``). Other types (``list``,
+``dict``, ...) are not supported: they fail the branch with a SchemaMismatchError (an unknown
+class may instead reach the ``INSERT`` path as its ``str()``).
+
+Time zones: every session of the sink (writer, committer, schema check, fence, recovery, purge)
+sets ``time_zone = '+00:00'`` (a fixed offset: no time zone tables needed), so ``TIMESTAMP``
+columns are written and read in UTC whatever the server's ``time_zone`` or the client's ``TZ``.
+An aware ``datetime`` (a Spark ``TIMESTAMP``, an instant; twophase hands it over with
+tzinfo=UTC) is sent as its UTC wall-clock time; a naive one (a Spark ``TIMESTAMP_NTZ``, a
+wall-clock value) is sent unchanged. Both bulk paths do the same. So a ``TIMESTAMP`` column holds
+the right instant of a Spark ``TIMESTAMP``; a ``DATETIME`` column holds its UTC wall-clock time;
+a ``TIMESTAMP_NTZ`` is stored as its wall-clock value (in a ``TIMESTAMP`` column: that wall clock
+read as UTC). The sink's own times (``created_at``, ``prepared_at``, ``committed_at``,
+``fenced_at``) are ``DATETIME(6)`` in UTC.
+
 Fencing (``fencing=True``, opt-in, Estuary's pattern): a row per (namespace, query) in
 ``_twophase_xa_fence`` holds the epoch of the newest run. :meth:`MySQLXASink.fence` raises it at
 run start (and refuses a run older than the row); the sink remembers the epoch it claimed.
@@ -100,7 +117,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 import pymysql
-from pymysql.converters import escape_time, escape_timedelta
+from pymysql.converters import escape_datetime, escape_time, escape_timedelta
 
 from twophase._handle import NAMESPACE_MAX_LENGTH, Handle, TxnId, query_key, validate_namespace
 from twophase.errors import (
@@ -144,6 +161,8 @@ FALLBACK_NAMESPACE = SINK_KIND
 # error, never a silent truncation (multi-row INSERT reports warnings of its last statement only).
 STRICT_SQL_MODE = ("SESSION sql_mode = CONCAT_WS(',', NULLIF(@@SESSION.sql_mode, ''), "
                    "'STRICT_TRANS_TABLES')")
+# ... and reads and writes TIMESTAMP columns in UTC (a fixed offset: no time zone tables needed).
+UTC_TIME_ZONE = "SESSION time_zone = '+00:00'"
 
 Mode = Literal["insert", "upsert"]
 Bulk = Literal["auto", "load_data", "insert"]
@@ -153,7 +172,7 @@ BULK_METHODS: tuple[Bulk, ...] = ("auto", "load_data", "insert")
 # Connection options the sink owns; ``connect_args`` may add others (ssl, ...), not these.
 _RESERVED_CONNECT_ARGS = frozenset({
     "host", "port", "user", "password", "passwd", "database", "db", "autocommit",
-    "local_infile", "charset", "init_command",
+    "local_infile", "charset", "init_command", "conv",
 })
 
 # Only these characters ever reach an XA statement. XA statements cannot take ``%s``
@@ -308,9 +327,27 @@ def _tsv_bytes(value: bytes | bytearray | memoryview) -> str:
     return _tsv_str(bytes(value).decode("utf-8", "surrogateescape"))
 
 
+def _utc_naive(moment: dt.datetime) -> dt.datetime:
+    """``moment`` as a naive UTC wall-clock time: aware input converted to UTC, naive unchanged.
+
+    Naive input is a wall-clock value (a Spark TIMESTAMP_NTZ), never read as local time.
+    """
+    if moment.utcoffset() is None:
+        return moment.replace(tzinfo=None)
+    return moment.astimezone(dt.UTC).replace(tzinfo=None)
+
+
 def _tsv_datetime(value: dt.datetime) -> str:
-    # like PyMySQL's INSERT path: the wall-clock value, any tzinfo ignored
-    return (value if value.tzinfo is None else value.replace(tzinfo=None)).isoformat(" ")
+    return _utc_naive(value).isoformat(" ")
+
+
+def _escape_datetime(value: dt.datetime, mapping: Any = None) -> str:
+    """PyMySQL's datetime literal, of :func:`_utc_naive` (PyMySQL itself drops any tzinfo)."""
+    return str(escape_datetime(_utc_naive(value), mapping))
+
+
+#: PyMySQL's conversions, with datetimes sent as naive UTC like the LOAD DATA path sends them.
+CONVERSIONS: dict[Any, Any] = {**pymysql.converters.conversions, dt.datetime: _escape_datetime}
 
 
 def _unquoted(escape: Callable[[Any], str]) -> Callable[[Any], str]:
@@ -367,11 +404,6 @@ def _batches(rows: Iterable[Sequence[Any]], size: int) -> Iterator[list[Sequence
             batch = []
     if batch:
         yield batch
-
-
-def _utc_naive(moment: dt.datetime) -> dt.datetime:
-    """``moment`` in UTC without tzinfo (naive input is taken as local time, as Python does)."""
-    return moment.astimezone(dt.UTC).replace(tzinfo=None)
 
 
 def _error_code(exc: BaseException) -> int:
@@ -480,8 +512,12 @@ class _Connection(pymysql.connections.Connection):  # type: ignore[misc]
 
 
 def open_connection(**options: Any) -> Any:
-    """``pymysql.connect(**options)`` without rebuilding the default TLS context every time."""
-    return _Connection(**options)
+    """``pymysql.connect(**options)`` without rebuilding the default TLS context every time.
+
+    Parameters are escaped with :data:`CONVERSIONS` (aware datetimes as naive UTC) unless
+    ``conv`` is given.
+    """
+    return _Connection(**{"conv": CONVERSIONS, **options})
 
 
 # -- the two bulk paths (also used by bench/mysql_xa.py for its baselines) ---------------------
@@ -642,10 +678,14 @@ class MySQLXASink(TwoPhaseCommitSink[MySQLBranch]):
     # -- connections and errors ----------------------------------------------------------------
 
     def _connect(self, *, local_infile: bool = False, idle_timeout_s: int | None = None) -> Any:
-        """A new connection; PyMySQL never reconnects by itself (we never call ping)."""
+        """A new connection; PyMySQL never reconnects by itself (we never call ping).
+
+        The only place the sink connects: every session is strict and in UTC (see the module
+        docstring, "Time zones").
+        """
         settings = {"innodb_lock_wait_timeout": self.lock_wait_timeout_s,
                     "wait_timeout": idle_timeout_s}
-        init_command = ", ".join([STRICT_SQL_MODE] + [
+        init_command = ", ".join([STRICT_SQL_MODE, UTC_TIME_ZONE] + [
             f"SESSION {name} = {int(value)}" for name, value in settings.items()
             if value is not None])
         try:
@@ -868,20 +908,21 @@ class MySQLXASink(TwoPhaseCommitSink[MySQLBranch]):
         txn.rows += len(batch)
 
     def _load_batch(self, txn: MySQLBranch, batch: list[Sequence[Any]]) -> None:
-        load_rows(txn.conn, self.target, txn.columns, batch,
-                  what=f"loading transaction {txn.txn_id} into {self.target}")
+        try:
+            load_rows(txn.conn, self.target, txn.columns, batch,
+                      what=f"loading transaction {txn.txn_id} into {self.target}")
+        except OverflowError as exc:  # an aware datetime whose UTC time is out of range
+            raise _unsendable(txn, exc) from exc
 
     def _insert_batch(self, txn: MySQLBranch, batch: list[Sequence[Any]]) -> None:
         try:
             insert_rows(txn.conn, self.target, txn.columns, batch, upsert=self.mode == "upsert",
                         what=f"inserting transaction {txn.txn_id} into {self.target}")
-        except (TypeError, ValueError) as exc:
-            raise SchemaMismatchError(
-                f"a value of transaction {txn.txn_id} cannot be sent to MySQL: {exc}.",
-                fix="cast the columns to strings, numbers, binary or timestamps") from exc
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise _unsendable(txn, exc) from exc
 
     def _insert_marker(self, txn: MySQLBranch) -> None:
-        created = dt.datetime.fromtimestamp(txn.txn_id.created, dt.UTC).replace(tzinfo=None)
+        created = _utc_naive(dt.datetime.fromtimestamp(txn.txn_id.created, dt.UTC))
         try:
             _query(txn.conn,
                    f"INSERT INTO {self._qualified(self.marker_table)} (txn_id, namespace, "
@@ -1012,7 +1053,7 @@ class MySQLXASink(TwoPhaseCommitSink[MySQLBranch]):
         return handles
 
     def purge_commit_records(self, namespace: str, older_than: dt.datetime) -> int:
-        """Delete markers of ``namespace`` committed before ``older_than`` (naive = local time).
+        """Delete markers of ``namespace`` committed before ``older_than`` (naive = UTC).
 
         Reads candidates with a non-locking read, then deletes them one primary key at a time:
         any DELETE that scans (even ``WHERE txn_id IN (...)`` on a small table) waits for the
@@ -1106,6 +1147,12 @@ class MySQLXASink(TwoPhaseCommitSink[MySQLBranch]):
             f"run is alive: DELETE FROM {self._qualified(self.fence_table)} WHERE "
             f"namespace = '{namespace}' AND query = '{query}'",
         )
+
+
+def _unsendable(txn: MySQLBranch, exc: Exception) -> SchemaMismatchError:
+    return SchemaMismatchError(
+        f"a value of transaction {txn.txn_id} cannot be sent to MySQL: {exc}.",
+        fix="cast the columns to strings, numbers, binary or timestamps")
 
 
 def _close_quietly(conn: Any) -> None:

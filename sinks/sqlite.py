@@ -31,6 +31,12 @@ abort        one transaction: drop the staging table   nothing (rolled back) or 
 
 ``commit`` of a transaction with neither a marker nor a commit record raises
 :class:`~twophase.errors.TransactionLostError` (someone aborted a decided transaction).
+Values: SQLite has no date, time or decimal types, so those become ISO 8601 text that sorts
+in time order and that SQLite's date functions read: a Spark ``TIMESTAMP`` (an instant) as UTC
+with its offset, ``2026-11-01T09:30:00.000000+00:00``, whatever the workers' time zone; a
+``TIMESTAMP_NTZ`` (a wall-clock value) without one, ``2026-11-01T09:30:00.000000``; a ``DATE``
+as ``2026-11-01``; a ``DECIMAL`` as its exact digits. Everything else is stored as it comes.
+
 Modes: ``insert`` appends; ``upsert`` replaces rows with the same ``key`` (later rows win,
 batches apply in order).
 """
@@ -44,7 +50,7 @@ import sqlite3
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from datetime import date, datetime
+from datetime import UTC, date, datetime
 from decimal import Decimal
 from itertools import islice
 from pathlib import Path
@@ -266,7 +272,7 @@ class SQLiteSink(TwoPhaseCommitSink[SQLiteTransaction]):
             cursor = connection.execute(
                 f"DELETE FROM {COMMITTED_TABLE} WHERE target = ? AND "
                 "substr(txn_id, 1, ?) = ? AND committed_at < ?",
-                (self.table, len(namespace) + 1, f"{namespace}.", older_than.timestamp()),
+                (self.table, len(namespace) + 1, f"{namespace}.", _as_utc(older_than).timestamp()),
             )
             return cursor.rowcount
 
@@ -424,8 +430,16 @@ def _row_converter(columns: Sequence[Column]) -> Callable[[Sequence[Any]], Seque
 
 
 def _to_text(value: Any) -> Any:
-    if isinstance(value, (datetime, date)):
+    if isinstance(value, datetime):
+        return _as_utc(value).isoformat(timespec="microseconds") if value.tzinfo else (
+            value.isoformat(timespec="microseconds"))
+    if isinstance(value, date):
         return value.isoformat()
     if isinstance(value, Decimal):
         return str(value)
     return value
+
+
+def _as_utc(moment: datetime) -> datetime:
+    """An aware ``moment`` in UTC; a naive one is taken as UTC already."""
+    return moment.astimezone(UTC) if moment.tzinfo else moment.replace(tzinfo=UTC)

@@ -168,3 +168,21 @@ def test_status_shows_pending_transactions(sqlite_sink: SQLiteSink, tmp_path: Pa
                             capture_output=True, text=True, check=True)
     assert "pending    batch 0" in result.stdout
     assert f"{handle.txn_id} (sqlite, 2 rows)" in result.stdout
+
+
+def test_status_shows_what_a_damaged_state_file_holds(
+    sqlite_sink: SQLiteSink, tmp_path: Path
+) -> None:
+    store = StateStore(tmp_path / "state")
+    store.start_run("orders", {})
+    damaged = store.path.read_text().replace('"epoch": 1', '"epoch": 7')
+    store.path.write_text(damaged)
+    plain = subprocess.run([sys.executable, "-m", "twophase.status", str(store.directory)],
+                           capture_output=True, text=True, check=False)
+    assert plain.returncode == 1
+    assert f"--unverified {store.directory}" in plain.stderr  # the fix names the way to look
+    shown = subprocess.run([sys.executable, "-m", "twophase.status", "--unverified",
+                            str(store.directory)], capture_output=True, text=True, check=False)
+    assert shown.returncode == 1
+    assert "checksum does not match" in shown.stderr and "UNVERIFIED" in shown.stderr
+    assert json.loads(shown.stdout)["epoch"] == 7

@@ -101,7 +101,7 @@ def test_a_zombie_run_is_refused_and_changes_nothing(
     newer = start_run(sqlite_sink, tmp_path)
     before = zombie.store.path.read_bytes()
 
-    with pytest.raises(FencedError, match=f"epoch {zombie.epoch} is fenced"):
+    with pytest.raises(FencedError, match=rf"epoch {zombie.epoch}\) was fenced"):
         zombie.commit_batch(0, QUERY_ID, handles)
 
     assert zombie.store.path.read_bytes() == before

@@ -76,12 +76,29 @@ def assert_sqlite_exactly_once(spec: DriverSpec) -> None:
     assert_state_finished(spec)
 
 
+def refused_while_the_state_is_lost(spec: DriverSpec, workdir: Path) -> None:
+    """A restart whose state directory is gone is refused, and writes nothing."""
+    state_dir = Path(spec.checkpoint) / "twophase"
+    aside = workdir / "state-aside"
+    state_dir.rename(aside)
+    with sqlite3.connect(spec.sink_kwargs["path"]) as connection:
+        before = connection.execute("SELECT count(*) FROM orders").fetchone()
+    refused = launch(spec, workdir=workdir / "refused")
+    assert refused.returncode not in (0, -9), f"a start without state ran: see {refused.log}"
+    assert "there is no state file" in refused.log.read_text()
+    with sqlite3.connect(spec.sink_kwargs["path"]) as connection:
+        assert connection.execute("SELECT count(*) FROM orders").fetchone() == before
+    aside.rename(state_dir)  # the operator restores it, as the message says
+
+
 @pytest.mark.parametrize("point", CRASH_POINTS)
 def test_sqlite_driver_killed_at_each_point_recovers_every_row_exactly_once(
     tmp_path: Path, point: str
 ) -> None:
+    """Also: the restart is refused while the state is lost, then the restored state recovers."""
     spec = sqlite_spec(tmp_path)
-    crash_then_recover(spec, tmp_path / "runs", point)
+    crash_then_recover(spec, tmp_path / "runs", point,
+                       lambda: refused_while_the_state_is_lost(spec, tmp_path / "runs"))
     assert_sqlite_exactly_once(spec)
 
 

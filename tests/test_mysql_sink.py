@@ -21,7 +21,8 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+import zoneinfo
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -192,6 +193,127 @@ def test_values_round_trip(mariadb: MariaDBServer, db: Db, bulk: str) -> None:
                  None if flag is None else int(flag), x)
                 for i, s, b, d, ts, day, flag, x in AWKWARD_ROWS]
     assert stored == expected
+
+
+# -- time zones --------------------------------------------------------------------------------
+
+SERVER_ZONE = "'+05:30'"  # the server's global time_zone during these tests
+CLIENT_TZ = "America/New_York"  # this process's TZ during these tests
+UTC_SESSION = "SET time_zone = '+00:00'"
+TOKYO = dt.timezone(dt.timedelta(hours=9))
+NEW_YORK = zoneinfo.ZoneInfo(CLIENT_TZ)
+EPOCH = dt.datetime(1970, 1, 1)
+TZ_COLUMNS = (Column("id", "bigint", False), Column("ts", "timestamp"), Column("wall", "timestamp"))
+TZ_TABLE_DDL = ("CREATE TABLE `{table}` (id BIGINT PRIMARY KEY, ts TIMESTAMP(6) NULL, "
+                "wall DATETIME(6) NULL) ENGINE=InnoDB")
+TZ_VALUES: list[dt.datetime | None] = [
+    dt.datetime(2024, 3, 10, 7, 30, 0, 123456, tzinfo=dt.UTC),  # New York: 03:30 EDT, after
+    dt.datetime(2024, 11, 3, 15, 30, 0, 654321, tzinfo=TOKYO),  # 06:30 UTC = 01:30 EST, the 2nd
+    dt.datetime(2024, 11, 3, 1, 30, 0, 500000, tzinfo=NEW_YORK, fold=0),  # 01:30 EDT, the 1st
+    dt.datetime(2024, 12, 31, 20, 0, 0, 1, tzinfo=dt.timezone(dt.timedelta(hours=-8))),
+    dt.datetime(2024, 3, 10, 2, 30, 0, 999999),  # naive, a wall clock New York skips
+    dt.datetime(2024, 11, 3, 1, 30, 0, 1),  # naive, a wall clock New York has twice
+    None,
+]
+
+
+def utc_wall_clock(value: dt.datetime) -> dt.datetime:
+    """What a DATETIME column must hold: an instant's UTC wall clock, a wall clock unchanged."""
+    return value if value.tzinfo is None else value.astimezone(dt.UTC).replace(tzinfo=None)
+
+
+def unix_time(value: dt.datetime) -> decimal.Decimal:
+    """UNIX_TIMESTAMP() of a TIMESTAMP(6) column holding ``value`` (a wall clock read as UTC)."""
+    micros = (utc_wall_clock(value) - EPOCH) // dt.timedelta(microseconds=1)
+    return decimal.Decimal(micros).scaleb(-6)
+
+
+@pytest.fixture
+def foreign_zones(mariadb: MariaDBServer, db: Db,
+                  monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """New server sessions start in +05:30 and this process's local time is New York's."""
+    monkeypatch.setenv("TZ", CLIENT_TZ)
+    time.tzset()
+    try:
+        with mariadb.global_variable("time_zone", SERVER_ZONE):
+            assert db.query("SELECT @@SESSION.time_zone") == [("+05:30",)]
+            assert time.localtime(1_710_055_800).tm_zone == "EDT"  # 2024-03-10 07:30 UTC
+            yield
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+
+
+@pytest.mark.parametrize(("mode", "bulk"),
+                         [("insert", "load_data"), ("insert", "insert"), ("upsert", "insert")])
+@pytest.mark.usefixtures("foreign_zones")
+def test_timestamps_are_stored_in_utc(mariadb: MariaDBServer, db: Db, mode: str,
+                                      bulk: str) -> None:
+    """Aware datetimes are instants (TIMESTAMP right, DATETIME in UTC); naive ones wall clocks."""
+    table = db.new_table(TZ_TABLE_DDL)
+    writer = make_sink(mariadb.params, table, mode=mode, bulk=bulk)
+    writer.check_schema(TZ_COLUMNS)
+    rows = [(i, value, value) for i, value in enumerate(TZ_VALUES)]
+
+    assert writer.commit(prepare(writer, new_query_id(), rows, columns=TZ_COLUMNS)) is (
+        CommitOutcome.COMMITTED)
+
+    instants = db.query(f"SELECT id, UNIX_TIMESTAMP(ts) FROM `{table}` ORDER BY id")
+    assert instants == [(i, None if v is None else unix_time(v)) for i, v in enumerate(TZ_VALUES)]
+    in_utc = db.query(f"SELECT id, ts, wall FROM `{table}` ORDER BY id", init_command=UTC_SESSION)
+    expected = [None if v is None else utc_wall_clock(v) for v in TZ_VALUES]
+    assert in_utc == [(i, v, v) for i, v in enumerate(expected)]
+    naive = [(i, v) for i, v in enumerate(TZ_VALUES) if v is not None and v.tzinfo is None]
+    assert [(i, stored) for i, _ts, stored in in_utc if i in dict(naive)] == naive  # unchanged
+
+
+@pytest.mark.parametrize("bulk", ["load_data", "insert"])
+def test_aware_datetime_out_of_range_in_utc_is_a_schema_error(mariadb: MariaDBServer, db: Db,
+                                                              bulk: str) -> None:
+    table = db.new_table(TZ_TABLE_DDL)
+    writer = make_sink(mariadb.params, table, bulk=bulk)
+    too_early = dt.datetime(1, 1, 1, tzinfo=TOKYO)  # 0000-12-31 in UTC: no such datetime
+    with pytest.raises(SchemaMismatchError, match="cannot be sent to MySQL"):
+        prepare(writer, new_query_id(), [(1, None, too_early)], columns=TZ_COLUMNS)
+    assert db.query(f"SELECT COUNT(*) FROM `{table}`") == [(0,)]
+
+
+@pytest.mark.usefixtures("foreign_zones")
+def test_every_sink_session_is_strict_and_utc(sink: MySQLXASink) -> None:
+    for options in ({}, {"local_infile": True}, {"idle_timeout_s": 30}):
+        conn = sink._connect(**options)
+        try:
+            with conn.cursor() as cursor:
+                cursor.execute("SELECT @@SESSION.time_zone, @@SESSION.sql_mode")
+                zone, sql_mode = cursor.fetchone()
+        finally:
+            conn.close()
+        assert zone == "+00:00" and "STRICT_TRANS_TABLES" in sql_mode.split(","), options
+
+
+@pytest.mark.usefixtures("foreign_zones")
+def test_own_times_and_purge_cutoff_are_utc(sink: MySQLXASink, db: Db) -> None:
+    """Marker times are UTC; a naive purge cutoff is a UTC wall clock, not local time."""
+    namespace = "purge-tz"
+    before = dt.datetime.now(dt.UTC).replace(tzinfo=None)
+    handle = prepare(sink, new_query_id(), rows_for(0, 0, 1), namespace=namespace)
+    sink.commit(handle)
+    after = dt.datetime.now(dt.UTC).replace(tzinfo=None)
+    [(created, prepared, committed)] = db.query(
+        "SELECT created_at, prepared_at, committed_at FROM _twophase_xa_markers "
+        "WHERE txn_id = %s", (str(handle.txn_id),))
+    assert created == dt.datetime.fromtimestamp(handle.txn_id.created, dt.UTC).replace(
+        tzinfo=None)
+    slack = dt.timedelta(seconds=5)
+    assert before - slack <= created <= prepared <= committed <= after + slack
+
+    hour = dt.timedelta(hours=1)
+    assert sink.purge_commit_records(namespace, before - hour) == 0  # naive: UTC, not New York
+    assert sink.purge_commit_records(namespace, (after - hour).replace(tzinfo=dt.UTC)
+                                     .astimezone(TOKYO)) == 0
+    assert db.marker(handle) is not None
+    assert sink.purge_commit_records(namespace, after + hour) == 1
+    assert db.marker(handle) is None
 
 
 # -- visibility, listing, purge ----------------------------------------------------------------

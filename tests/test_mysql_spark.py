@@ -8,18 +8,21 @@ from __future__ import annotations
 
 import json
 import os
+from datetime import timedelta
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import pytest
 from pyspark.errors import StreamingQueryException
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 
 from sinks.mysql import MySQLXASink
 from tests.conftest import MYSQL_ORDERS_DDL
 from tests.servers.mariadb import Db, MariaDBServer
 from twophase import ConfigurationError, RetryableError, SchemaMismatchError
-from twophase._harness import generate_feed, read_feed
+from twophase._crash import AFTER_DECISION
+from twophase._harness import FEED_START, DriverSpec, generate_feed, launch, read_feed
 from twophase.spark import write_stream
 
 pytestmark = pytest.mark.spark
@@ -104,3 +107,52 @@ def test_a_column_the_table_lacks_is_named_before_the_query_starts(
     df = read_feed(spark, feed).withColumnRenamed("status", "state")
     with pytest.raises(SchemaMismatchError, match=r"has no column 'state'.*Fix: ALTER TABLE"):
         write_stream(df, sink_for(mariadb, table=table), checkpoint_location=str(tmp_path / "ckpt"))
+
+
+def test_instants_are_stored_in_utc_whatever_the_server_and_worker_zones(
+    spark: SparkSession, mariadb: MariaDBServer, db: Db, table: str, feed: Path, tmp_path: Path
+) -> None:
+    """Workers in Asia/Kolkata, session zone America/Los_Angeles, the server at +05:30."""
+    db.query(f"ALTER TABLE `{table}` ADD COLUMN at TIMESTAMP(6) NULL")
+    df = read_feed(spark, feed).selectExpr("*", "ts AS at")
+    with mariadb.global_variable("time_zone", "'+05:30'"):
+        write_stream(df, sink_for(mariadb, table=table), checkpoint_location=str(tmp_path / "c"),
+                     trigger={"availableNow": True}).awaitTermination()
+        stored = db.query(f"SELECT event_id, ts, UNIX_TIMESTAMP(at) FROM `{table}` ORDER BY 1")
+    expected = [(i, (FEED_START + timedelta(seconds=i)).replace(tzinfo=None),
+                 Decimal(int(FEED_START.timestamp()) + i).quantize(Decimal("0.000001")))
+                for i in range(FILES * ROWS_PER_FILE)]
+    assert stored == expected  # DATETIME: the UTC wall clock; TIMESTAMP: the instant
+
+
+def test_a_schema_change_with_a_decided_batch_pending_is_refused_but_unblocked(
+    spark: SparkSession, mariadb: MariaDBServer, db: Db, table: str, feed: Path, tmp_path: Path
+) -> None:
+    """A driver dies after deciding batch 1; the redeploy adds a column. The column check
+    refuses it, but only after committing the decided batch, so ALTER TABLE is not blocked by
+    the prepared branches' locks; then the redeploy delivers everything once."""
+    spec = DriverSpec(input_dir=str(feed), checkpoint=str(tmp_path / "ckpt"),
+                      sink_factory="sinks.mysql:MySQLXASink",
+                      sink_kwargs={**mariadb.params.kwargs(), "table": table})
+    crashed = launch(spec, workdir=tmp_path / "runs", crash_at=f"{AFTER_DECISION}@1")
+    assert crashed.crashed, f"the driver did not die: see {crashed.log}"
+    assert db.xa_recover(), "nothing was prepared when the driver died"
+
+    def with_note() -> DataFrame:
+        return read_feed(spark, feed).selectExpr("*", "'redeployed' AS note")
+
+    sink = sink_for(mariadb, table=table)
+    with pytest.raises(SchemaMismatchError, match=r"has no column 'note'.*Decided batches of "
+                       r"earlier runs are committed.*Fix: ALTER TABLE"):
+        write_stream(with_note(), sink, checkpoint_location=spec.checkpoint)
+    assert db.xa_recover() == []
+    assert visible(db, table) == list(range(2 * ROWS_PER_FILE))
+    db.query(f"ALTER TABLE `{table}` ADD COLUMN note VARCHAR(16) NULL",
+             init_command="SET SESSION lock_wait_timeout = 5")
+
+    write_stream(with_note(), sink, checkpoint_location=spec.checkpoint,
+                 trigger={"availableNow": True}).awaitTermination()
+    assert visible(db, table) == list(range(FILES * ROWS_PER_FILE))
+    assert db.query(f"SELECT count(*) FROM `{table}` WHERE note = 'redeployed'") == [
+        (ROWS_PER_FILE,)]
+    assert db.xa_recover() == []

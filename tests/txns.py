@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from twophase import Column, Handle, TransactionContext, TwoPhaseCommitSink, TxnId
-from twophase._spark import run_transaction
+from twophase._spark import rows_delivery, run_transaction
 
 #: Ids are deterministic in tests: the same arguments name the same transaction.
 OPENED_AT = time.time()
@@ -35,4 +35,4 @@ def orders(first: int, count: int, status: str = "paid") -> list[tuple[Any, ...]
 
 def prepare(sink: TwoPhaseCommitSink[Any], rows: Sequence[Sequence[Any]], **ctx: Any) -> Handle:
     """begin_transaction + write + pre_commit, as an executor does."""
-    return run_transaction(sink, context(**ctx), rows)
+    return run_transaction(sink, context(**ctx), rows_delivery(rows))

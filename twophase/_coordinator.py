@@ -34,12 +34,16 @@ from twophase._crash import (
 from twophase._handle import Handle, TxnId, query_key
 from twophase._retry import RetryPolicy
 from twophase._state import HISTORY_LIMIT, BatchRecord, Decision, State, StateStore
-from twophase.errors import ConfigurationError, TwoPhaseError
+from twophase.errors import ConfigurationError, FatalError, FencedError, TwoPhaseError
 from twophase.sink import AbortOutcome, CommitOutcome, TwoPhaseCommitSink
 
-log = logging.getLogger("twophase")
+log = logging.getLogger(__name__)
 
 R = TypeVar("R")
+
+#: How long a failed batch's abort waits before it sweeps a second time: longer than Spark
+#: takes to end a cancelled Python task (``spark.python.task.killTimeout``, 2 s by default).
+STRAGGLER_GRACE_S = 3.0
 
 
 class Coordinator:
@@ -73,6 +77,9 @@ class Coordinator:
         if state.is_decided(batch):
             self._finish_replay(state, batch, handles)
             return
+        if batch <= state.aborted_batch:
+            raise FatalError(f"batch {batch} was given up by this run and cannot be decided.",
+                             fix="restart the query; it replays the batch")
         self._sweep(state, query_id, up_to_batch=batch, keep=handles)
         crash_point(BEFORE_DECISION, batch)
         started = time.monotonic()
@@ -82,18 +89,30 @@ class Coordinator:
         self._finish(decision, decision_ms=decision_ms)
 
     def abort_batch(self, batch: int, query_id: str | None, handles: Sequence[Handle]) -> None:
-        """Spark gave up on ``batch``: discard its transactions unless it is decided."""
+        """Spark gave up on ``batch``: discard its transactions unless it is decided.
+
+        Before sweeping, the run records that it gave up on the batch: a task that pre-commits
+        after the sweep listed the batch's transactions sees the record and aborts its own
+        (see ``_spark.write_partition``), and cleanup knows them for orphans at once. A second
+        sweep, once cancelled tasks have ended, aborts what a task killed mid-write left.
+        """
         state = self.store.read()
         if state is not None and state.query_id in (None, query_id) and state.is_decided(batch):
             log.warning("batch %d is decided: not aborting it; the next run finishes it", batch)
             return
         self._abort_all(handles)
-        if state is None or state.epoch != self.epoch:
-            return  # fenced or not started: sweeping is the owner's job
-        query_id = query_id or state.query_id  # failed tasks may have sent no message at all
-        if query_id is not None:
-            self._claim(query_id)
-            self._sweep(state, query_id, up_to_batch=batch, keep=())
+        if state is None or state.epoch != self.epoch or query_id is None:
+            return  # fenced or never started: sweeping is the owner's job
+        try:
+            state = self.store.update(lambda current: _gave_up(current, batch, query_id),
+                                      epoch=self.epoch)
+        except FencedError:
+            return
+        self._claim(query_id)
+        self._sweep(state, query_id, up_to_batch=batch, keep=())
+        time.sleep(STRAGGLER_GRACE_S)  # tasks Spark cancelled end meanwhile: sweep what they left
+        self._sweep(state, query_id, up_to_batch=batch, keep=())
+        log.warning("batch %d failed and was aborted: none of its rows are visible", batch)
 
     def recover(self) -> None:
         """Finish every decided batch left pending by an earlier run, oldest first."""
@@ -104,6 +123,26 @@ class Coordinator:
             log.info("recovering decided batch %d (%d transactions)",
                      decision.batch, len(decision.handles))
             self._finish(decision)
+
+    def settle_fenced_runs(self, query_id: str | None) -> None:
+        """Without taking over: finish decided batches, abort transactions of fenced runs.
+
+        Safe while a run of the query is live (what cleanup does too): commits are idempotent,
+        and a fenced run's transactions can never be decided. A start that will refuse (a
+        schema change, say) calls it first, so that no lock of a crashed run's decided batch
+        blocks the change that fixes it.
+        """
+        self.recover()
+        if query_id is not None:
+            self._claim(query_id)
+            state = self.store.read_existing()
+            self._sweep(state, query_id, up_to_batch=state.settled_batch, keep=())
+
+    def record_query(self, query_id: str) -> None:
+        """Name the query in the state file as soon as it is known (before its first decision),
+        so that cleanup recognises its transactions."""
+        self.store.update(lambda s: s if s.query_id else replace(s, query_id=query_id),
+                          epoch=self.epoch)
 
     def start(self, query_id: str | None) -> None:
         """Begin a run: finish what earlier runs decided, abort what they left undecided.
@@ -203,6 +242,10 @@ class Coordinator:
         return self.retry.call(lambda: self.sink.commit(handle),
                                what=f"commit of transaction {handle.txn_id}")
 
+    def abort_quietly(self, handle: Handle) -> AbortOutcome | None:
+        """Abort one undecided transaction (see :meth:`_abort_one`)."""
+        return self._abort_one(handle)
+
     def _abort_one(self, handle: Handle) -> AbortOutcome | None:
         """Abort an undecided transaction; a failure is logged, not raised.
 
@@ -233,12 +276,19 @@ def is_orphan(txn: TxnId, *, query_id: str, epoch: int, up_to_batch: int) -> boo
     """Can ``txn`` (not referenced by any decision) never be decided by the run holding ``epoch``?
 
     True for transactions of the query from an earlier run (an earlier run never decides
-    again: it is fenced) and from this run for batches up to ``up_to_batch`` (decided or being
-    decided without it). Never for another query's or a newer run's transactions.
+    again: it is fenced) and from this run for batches up to ``up_to_batch`` (decided, being
+    decided without it, or given up). Never for another query's or a newer run's transactions.
     """
     if txn.query != query_key(query_id) or txn.epoch > epoch:
         return False
     return txn.epoch < epoch or txn.batch <= up_to_batch
+
+
+def _gave_up(current: State, batch: int, query_id: str) -> State:
+    if current.is_decided(batch):
+        return current  # cannot happen with Spark; a decision always wins
+    return replace(current, query_id=current.query_id or query_id,
+                   aborted_batch=max(current.aborted_batch, batch))
 
 
 def _oldest_first(decisions: Iterable[Decision]) -> list[Decision]:

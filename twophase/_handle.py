@@ -32,6 +32,9 @@ from twophase.errors import ConfigurationError, StateCorruptError
 NAMESPACE_MAX_LENGTH = 24
 QUERY_DIGITS = 16
 HANDLE_FORMAT_VERSION = 1
+#: The longest text form of a transaction id: namespace, 16 query digits, and the widest
+#: epoch (6), batch (10), partition (6), attempt (12) and creation time (12), dot-separated.
+TXN_ID_MAX_LENGTH = NAMESPACE_MAX_LENGTH + QUERY_DIGITS + 6 + 10 + 6 + 12 + 12 + 6
 
 _NAMESPACE_RE = re.compile(rf"^[A-Za-z0-9_-]{{1,{NAMESPACE_MAX_LENGTH}}}$")
 _TXN_RE = re.compile(

@@ -66,15 +66,22 @@ class DriverSpec:
 
 
 def generate_feed(input_dir: Path, *, files: int, rows_per_file: int, seed: int = 7) -> int:
-    """Write ``files`` JSON files of order events with unique ``event_id``; return the row count."""
+    """Write ``files`` JSON files of order events with unique ``event_id``; return the row count.
+
+    Spark's file source takes files in modification-time order: each file gets a time one
+    second after the previous one, so batch ``n`` always holds file ``n``.
+    """
     input_dir.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)  # noqa: S311 - test data, not secrets
     event_id = 0
+    first_mtime = int(time.time()) - files
     for number in range(files):
-        with (input_dir / f"orders-{number:05d}.json").open("w") as out:
+        path = input_dir / f"orders-{number:05d}.json"
+        with path.open("w") as out:
             for _ in range(rows_per_file):
                 out.write(json.dumps(_order_event(rng, event_id)) + "\n")
                 event_id += 1
+        os.utime(path, (first_mtime + number, first_mtime + number))
     return event_id
 
 
@@ -141,11 +148,12 @@ def _wait(process: subprocess.Popen[bytes], timeout_s: float,
 # -- the child ----------------------------------------------------------------------------
 
 
-def local_session(app_name: str, cores: int = 2) -> SparkSession:
+def local_session(app_name: str, cores: int = 2,
+                  conf: dict[str, str] | None = None) -> SparkSession:
     """A local SparkSession tuned for small machines, with workers on this Python."""
     os.environ["PYSPARK_PYTHON"] = sys.executable
     builder = SparkSession.builder.master(f"local[{cores}]").appName(app_name)
-    for key, value in SPARK_CONF.items():
+    for key, value in {**SPARK_CONF, **(conf or {})}.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")

@@ -11,7 +11,7 @@ from typing import TypeVar
 
 from twophase.errors import FatalError, RetryableError, TwoPhaseError
 
-log = logging.getLogger("twophase")
+log = logging.getLogger(__name__)
 
 DEFAULT_MAX_ATTEMPTS = 6
 DEFAULT_INITIAL_BACKOFF_S = 0.1
@@ -64,3 +64,6 @@ class RetryPolicy:
                     fix="the sink should classify this error; fix the cause and restart",
                 ) from exc
         raise AssertionError("unreachable")  # pragma: no cover - the loop always returns or raises
+
+
+DEFAULT_RETRY = RetryPolicy()

@@ -8,36 +8,42 @@ they share is a :class:`RunConfig` (pickled with the data source class) and the 
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from pyspark import TaskContext
 from pyspark.sql.datasource import (
     DataSource,
-    DataSourceStreamWriter,
-    DataSourceWriter,
+    DataSourceArrowWriter,
+    DataSourceStreamArrowWriter,
     WriterCommitMessage,
 )
 
 from twophase._coordinator import Coordinator
 from twophase._crash import AFTER_PRE_COMMIT, crash_point
 from twophase._handle import Handle, TxnId
-from twophase._retry import RetryPolicy
-from twophase._state import StateStore
-from twophase.errors import FatalError
+from twophase._retry import DEFAULT_RETRY, RetryPolicy
+from twophase._rows import INSTANT_TYPE, plain_rows, positions, with_utc_timestamps
+from twophase._state import State, StateStore
+from twophase.errors import ConfigurationError, FatalError
 from twophase.sink import Column, TransactionContext, TwoPhaseCommitSink
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame, Row
     from pyspark.sql.types import StructType
 
-log = logging.getLogger("twophase")
+log = logging.getLogger(__name__)
 
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
+FILE_SCHEME = "file:"
+SPARK_CHECKPOINT_METADATA = "metadata"  # Spark's checkpoint file holding {"id": query id}
 
 
 @dataclass(frozen=True)
@@ -53,6 +59,8 @@ class RunConfig:
     #: Batch jobs fix the query id and batch id on the driver; streams read them per task.
     query_id: str | None = None
     batch: int | None = None
+    #: A stream's checkpoint location (its metadata names the query before any task reports).
+    checkpoint: str | None = None
 
     def coordinator(self) -> Coordinator:
         return Coordinator(self.sink, StateStore(self.state_dir), namespace=self.namespace,
@@ -73,33 +81,78 @@ def columns_of(schema: StructType) -> tuple[Column, ...]:
 
 # -- executor ------------------------------------------------------------------------------
 
+#: What a task does with the open transaction: hand it its rows or record batches.
+Delivery = Callable[[TwoPhaseCommitSink[Any], Any], None]
+
 
 def write_partition(
-    config: RunConfig, rows: Iterable[Sequence[Any]], *, batch: int, query_id: str
+    config: RunConfig, deliver: Delivery, *, batch: int, query_id: str
 ) -> TwoPhaseMessage:
     """Begin, write and pre-commit this task's rows; or nothing, if the batch is decided."""
-    state = StateStore(config.state_dir).read()
+    store = StateStore(config.state_dir)
+    state = store.read()
     if state is not None and state.is_decided(batch) and state.query_id in (None, query_id):
         log.info("batch %d is already decided: replay writes nothing", batch)
         return TwoPhaseMessage(query_id=query_id, handle=None)
     task = _task()
     txn_id = TxnId.open(namespace=config.namespace, query_id=query_id, epoch=config.epoch,
                         batch=batch, partition=task.partitionId(), attempt=task.taskAttemptId())
-    handle = run_transaction(config.sink, TransactionContext(txn_id, config.columns), rows)
+    ctx = TransactionContext(txn_id, config.columns)
+    handle = run_transaction(config.sink, ctx, deliver, retry=config.retry)
     crash_point(AFTER_PRE_COMMIT, batch)
+    if _can_never_be_decided(store.read(), config.epoch, batch):
+        _abort_late_handle(config, handle)
+        return TwoPhaseMessage(query_id=query_id, handle=None)
     return TwoPhaseMessage(query_id=query_id, handle=handle.dumps())
 
 
 def run_transaction(
-    sink: TwoPhaseCommitSink[Any], ctx: TransactionContext, rows: Iterable[Sequence[Any]]
+    sink: TwoPhaseCommitSink[Any], ctx: TransactionContext, deliver: Delivery, *,
+    retry: RetryPolicy = DEFAULT_RETRY,
 ) -> Handle:
-    txn = sink.begin_transaction(ctx)
+    """begin (retried: nothing exists yet), deliver the rows, pre-commit; discard on failure."""
+    txn = retry.call(lambda: sink.begin_transaction(ctx), what=f"begin of {ctx.txn_id}")
     try:
-        sink.write(txn, rows)
+        deliver(sink, txn)
         return sink.pre_commit(txn)
     except BaseException:
-        sink.discard(txn)
+        _discard_quietly(sink, txn, ctx.txn_id)
         raise
+
+
+def _discard_quietly(sink: TwoPhaseCommitSink[Any], txn: Any, txn_id: TxnId) -> None:
+    """A failing discard never hides the error that made the transaction fail."""
+    try:
+        sink.discard(txn)
+    except Exception:
+        log.warning("discard of %s failed; it stays in doubt until a sweep or cleanup "
+                    "aborts it", txn_id, exc_info=True)
+
+
+def _can_never_be_decided(state: State | None, epoch: int, batch: int) -> bool:
+    """After pre-commit: did the driver give up on this batch, or a newer run take over?
+
+    The driver records that it gave up *before* it sweeps the batch's transactions, and this
+    check runs *after* pre-commit: a transaction pre-committed too late for the sweep to see
+    it sees the record here, so none stays prepared after a batch failed.
+    """
+    if state is None or state.is_decided(batch):
+        return False
+    return state.epoch > epoch or (state.epoch == epoch and batch <= state.aborted_batch)
+
+
+def _abort_late_handle(config: RunConfig, handle: Handle) -> None:
+    log.warning("batch %d was given up (or its run fenced) while %s pre-committed: aborting it",
+                handle.txn_id.batch, handle.txn_id)
+    config.coordinator().abort_quietly(handle)
+
+
+def rows_delivery(rows: Iterable[Sequence[Any]]) -> Delivery:
+    return lambda sink, txn: sink.write(txn, rows)
+
+
+def arrow_delivery(batches: Iterable[pa.RecordBatch]) -> Delivery:
+    return lambda sink, txn: sink.write_arrow(txn, map(with_utc_timestamps, batches))
 
 
 def _task() -> TaskContext:
@@ -133,19 +186,59 @@ def _ours(messages: Sequence[WriterCommitMessage | None]) -> list[TwoPhaseMessag
     return [m for m in present if isinstance(m, TwoPhaseMessage)]
 
 
+def query_id_of(config: RunConfig, present: Sequence[TwoPhaseMessage]) -> str | None:
+    """The query id of a batch: from a message, the job, or Spark's checkpoint metadata.
+
+    A batch whose tasks all failed sends no message; on a new query the state file does not
+    know the id yet either, so the checkpoint's own record of it is read.
+    """
+    if present:
+        return present[0].query_id
+    if config.query_id is not None:
+        return config.query_id
+    return checkpoint_query_id(config.checkpoint) if config.checkpoint else None
+
+
+def checkpoint_query_id(checkpoint_location: str) -> str | None:
+    """The query id Spark keeps in ``<checkpoint>/metadata``; None for a new or remote one."""
+    if "://" in checkpoint_location and not checkpoint_location.startswith(FILE_SCHEME):
+        return None
+    metadata = local_dir(checkpoint_location) / SPARK_CHECKPOINT_METADATA
+    try:
+        return str(json.loads(metadata.read_text())["id"])
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError) as exc:
+        raise ConfigurationError(f"cannot read Spark's query id from {metadata}: {exc}.",
+                                 fix="point checkpoint_location at a Spark checkpoint") from exc
+
+
+def local_dir(location: str) -> Path:
+    """A local directory from a path or ``file:`` URL; other schemes are refused."""
+    if location.startswith(FILE_SCHEME):
+        location = location[len(FILE_SCHEME):].removeprefix("//")
+    if "://" in location:
+        raise ConfigurationError(
+            f"the state file must be on a local file system, not {location!r}.",
+            fix="pass state_location='/local/dir' (one per query, kept with the checkpoint)",
+        )
+    return Path(location)
+
+
 def commit_messages(
     config: RunConfig, messages: Sequence[WriterCommitMessage | None], batch: int
 ) -> None:
     present = _ours(messages)
-    if not present:
-        log.info("batch %d has no partitions: nothing to commit", batch)
-        return
-    query_id = present[0].query_id
     if len(present) < len(messages):
         raise FatalError(f"batch {batch}: {len(messages) - len(present)} of {len(messages)} "
                          "tasks sent no commit message.", fix="report this as a twophase bug")
+    query_id = query_id_of(config, present)
+    if query_id is None:
+        raise FatalError(f"batch {batch} has no partitions and its query id is unknown.",
+                         fix="report this as a twophase bug")
     handles = [Handle.loads(m.handle) for m in present if m.handle is not None]
-    config.coordinator().commit_batch(batch, query_id, handles)
+    config.coordinator().commit_batch(batch, query_id, handles)  # also an empty batch: the
+    # state must know every batch Spark commits (see spark._require_state_of_every_batch)
 
 
 def abort_messages(
@@ -153,17 +246,17 @@ def abort_messages(
 ) -> None:
     present = _ours(messages)
     handles = [Handle.loads(m.handle) for m in present if m.handle is not None]
-    query_id = present[0].query_id if present else config.query_id
-    config.coordinator().abort_batch(batch, query_id, handles)
+    config.coordinator().abort_batch(batch, query_id_of(config, present), handles)
 
 
-class _StreamWriter(DataSourceStreamWriter):
+class _StreamWriter(DataSourceStreamArrowWriter):
     def __init__(self, config: RunConfig) -> None:
         self.config = config
 
-    def write(self, iterator: Iterator[Any]) -> TwoPhaseMessage:
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> TwoPhaseMessage:
         batch, query_id = _stream_task_ids()
-        return write_partition(self.config, iterator, batch=batch, query_id=query_id)
+        return write_partition(self.config, arrow_delivery(iterator), batch=batch,
+                               query_id=query_id)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
         commit_messages(self.config, messages, batchId)
@@ -172,7 +265,7 @@ class _StreamWriter(DataSourceStreamWriter):
         abort_messages(self.config, messages, batchId)
 
 
-class _BatchWriter(DataSourceWriter):
+class _BatchWriter(DataSourceArrowWriter):
     """``df.write``: the whole job is one batch with an id chosen by the driver."""
 
     def __init__(self, config: RunConfig) -> None:
@@ -183,8 +276,9 @@ class _BatchWriter(DataSourceWriter):
         self.query_id: str = config.query_id
         self.batch: int = config.batch
 
-    def write(self, iterator: Iterator[Any]) -> TwoPhaseMessage:
-        return write_partition(self.config, iterator, batch=self.batch, query_id=self.query_id)
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> TwoPhaseMessage:
+        return write_partition(self.config, arrow_delivery(iterator), batch=self.batch,
+                               query_id=self.query_id)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         commit_messages(self.config, messages, self.batch)
@@ -222,6 +316,17 @@ def register_data_source(df: DataFrame, config: RunConfig) -> str:
     return short_name
 
 
+def _instants_as_micros(df: DataFrame, instants: Sequence[int]) -> DataFrame:
+    """``df`` with its TIMESTAMP columns as ``unix_micros``: Spark's Rows would turn them into
+    naive datetimes in the worker's local time zone (see :mod:`twophase._rows`)."""
+    from pyspark.sql.functions import unix_micros  # noqa: PLC0415 - needs a running Spark
+
+    if not instants:
+        return df
+    return df.select(*(unix_micros(df[name]).alias(name) if i in instants else df[name]
+                       for i, name in enumerate(df.columns)))
+
+
 class ForeachBatchWriter:
     """The ``foreachBatch`` adapter: same protocol, for Spark setups without pyarrow."""
 
@@ -230,13 +335,18 @@ class ForeachBatchWriter:
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         config = self.config
+        types = [column.type for column in config.columns]
+        instants, structs = positions(types, INSTANT_TYPE), positions(types, "struct<")
 
         def write(rows: Iterable[Row]) -> Iterator[TwoPhaseMessage]:
             _, query_id = _stream_task_ids()
-            yield write_partition(config, rows, batch=batch_id, query_id=query_id)
+            plain = plain_rows(rows, instants=instants, structs=structs)
+            yield write_partition(config, rows_delivery(plain), batch=batch_id,
+                                  query_id=query_id)
 
+        exact = _instants_as_micros(batch_df, instants)
         messages: list[WriterCommitMessage | None] = list(
-            batch_df.rdd.mapPartitions(write).collect())
+            exact.rdd.mapPartitions(write).collect())
         try:
             commit_messages(config, messages, batch_id)
         except BaseException:

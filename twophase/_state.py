@@ -30,9 +30,11 @@ from typing import Any
 from twophase._handle import Handle, TxnId
 from twophase.errors import ConfigurationError, FatalError, FencedError, StateCorruptError
 
-log = logging.getLogger("twophase")
+log = logging.getLogger(__name__)
 
-STATE_FORMAT_VERSION = 1
+STATE_FORMAT_VERSION = 2
+#: Formats this version reads: 1 lacks ``aborted_batch`` (read as none aborted).
+READABLE_STATE_FORMATS = (1, 2)
 STATE_DIR_NAME = "twophase"
 STATE_FILE_NAME = "state.json"
 LOCK_FILE_NAME = "state.lock"
@@ -91,6 +93,9 @@ class State:
     epoch: int = 0
     query_id: str | None = None
     last_done_batch: int = NO_BATCH
+    #: The highest batch this epoch's run gave up on (Spark aborted it, it was not decided):
+    #: every undecided transaction of this epoch up to it is an orphan.
+    aborted_batch: int = NO_BATCH
     pending: tuple[Decision, ...] = ()
     history: tuple[BatchRecord, ...] = ()
     settings: dict[str, Any] = field(default_factory=dict)
@@ -105,6 +110,16 @@ class State:
     def decided_txns(self) -> frozenset[TxnId]:
         return frozenset(h.txn_id for d in self.pending for h in d.handles)
 
+    @property
+    def last_decided_batch(self) -> int:
+        """The highest batch decided: done or pending."""
+        return max([self.last_done_batch, *(d.batch for d in self.pending)])
+
+    @property
+    def settled_batch(self) -> int:
+        """Every undecided transaction of this epoch up to this batch is an orphan."""
+        return max(self.last_done_batch, self.aborted_batch)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "format": STATE_FORMAT_VERSION,
@@ -112,6 +127,7 @@ class State:
             "epoch": self.epoch,
             "query_id": self.query_id,
             "last_done_batch": self.last_done_batch,
+            "aborted_batch": self.aborted_batch,
             "pending": [d.to_json() for d in self.pending],
             "history": [vars(r) for r in self.history],
             "settings": self.settings,
@@ -124,6 +140,7 @@ class State:
             epoch=int(obj["epoch"]),
             query_id=obj["query_id"],
             last_done_batch=int(obj["last_done_batch"]),
+            aborted_batch=int(obj.get("aborted_batch", NO_BATCH)),
             pending=tuple(Decision.from_json(d) for d in obj["pending"]),
             history=tuple(BatchRecord(**r) for r in obj["history"]),
             settings=dict(obj["settings"]),
@@ -171,16 +188,36 @@ class StateStore:
             raise self._corrupt(f"it is not a twophase state file ({exc})") from exc
         if not intact:
             raise self._corrupt("its checksum does not match its content")
-        if body.get("format") != STATE_FORMAT_VERSION:
+        if body.get("format") not in READABLE_STATE_FORMATS:
             raise self._corrupt(f"its format {body.get('format')!r} is unknown to this version")
         return State.from_json(body)
+
+    def read_unverified(self) -> tuple[Any, str]:
+        """What the file holds, checked or not, and the verdict on it (for ``status``).
+
+        For an operator deciding what to do with a damaged file: the parsed body if it parses
+        (else its raw text), and "intact" or why it cannot be trusted. Never used to decide.
+        """
+        raw = self.path.read_bytes()
+        try:
+            self._decode(raw)
+            verdict = "intact"
+        except StateCorruptError as exc:
+            verdict = exc.cause
+        try:
+            envelope = json.loads(raw)
+        except ValueError:
+            return raw.decode(errors="replace"), verdict
+        body = envelope.get("state", envelope) if isinstance(envelope, dict) else envelope
+        return body, verdict
 
     def _corrupt(self, why: str) -> StateCorruptError:
         return StateCorruptError(
             f"state file {self.path} cannot be trusted: {why}. It records which batches were "
             "decided; guessing could commit a batch twice or lose one.",
-            fix="restore the file from a backup of the checkpoint, or inspect it with "
-            "`python -m twophase.status`; never delete it while transactions are pending",
+            fix="restore the file from a backup of the checkpoint; see what it holds with "
+            f"`python -m twophase.status --unverified {self.directory}`; never delete it while "
+            "transactions are pending",
         )
 
     # -- changing --------------------------------------------------------------------------
@@ -202,9 +239,12 @@ class StateStore:
         """Raise FencedError if ``state`` belongs to a newer run than the one holding ``epoch``."""
         if state.epoch != epoch:
             raise FencedError(
-                f"run with epoch {epoch} is fenced: the state file {self.path} is at epoch "
-                f"{state.epoch}, so a newer run of this query took over.",
-                fix="stop this run; the newer run finishes every decided batch",
+                f"this run (epoch {epoch}) was fenced and stopped without committing: another "
+                f"start of this query took it over (the state file {self.path} is at epoch "
+                f"{state.epoch}). Decided batches stay decided; whichever run of the query "
+                "starts next commits them.",
+                fix="keep one run per query; if the run that took over is not running (a start "
+                "that failed after the takeover), start the query again",
             )
 
     def _existing(self, current: State | None) -> State:
@@ -237,7 +277,8 @@ class StateStore:
                     fix=f"keep namespace={current.namespace!r} for this checkpoint, or start "
                     "the new namespace with a new checkpoint location",
                 )
-            return replace(current, epoch=current.epoch + 1, settings=settings)
+            return replace(current, epoch=current.epoch + 1, aborted_batch=NO_BATCH,
+                           settings=settings)
 
         state = self._update(bump, epoch=None)
         self._remove_stale_temporaries()

@@ -51,7 +51,7 @@ from twophase._state import State, StateStore
 from twophase.errors import ConfigurationError, TransactionLostError, TwoPhaseError
 from twophase.sink import TwoPhaseCommitSink
 
-log = logging.getLogger("twophase.cleanup")
+log = logging.getLogger(__name__)
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_ATTENTION = 0, 1, 2, 3
 DEFAULT_MIN_ORPHAN_AGE_S = 600.0
@@ -175,8 +175,9 @@ def _orphan_verdict(target: Target, states: list[State], handle: Handle,
         return False, (f"unknown query, {age:.0f}s old: list its state location, "
                        "or set abort_unknown")
     owner, query_id = owners[0]
-    if is_orphan(txn, query_id=query_id, epoch=owner.epoch, up_to_batch=owner.last_done_batch):
-        return True, f"undecided; its query finished batch {owner.last_done_batch} or moved on"
+    if is_orphan(txn, query_id=query_id, epoch=owner.epoch, up_to_batch=owner.settled_batch):
+        return True, (f"undecided; its query finished or gave up batch {owner.settled_batch}, "
+                      "or moved on")
     if age >= _older_than(target, owner):
         return True, f"undecided for {age:.0f}s"
     return None

@@ -24,7 +24,7 @@ from twophase._crash import CRASH_POINTS
 from twophase._harness import DriverSpec, generate_feed, launch
 from twophase._state import BatchRecord, StateStore
 
-log = logging.getLogger("twophase.demo")
+log = logging.getLogger(__name__)
 
 DEFAULT_BATCHES = 24
 DEFAULT_ROWS_PER_BATCH = 2_000

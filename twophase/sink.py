@@ -3,29 +3,93 @@
 A sink turns "these rows, from this partition of this micro-batch" into one transaction of an
 external system, in two steps that Flink's ``TwoPhaseCommitSinkFunction`` made familiar:
 
-=========================  ========  ==========================================================
-method                     runs on   meaning
-=========================  ========  ==========================================================
-``check_schema(columns)``  driver    refuse, before anything is written, rows that cannot fit
-``begin_transaction(ctx)`` executor  open a fresh, isolated transaction named ``ctx.txn_id``
-``write(txn, rows)``       executor  write rows through the open transaction
-``pre_commit(txn)``        executor  flush: durable but NOT visible; return a :class:`Handle`
-``discard(txn)``           executor  release a transaction that will never be pre-committed
-``fence(ns, query, epoch)`` driver   optional: claim the run's epoch in the external system
-``commit(handle)``         driver    make it visible; idempotent
-``abort(handle)``          driver    throw it away; idempotent
-``list_in_doubt(ns)``      driver    pre-committed transactions of a namespace, not yet resolved
-=========================  ========  ==========================================================
+===========================  ========  ========================================================
+method                       runs on   meaning
+===========================  ========  ========================================================
+``check_schema(columns)``    driver    optional: refuse, before anything is written, rows that
+                                       cannot fit (a missing column, an unusable type)
+``begin_transaction(ctx)``   executor  open a fresh, isolated transaction named ``ctx.txn_id``
+``write(txn, rows)``         executor  write rows through the open transaction
+``write_arrow(txn, batches)`` executor optional: the same from Arrow record batches (default:
+                                       converts them to rows and calls ``write``)
+``pre_commit(txn)``          executor  flush: durable but NOT visible; return a :class:`Handle`
+``discard(txn)``             executor  optional: release a transaction that failed before
+                                       ``pre_commit`` (must not raise)
+``fence(ns, query, epoch)``  driver    optional: claim the run's epoch in the external system
+``commit(handle)``           driver    make it visible; idempotent
+``abort(handle)``            driver    throw it away; idempotent
+``list_in_doubt(ns)``        driver    this namespace's transactions not yet resolved
+``purge_commit_records``     cron      optional: forget old proofs of commit
+===========================  ========  ========================================================
 
-``commit`` and ``abort`` may be called from a different process than the one that wrote, any
-number of times, also after a crash of either side. ``commit`` must tell "I made it visible"
-(:attr:`CommitOutcome.COMMITTED`) from "it was already visible"
-(:attr:`CommitOutcome.ALREADY_COMMITTED`), and must raise :class:`TransactionLostError` when it
-can prove neither: that is the one case where rows may be lost, and it must never pass silently.
+The rules, as a sink author needs them:
+
+* **Rows.** ``write`` gets an iterable of tuples in the order of ``ctx.columns``, with these
+  Python types (the same on the data source and the ``foreachBatch`` path, whatever the
+  workers' ``TZ`` and ``spark.sql.session.timeZone``):
+
+  ====================================  =====================================================
+  Spark type                            Python value (``None`` for NULL, in every type)
+  ====================================  =====================================================
+  BOOLEAN                               ``bool``
+  TINYINT, SMALLINT, INT, BIGINT        ``int``
+  FLOAT, DOUBLE                         ``float``
+  DECIMAL(p, s)                         ``decimal.Decimal``
+  STRING                                ``str``
+  BINARY                                ``bytes``
+  DATE                                  ``datetime.date``
+  TIMESTAMP                             aware ``datetime`` with ``tzinfo=UTC``: an instant
+  TIMESTAMP_NTZ                         naive ``datetime``: a wall-clock value, no zone
+  ARRAY, MAP, STRUCT                    ``list``, ``dict``, ``dict`` (nested TIMESTAMPs aware)
+  INTERVAL DAY TO SECOND                ``datetime.timedelta``
+  ====================================  =====================================================
+
+  Store an instant as an instant: a database session in a fixed zone (UTC), never the
+  server's or the worker's local time. ``write_arrow`` gets ``pyarrow.RecordBatch`` es whose
+  top-level TIMESTAMP columns are ``timestamp[us, tz=UTC]``.
+* **write** is called once per transaction with every row of the partition (possibly none);
+  a sink that buffers must bound its memory itself (write chunks as they fill).
+* **Transaction ids** (:class:`TxnId`): ``str(txn_id)`` is
+  ``namespace.query.epoch.batch.partition.attempt.created``, at most ``TXN_ID_MAX_LENGTH``
+  (92) characters of ``[A-Za-z0-9_.-]``; ``TxnId.parse`` reads it back;
+  ``txn_id.global_part`` (at most 59 characters) and ``txn_id.branch_part`` split it for
+  systems with short id fields. A
+  transaction id is used once: ``pre_commit`` of an id the system has already committed must
+  raise (a state file restored from a backup would otherwise drop rows silently).
+* **Where errors are retried.** On executors, ``begin_transaction`` is retried on
+  :class:`RetryableError` (bounded, with backoff): nothing exists yet. An error in ``write`` or
+  ``pre_commit`` discards the transaction and fails the task; Spark retries the task
+  (``spark.task.maxFailures``: 1 in local mode, 4 on a cluster) or the query stops, and the
+  driver aborts every transaction of the batch. On the driver, ``commit``, ``abort`` and
+  ``fence`` are retried on :class:`RetryableError`. Anything not a :class:`TwoPhaseError` is
+  fatal, and so is a retryable error after the last attempt.
+* **commit and abort** run in the driver or any later process (recovery, cleanup), any number
+  of times, after a crash of either side, and **concurrently on one sink object** (up to
+  ``commit_parallelism`` threads): keep no per-call state on ``self``. ``commit`` returns
+  COMMITTED or ALREADY_COMMITTED, and must *prove* the latter (a commit record, a marker row,
+  object metadata, a replayed response); when it can prove neither it raises
+  :class:`TransactionLostError`. ``abort`` of something unknown returns NOT_FOUND.
+* **list_in_doubt** returns every transaction of the namespace that is not resolved: the
+  pre-committed ones *and* those begun but never pre-committed that still hold anything
+  (staged rows, an open upload). Their handles carry the id and, where known, the row count
+  (0 otherwise); ``abort`` must accept them.
+* **Orphans hold locks.** Until the driver's sweep (at the next batch, at the next start, or
+  cleanup) aborts it, the transaction of a failed task attempt or a crashed run may hold row
+  locks in a database: bound your lock waits (a lock-wait timeout raised as
+  :class:`RetryableError`) so a writer blocked on one fails with a message, not a hang.
+* **Proofs of commit** that ``commit`` reads to answer ALREADY_COMMITTED must record the
+  transaction id and the commit time, so ``purge_commit_records`` can drop those older than
+  the cleanup's retention (by then every decided batch referencing them is done).
+* **Optional methods.** ``check_schema``: implement it whenever the target has a schema.
+  ``discard``: when ``begin_transaction`` acquires something (a connection, an upload).
+  ``default_namespace``: derive it from the target (table, topic, prefix) so two sinks of one
+  job do not share a namespace. ``fence``: when a zombie run on another host could still
+  reach the system between its last state check and its commit. ``purge_commit_records``:
+  when proofs of commit accumulate. ``commit_parallelism``: 1 for a system with one writer.
 
 A sink object is configuration: it is pickled to executors, so keep connections out of it and
-open them in ``begin_transaction``/``commit``. Raise the errors of :mod:`twophase.errors`;
-anything else is treated as fatal.
+open them in ``begin_transaction``/``commit``. Raise the errors of :mod:`twophase.errors` with a
+message that names the cause and the fix.
 """
 
 from __future__ import annotations
@@ -35,10 +99,14 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from twophase._handle import Handle, TxnId
+from twophase._rows import rows_of
 from twophase.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 DEFAULT_COMMIT_PARALLELISM = 8
 
@@ -96,7 +164,15 @@ class TwoPhaseCommitSink(ABC, Generic[TxnT]):
 
     @abstractmethod
     def write(self, txn: TxnT, rows: Iterable[Sequence[Any]]) -> None:
-        """Write rows (sequences in the order of ``ctx.columns``) through the transaction."""
+        """Write rows (tuples in the order of ``ctx.columns``) through the transaction."""
+
+    def write_arrow(self, txn: TxnT, batches: Iterable[pa.RecordBatch]) -> None:
+        """Write Arrow record batches (top-level timestamps in UTC) through the transaction.
+
+        The data source path calls this; the default converts the batches to rows of the types
+        in the module docstring and calls :meth:`write`. Override it to skip per-row Python.
+        """
+        self.write(txn, rows_of(batches))
 
     @abstractmethod
     def pre_commit(self, txn: TxnT) -> Handle:

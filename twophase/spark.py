@@ -21,36 +21,42 @@ start of the same query: decided batches are committed, undecided transactions a
 
 from __future__ import annotations
 
-import json
 import logging
 import uuid
 from collections.abc import Mapping
 from dataclasses import replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pyspark.errors import PySparkException
+
+from twophase._coordinator import Coordinator
 from twophase._handle import validate_namespace
+from twophase._progress import log_commits
 from twophase._retry import RetryPolicy
 from twophase._spark import (
+    FILE_SCHEME,
     ForeachBatchWriter,
     RunConfig,
+    checkpoint_query_id,
     columns_of,
+    local_dir,
     register_data_source,
 )
 from twophase._state import State, StateStore
-from twophase.errors import ConfigurationError
-from twophase.sink import TwoPhaseCommitSink
+from twophase.errors import ConfigurationError, SchemaMismatchError, TwoPhaseError
+from twophase.sink import Column, TwoPhaseCommitSink
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
     from pyspark.sql.streaming.query import StreamingQuery
+    from pyspark.sql.streaming.readwriter import DataStreamWriter
 
 __all__ = ["write", "write_stream"]
 
-log = logging.getLogger("twophase")
+log = logging.getLogger(__name__)
 
-FILE_SCHEME = "file:"
-SPARK_CHECKPOINT_METADATA = "metadata"  # Spark's checkpoint file holding {"id": query id}
+SPARK_OFFSETS_DIR = "offsets"  # Spark's log of started batches
+SPARK_COMMITS_DIR = "commits"  # Spark's log of finished batches
 
 
 def write_stream(
@@ -64,6 +70,7 @@ def write_stream(
     query_name: str | None = None,
     retry: RetryPolicy | None = None,
     foreach_batch: bool = False,
+    accept_lost_state: bool = False,
 ) -> StreamingQuery:
     """Start a streaming query that writes ``df`` into ``sink`` exactly once.
 
@@ -78,33 +85,41 @@ def write_stream(
         trigger: keyword arguments of ``DataStreamWriter.trigger``, e.g.
             ``{"processingTime": "10 seconds"}`` or ``{"availableNow": True}``.
         query_name: Spark's query name.
-        retry: how retryable commit/abort errors are retried (default: :class:`RetryPolicy`).
+        retry: how retryable errors are retried (default: :class:`RetryPolicy`).
         foreach_batch: drive the sink through ``foreachBatch`` instead of the Python Data
             Source API (which needs pyarrow).
+        accept_lost_state: start although the checkpoint has batches the state file does not
+            know (it was deleted, or restored from an older backup). A batch that was decided
+            but not done may then be written twice: only for someone who accepts that.
 
-    Raises ConfigurationError or SchemaMismatchError before the query starts if an option is
-    wrong, the state location is unusable or the rows do not fit; recovery errors of an earlier
-    run (e.g. an unreachable server) are raised here too.
+    Everything that can be checked is checked before this run takes the query over from an
+    earlier one (fencing it): the options, the trigger, the state against the checkpoint, and
+    the rows' columns against the target. A failed check raises ConfigurationError or
+    SchemaMismatchError and leaves a live run of the query untouched. Then decided batches of
+    earlier runs are committed and their undecided transactions aborted (an unreachable server
+    is raised here), and the query starts.
     """
     if not checkpoint_location:
         raise ConfigurationError("write_stream needs checkpoint_location.",
                                  fix="pass checkpoint_location='/path/to/checkpoint'")
-    store = (StateStore(_local_dir(state_location)) if state_location
-             else StateStore.for_checkpoint(_local_dir(checkpoint_location)))
-    query_id = _same_query(store, checkpoint_location)  # before fencing anybody
-    config = _begin_run(df, sink, store, namespace=namespace, retry=retry,
-                        settings={"trigger": dict(trigger or {}), "kind": "stream"})
-    config.coordinator().start(query_id)
-    writer = df.writeStream.option("checkpointLocation", checkpoint_location)
-    if trigger:
-        writer = writer.trigger(**trigger)
-    if query_name:
-        writer = writer.queryName(query_name)
+    _require_sink(sink)
+    writer = _stream_writer(df, checkpoint_location, trigger=trigger, query_name=query_name)
+    store = (StateStore(local_dir(state_location)) if state_location
+             else StateStore.for_checkpoint(local_dir(checkpoint_location)))
+    query_id = _same_query(store, checkpoint_location, accept_lost_state=accept_lost_state)
+    _require_not_running(df, query_id)
+    config = _begin_run(df, sink, store, query_id=query_id, namespace=namespace, retry=retry,
+                        settings={"trigger": dict(trigger or {}), "kind": "stream"},
+                        checkpoint=checkpoint_location)
+    coordinator = config.coordinator()
+    coordinator.start(query_id)
     if foreach_batch:
         writer = writer.foreachBatch(ForeachBatchWriter(config))
     else:
         writer = writer.format(register_data_source(df, config))
-    query = writer.start()
+    query = _started(writer, config)
+    coordinator.record_query(str(query.id))
+    log_commits(df.sparkSession, str(query.id), store)
     log.info("started query %s into %r (namespace %s, epoch %d, state %s)",
              query.id, sink, config.namespace, config.epoch, store.path)
     return query
@@ -126,13 +141,72 @@ def write(
     if not state_location:
         raise ConfigurationError("write needs state_location (a local directory).",
                                  fix="pass state_location='/path/to/state'")
-    store = StateStore(_local_dir(state_location))
-    config = _begin_run(df, sink, store, namespace=namespace, retry=retry,
-                        settings={"kind": "batch"})
+    _require_sink(sink)
+    if df.isStreaming:
+        raise ConfigurationError("twophase.spark.write got a streaming DataFrame.",
+                                 fix="use twophase.spark.write_stream for streams")
+    store = StateStore(local_dir(state_location))
+    existing = store.read()
+    config = _begin_run(df, sink, store, query_id=existing.query_id if existing else None,
+                        namespace=namespace, retry=retry, settings={"kind": "batch"})
     state = store.update(_with_job_query_id, epoch=config.epoch)
     config.coordinator().start(state.query_id)
     config = replace(config, query_id=state.query_id, batch=state.last_done_batch + 1)
     df.write.format(register_data_source(df, config)).mode("append").save()
+
+
+def _require_sink(sink: object) -> None:
+    if not isinstance(sink, TwoPhaseCommitSink):
+        raise ConfigurationError(f"{sink!r} is not a TwoPhaseCommitSink.",
+                                 fix="pass a sink object, e.g. sinks.sqlite.SQLiteSink(...)")
+
+
+def _stream_writer(df: DataFrame, checkpoint_location: str, *,
+                   trigger: Mapping[str, Any] | None, query_name: str | None) -> DataStreamWriter:
+    """Spark's writer with every option set that Spark validates before ``start``."""
+    if not df.isStreaming:
+        raise ConfigurationError("twophase.spark.write_stream got a batch DataFrame.",
+                                 fix="use twophase.spark.write for batch DataFrames")
+    writer = df.writeStream.option("checkpointLocation", checkpoint_location)
+    if trigger:
+        try:
+            writer = writer.trigger(**trigger)
+        except (TypeError, ValueError, PySparkException) as exc:
+            raise ConfigurationError(
+                f"Spark refuses the trigger {dict(trigger)!r}: {exc}.",
+                fix="pass one of processingTime='10 seconds', once=True, availableNow=True, "
+                "continuous=... (the keywords of DataStreamWriter.trigger, case-sensitive)",
+            ) from exc
+    if query_name is not None:
+        if not isinstance(query_name, str) or not query_name.strip():
+            raise ConfigurationError(f"query_name={query_name!r} is not a usable name.",
+                                     fix="pass a non-empty string, or leave it out")
+        writer = writer.queryName(query_name)
+    return writer
+
+
+def _require_not_running(df: DataFrame, query_id: str | None) -> None:
+    """Refuse to take over a query that runs in this very Spark session (Spark would refuse
+    to start it anyway, but only after the takeover had fenced the live run)."""
+    if query_id is None:
+        return
+    for active in df.sparkSession.streams.active:
+        if str(active.id) == query_id:
+            raise ConfigurationError(
+                f"query {query_id} of this checkpoint is already running in this Spark session.",
+                fix="stop it first (query.stop()), or give the new query its own checkpoint",
+            )
+
+
+def _started(writer: DataStreamWriter, config: RunConfig) -> StreamingQuery:
+    try:
+        return writer.start()
+    except Exception as exc:
+        raise ConfigurationError(
+            f"Spark refused to start the query after this run (epoch {config.epoch}) took it "
+            f"over from any earlier run and finished its decided batches: {exc}",
+            fix="correct the cause and start the query again; nothing of it is half-visible",
+        ) from exc
 
 
 def _begin_run(
@@ -140,67 +214,111 @@ def _begin_run(
     sink: TwoPhaseCommitSink[Any],
     store: StateStore,
     *,
+    query_id: str | None,
     namespace: str | None,
     retry: RetryPolicy | None,
     settings: dict[str, Any],
+    checkpoint: str | None = None,
 ) -> RunConfig:
-    """Check the options and the rows' columns, fence older runs; return the run config."""
-    if not isinstance(sink, TwoPhaseCommitSink):
-        raise ConfigurationError(f"{sink!r} is not a TwoPhaseCommitSink.",
-                                 fix="pass a sink object, e.g. sinks.sqlite.SQLiteSink(...)")
+    """Check the namespace and the rows' columns, then fence older runs; return the config."""
     namespace = validate_namespace(namespace or sink.default_namespace())
+    retry = retry or RetryPolicy()
     columns = columns_of(df.schema)
-    sink.check_schema(columns)
+    _check_schema(sink, columns, store, query_id=query_id, retry=retry)
     state = store.start_run(namespace, settings)
     return RunConfig(sink=sink, state_dir=str(store.directory), namespace=namespace,
-                     epoch=state.epoch, columns=columns, retry=retry or RetryPolicy())
+                     epoch=state.epoch, columns=columns, retry=retry, checkpoint=checkpoint)
 
 
-def _same_query(store: StateStore, checkpoint_location: str) -> str | None:
-    """The query id, if known yet; refuses a state file that belongs to another query.
+def _check_schema(sink: TwoPhaseCommitSink[Any], columns: tuple[Column, ...],
+                  store: StateStore, *, query_id: str | None, retry: RetryPolicy) -> None:
+    """The sink's schema check; on a mismatch, first finish what earlier runs decided.
+
+    A redeploy that changes the schema is refused until the target is changed; but prepared
+    transactions of a crashed run's decided batch hold locks that the change (an ALTER
+    TABLE) would wait for. Finishing them takes no takeover: it is safe beside a live run.
+    """
+    try:
+        sink.check_schema(columns)
+    except SchemaMismatchError as exc:
+        state = store.read()
+        if state is None:
+            raise
+        try:
+            Coordinator(sink, store, namespace=state.namespace, epoch=state.epoch,
+                        retry=retry).settle_fenced_runs(query_id or state.query_id)
+        except TwoPhaseError as settle_error:
+            log.warning("could not finish the decided batches of earlier runs: %s", settle_error)
+            raise exc from settle_error
+        raise SchemaMismatchError(
+            f"{exc.cause} (Decided batches of earlier runs are committed and their undecided "
+            "transactions aborted, so none holds a lock that a schema change waits for.)",
+            fix=exc.fix,
+        ) from exc
+
+
+def _same_query(store: StateStore, checkpoint_location: str, *,
+                accept_lost_state: bool) -> str | None:
+    """The query id, if known yet; refuses a state that does not belong to the checkpoint.
 
     A new checkpoint restarts batch ids at 0: its batches must not pass for replays of the old
-    query's (nor the other way round).
+    query's (nor the other way round). A checkpoint with batches the state does not know lost
+    its state: the decided batches among them would be written again.
     """
     state = store.read()
-    checkpoint_query = _checkpoint_query_id(checkpoint_location)
-    if state is None or state.query_id is None or checkpoint_query == state.query_id:
-        return checkpoint_query or (state.query_id if state else None)
-    if "://" in checkpoint_location:
-        return state.query_id  # a remote checkpoint: trust the state file
+    checkpoint_query = checkpoint_query_id(checkpoint_location)
+    if state is not None and state.query_id not in (None, checkpoint_query):
+        if "://" in checkpoint_location:
+            return state.query_id  # a remote checkpoint: trust the state file
+        raise ConfigurationError(
+            f"the state file {store.path} belongs to query {state.query_id}, but the "
+            f"checkpoint {checkpoint_location} to query "
+            f"{checkpoint_query or '(none: a new checkpoint)'}.",
+            fix="give each checkpoint its own state_location (the default keeps the state "
+            "inside the checkpoint), or restore the checkpoint that goes with this state",
+        )
+    _require_state_of_every_batch(store, state, checkpoint_location,
+                                  accept_lost_state=accept_lost_state)
+    return checkpoint_query or (state.query_id if state else None)
+
+
+def _require_state_of_every_batch(store: StateStore, state: State | None,
+                                  checkpoint_location: str, *, accept_lost_state: bool) -> None:
+    started = _checkpoint_batches(checkpoint_location, SPARK_OFFSETS_DIR)
+    committed = _checkpoint_batches(checkpoint_location, SPARK_COMMITS_DIR)
+    if state is None and (started or committed):
+        problem = (f"the checkpoint {checkpoint_location} has run batches up to "
+                   f"{max(started | committed)}, but there is no state file {store.path}")
+    elif state is not None and committed and max(committed) > state.last_decided_batch:
+        problem = (f"the checkpoint {checkpoint_location} committed batches up to "
+                   f"{max(committed)}, but the state file {store.path} knows batches only up "
+                   f"to {state.last_decided_batch} (restored from an older backup?)")
+    else:
+        return
+    if accept_lost_state:
+        log.warning("%s; starting anyway (accept_lost_state): a batch decided in the lost "
+                    "state may be written twice", problem)
+        return
     raise ConfigurationError(
-        f"the state file {store.path} belongs to query {state.query_id}, but the checkpoint "
-        f"{checkpoint_location} to query {checkpoint_query or '(none: a new checkpoint)'}.",
-        fix="give each checkpoint its own state_location (the default keeps the state "
-        "inside the checkpoint), or restore the checkpoint that goes with this state",
+        f"{problem}. The state records which batches were decided; without it a batch that "
+        "was decided but not finished would be written twice.",
+        fix="restore the twophase/ directory that belongs to this checkpoint (from the same "
+        "backup), or pass accept_lost_state=True to start anyway and accept duplicates of "
+        "the last batch",
     )
 
 
-def _checkpoint_query_id(checkpoint_location: str) -> str | None:
-    """The query id Spark keeps in ``<checkpoint>/metadata``; None for a new or remote one."""
-    if "://" in checkpoint_location:
-        return None
-    metadata = _local_dir(checkpoint_location) / SPARK_CHECKPOINT_METADATA
+def _checkpoint_batches(checkpoint_location: str, log_dir: str) -> set[int]:
+    """The batch ids in one of Spark's checkpoint logs (empty for a remote checkpoint)."""
+    if "://" in checkpoint_location and not checkpoint_location.startswith(FILE_SCHEME):
+        return set()
+    directory = local_dir(checkpoint_location) / log_dir
     try:
-        return str(json.loads(metadata.read_text())["id"])
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError, KeyError) as exc:
-        raise ConfigurationError(f"cannot read Spark's query id from {metadata}: {exc}.",
-                                 fix="point checkpoint_location at a Spark checkpoint") from exc
+        return {int(entry.name) for entry in directory.iterdir() if entry.name.isdigit()}
+    except (FileNotFoundError, NotADirectoryError):
+        return set()
 
 
 def _with_job_query_id(state: State) -> State:
     """Batch jobs of one state location share a query id, so a job sweeps its crashed ones."""
     return state if state.query_id else replace(state, query_id=str(uuid.uuid4()))
-
-
-def _local_dir(location: str) -> Path:
-    if location.startswith(FILE_SCHEME):
-        location = location[len(FILE_SCHEME):].removeprefix("//")
-    if "://" in location:
-        raise ConfigurationError(
-            f"the state file must be on a local file system, not {location!r}.",
-            fix="pass state_location='/local/dir' (one per query, kept with the checkpoint)",
-        )
-    return Path(location)

@@ -3,6 +3,10 @@
 LOCATION is a checkpoint location (its ``twophase/`` state directory is read) or a state
 directory. Shows the fencing epoch, the last completed batch, every decided batch still pending
 (with its transactions: these are the ones an operator may need), and recent batches.
+
+``--unverified`` shows what a file that cannot be trusted (a checksum mismatch, a torn or
+hand-edited file, an unknown format) holds, as JSON, with the reason it was refused: enough to
+decide between restoring a backup and re-delivering a batch. Nothing acts on it.
 """
 
 from __future__ import annotations
@@ -28,7 +32,9 @@ def describe(store: StateStore, state: State, now: float) -> str:
         f"state      {store.path}",
         f"namespace  {state.namespace}   query {state.query_id or '(none yet)'}   "
         f"epoch {state.epoch}",
-        f"last done  batch {state.last_done_batch}",
+        f"last done  batch {state.last_done_batch}" + (
+            f"   gave up on batch {state.aborted_batch}"
+            if state.aborted_batch > state.last_done_batch else ""),
     ]
     if not state.pending:
         lines.append("pending    none")
@@ -44,12 +50,31 @@ def describe(store: StateStore, state: State, now: float) -> str:
     return "\n".join(lines)
 
 
+def show_unverified(store: StateStore) -> int:
+    """Print the file's content and verdict; exit 0 if intact, 1 if not (or missing)."""
+    try:
+        content, verdict = store.read_unverified()
+    except OSError as exc:
+        sys.stderr.write(f"cannot read {store.path}: {exc.strerror or exc}\n")
+        return 1
+    sys.stderr.write(f"{store.path}: {verdict}"
+                     + ("" if verdict == "intact" else " -- UNVERIFIED, do not act on it "
+                        "blindly") + "\n")
+    sys.stdout.write((content if isinstance(content, str) else json.dumps(content, indent=1))
+                     + "\n")
+    return 0 if verdict == "intact" else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m twophase.status", description=__doc__)
     parser.add_argument("location", help="checkpoint location or state directory")
     parser.add_argument("--json", action="store_true", help="print the state as JSON")
+    parser.add_argument("--unverified", action="store_true",
+                        help="show what a damaged state file holds, without trusting it")
     args = parser.parse_args(argv)
     store = store_for(args.location)
+    if args.unverified:
+        return show_unverified(store)
     try:
         state = store.read()
     except TwoPhaseError as exc:

@@ -212,6 +212,20 @@ class MariaDBServer:
             raise RuntimeError(f"SQL as root failed: {done.stderr.decode(errors='replace')}")
         return done.stdout.decode()
 
+    @contextlib.contextmanager
+    def global_variable(self, name: str, value: str) -> Iterator[None]:
+        """``SET GLOBAL name = value`` (an SQL literal) for new sessions; the old value after."""
+        if not name.replace("_", "").isalnum():
+            raise ValueError(f"not a server variable name: {name!r}")
+        old = self.root_sql(f"SELECT @@GLOBAL.{name}").strip()
+        self.root_sql(f"SET GLOBAL {name} = {value}")
+        try:
+            yield
+        finally:
+            self.start()  # a test that killed the server may have failed before restarting it
+            literal = old if old.lstrip("-").isdigit() else "'" + old.replace("'", "''") + "'"
+            self.root_sql(f"SET GLOBAL {name} = {literal}")
+
     def connect(self, **options: Any) -> pymysql.connections.Connection:
         """A PyMySQL connection as the test user (autocommit unless told otherwise).
 

@@ -1,7 +1,12 @@
-"""One local SparkSession for the whole test run (a JVM start costs seconds)."""
+"""One local SparkSession for the whole test run (a JVM start costs seconds).
+
+Its JVM and Python workers run in a time zone that is neither UTC nor the session time zone,
+so that every Spark test also checks that what a sink receives does not depend on either.
+"""
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Iterator
 
@@ -9,6 +14,10 @@ import pytest
 from pyspark.sql import SparkSession
 
 from twophase._harness import local_session
+
+#: The zone of the executors' processes, and Spark's session zone: both not UTC, not equal.
+WORKER_TZ = "Asia/Kolkata"
+SESSION_TZ = "America/Los_Angeles"
 
 
 def require_java() -> None:
@@ -20,6 +29,14 @@ def require_java() -> None:
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
     require_java()
-    session = local_session("twophase-tests")
+    own_tz = os.environ.get("TZ")
+    os.environ["TZ"] = WORKER_TZ  # inherited by the JVM and every Python worker it starts
+    try:
+        session = local_session("twophase-tests", conf={"spark.sql.session.timeZone": SESSION_TZ})
+    finally:
+        if own_tz is None:
+            del os.environ["TZ"]
+        else:
+            os.environ["TZ"] = own_tz
     yield session
     session.stop()

@@ -1,0 +1,89 @@
+"""Decisions and commits in the driver's log, as Spark reports each batch's progress.
+
+Spark runs a stream writer's ``commit`` in a Python process of its own, so the log lines the
+coordinator writes there never reach the driver's log. A :class:`StreamingQueryListener` in the
+driver reads what the state file recorded for each batch Spark reports (one listener per
+session, for every query started by :func:`twophase.spark.write_stream`) and logs it here.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import TYPE_CHECKING
+
+from pyspark.sql.streaming.listener import StreamingQueryListener
+
+from twophase._state import StateStore
+from twophase.errors import TwoPhaseError
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+    from pyspark.sql.streaming.listener import (
+        QueryIdleEvent,
+        QueryProgressEvent,
+        QueryStartedEvent,
+        QueryTerminatedEvent,
+    )
+
+log = logging.getLogger(__name__)
+
+_LISTENERS: dict[int, _CommitLog] = {}
+_REGISTRATION = threading.Lock()
+
+
+def log_commits(spark: SparkSession, query_id: str, store: StateStore) -> None:
+    """Log, in this (the driver's) process, what twophase decided for each batch of the query."""
+    with _REGISTRATION:
+        listener = _LISTENERS.get(id(spark))
+        if listener is None:
+            listener = _LISTENERS[id(spark)] = _CommitLog()
+            spark.streams.addListener(listener)
+        listener.queries[query_id] = store
+
+
+class _CommitLog(StreamingQueryListener):
+    def __init__(self) -> None:
+        self.queries: dict[str, StateStore] = {}
+
+    def onQueryStarted(self, event: QueryStartedEvent) -> None:  # noqa: N802 - Spark's name
+        """Nothing to say yet: the start is logged by write_stream."""
+
+    def onQueryIdle(self, event: QueryIdleEvent) -> None:  # noqa: N802 - Spark's name
+        """Nothing was decided."""
+
+    def onQueryProgress(self, event: QueryProgressEvent) -> None:  # noqa: N802 - Spark's name
+        progress = event.progress
+        store = self.queries.get(str(progress.id))
+        if store is not None:
+            log_batch(store, progress.batchId)
+
+    def onQueryTerminated(self, event: QueryTerminatedEvent) -> None:  # noqa: N802
+        store = self.queries.pop(str(event.id), None)
+        if store is not None and event.exception:
+            log.error("query %s stopped: %s (pending decided batches, if any, are finished "
+                      "by its next start; see `python -m twophase.status %s`)",
+                      event.id, event.exception.splitlines()[0], store.directory)
+
+
+def log_batch(store: StateStore, batch: int) -> None:
+    """One line on what the state file says of ``batch``: committed, decided, or neither."""
+    try:
+        state = store.read()
+    except TwoPhaseError as exc:
+        log.error("cannot read the state of batch %d: %s", batch, exc)
+        return
+    if state is None:
+        return
+    record = next((r for r in reversed(state.history) if r.batch == batch), None)
+    if record is not None:
+        log.info("batch %d committed: %d rows in %d transactions (%d already committed), "
+                 "decision %.1f ms, commit %.1f ms, epoch %d", record.batch, record.rows,
+                 record.txns, record.already_committed, record.decision_ms, record.commit_ms,
+                 record.epoch)
+    elif state.decision(batch) is not None:
+        log.warning("batch %d decided but not yet committed (its next start finishes it)", batch)
+    elif batch <= state.last_done_batch:
+        log.info("batch %d was a replay of a committed batch: nothing written twice", batch)
+    else:
+        log.warning("batch %d reported by Spark but not decided by twophase", batch)
