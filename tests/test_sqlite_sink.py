@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from decimal import Decimal
 from pathlib import Path
 
@@ -114,10 +114,11 @@ def test_upsert_keeps_the_last_row_per_key_within_and_across_transactions(tmp_pa
 
 def test_values_spark_hands_over_are_stored(sqlite_sink: SQLiteSink,
                                            sqlite_reader: sqlite3.Connection) -> None:
-    ts = datetime(2026, 11, 21, 12, 30, tzinfo=UTC)
+    ts = datetime(2026, 11, 21, 18, 0, tzinfo=timezone(timedelta(hours=5, minutes=30)))
     handle = prepare(sqlite_sink, [(1, 2, "paid", ts)])
     sqlite_sink.commit(handle)
-    assert sqlite_reader.execute("SELECT ts FROM orders").fetchone() == (ts.isoformat(),)
+    assert sqlite_reader.execute("SELECT ts FROM orders").fetchone() == (
+        "2026-11-21T12:30:00.000000+00:00",)  # the instant, in UTC, in a fixed-width form
     columns = (*ORDER_COLUMNS[:3], Column("ts", "decimal(10,2)"))
     sqlite_sink.commit(prepare(sqlite_sink, [(2, 2, "paid", Decimal("1.50"))], columns=columns,
                                batch=1))
