@@ -1,6 +1,8 @@
 """The driver side of the protocol, independent of Spark: decide, commit, recover, sweep.
 
-One :class:`Coordinator` serves one run (one fencing epoch) of one query. When the run starts
+One :class:`Coordinator` serves one run (one fencing epoch) of one query, in one process, for
+one step (a batch, a recovery, a cleanup pass): it opens the sink's committer on first use and
+closes it when it is closed (use it as a context manager). When the run starts
 (:meth:`Coordinator.start`) it commits what earlier runs decided and aborts what they left
 undecided, before its first task writes. Then, for every batch:
 
@@ -35,7 +37,7 @@ from twophase._handle import Handle, TxnId, query_key
 from twophase._retry import RetryPolicy
 from twophase._state import HISTORY_LIMIT, BatchRecord, Decision, State, StateStore
 from twophase.errors import ConfigurationError, FatalError, FencedError, TwoPhaseError
-from twophase.sink import AbortOutcome, CommitOutcome, TwoPhaseCommitSink
+from twophase.sink import AbortOutcome, CommitOutcome, Committer, TwoPhaseCommitSink
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +65,26 @@ class Coordinator:
         self.namespace = namespace
         self.epoch = epoch
         self.retry = retry or RetryPolicy()
-        self._claimed: str | None = None  # the query this process fenced the sink for
+        self._committer: Committer | None = None  # opened on first use, closed by close()
+        self._claimed: str | None = None  # the query the committer is fenced for
+
+    def __enter__(self) -> Coordinator:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the sink's committer, if one was opened."""
+        committer, self._committer = self._committer, None
+        if committer is not None:
+            committer.close()
+
+    @property
+    def committer(self) -> Committer:
+        if self._committer is None:
+            self._committer = self.sink.committer()
+        return self._committer
 
     # -- the two entry points of a batch ---------------------------------------------------
 
@@ -173,7 +194,7 @@ class Coordinator:
     def _claim(self, query_id: str) -> None:
         """Fence the sink for this run's epoch, once per process (see TwoPhaseCommitSink.fence)."""
         if self._claimed != query_id:
-            self.retry.call(lambda: self.sink.fence(self.namespace, query_id, self.epoch),
+            self.retry.call(lambda: self.committer.fence(self.namespace, query_id, self.epoch),
                             what=f"fencing query {query_id} at epoch {self.epoch}")
             self._claimed = query_id
 
@@ -190,7 +211,9 @@ class Coordinator:
     ) -> None:
         """Abort this query's orphans: undecided, and from this or an earlier batch or run."""
         protected = state.decided_txns() | {handle.txn_id for handle in keep}
-        orphans = [handle for handle in self.sink.list_in_doubt(self.namespace)
+        in_doubt = self.retry.call(lambda: self.sink.list_in_doubt(self.namespace),
+                                   what=f"listing in-doubt transactions of {self.namespace}")
+        orphans = [handle for handle in in_doubt
                    if handle.txn_id not in protected and is_orphan(
                        handle.txn_id, query_id=query_id, epoch=self.epoch,
                        up_to_batch=up_to_batch)]
@@ -239,7 +262,8 @@ class Coordinator:
         return outcomes
 
     def _commit_one(self, handle: Handle) -> CommitOutcome:
-        return self.retry.call(lambda: self.sink.commit(handle),
+        self.sink.require_own(handle)
+        return self.retry.call(lambda: self.committer.commit(handle),
                                what=f"commit of transaction {handle.txn_id}")
 
     def abort_quietly(self, handle: Handle) -> AbortOutcome | None:
@@ -254,7 +278,8 @@ class Coordinator:
         would stop a query whose data is fine.
         """
         try:
-            return self.retry.call(lambda: self.sink.abort(handle),
+            self.sink.require_own(handle)
+            return self.retry.call(lambda: self.committer.abort(handle),
                                    what=f"abort of transaction {handle.txn_id}")
         except TwoPhaseError as exc:
             log.warning("transaction %s stays in doubt (a later sweep or cleanup aborts it): %s",

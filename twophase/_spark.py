@@ -144,7 +144,8 @@ def _can_never_be_decided(state: State | None, epoch: int, batch: int) -> bool:
 def _abort_late_handle(config: RunConfig, handle: Handle) -> None:
     log.warning("batch %d was given up (or its run fenced) while %s pre-committed: aborting it",
                 handle.txn_id.batch, handle.txn_id)
-    config.coordinator().abort_quietly(handle)
+    with config.coordinator() as coordinator:
+        coordinator.abort_quietly(handle)
 
 
 def rows_delivery(rows: Iterable[Sequence[Any]]) -> Delivery:
@@ -237,8 +238,8 @@ def commit_messages(
         raise FatalError(f"batch {batch} has no partitions and its query id is unknown.",
                          fix="report this as a twophase bug")
     handles = [Handle.loads(m.handle) for m in present if m.handle is not None]
-    config.coordinator().commit_batch(batch, query_id, handles)  # also an empty batch: the
-    # state must know every batch Spark commits (see spark._require_state_of_every_batch)
+    with config.coordinator() as coordinator:  # also an empty batch: the state must know
+        coordinator.commit_batch(batch, query_id, handles)  # every batch Spark commits
 
 
 def abort_messages(
@@ -246,7 +247,8 @@ def abort_messages(
 ) -> None:
     present = _ours(messages)
     handles = [Handle.loads(m.handle) for m in present if m.handle is not None]
-    config.coordinator().abort_batch(batch, query_id_of(config, present), handles)
+    with config.coordinator() as coordinator:
+        coordinator.abort_batch(batch, query_id_of(config, present), handles)
 
 
 class _StreamWriter(DataSourceStreamArrowWriter):

@@ -47,9 +47,10 @@ from typing import Any
 
 from twophase._coordinator import Coordinator, is_orphan
 from twophase._handle import Handle, validate_namespace
+from twophase._retry import DEFAULT_RETRY
 from twophase._state import State, StateStore
 from twophase.errors import ConfigurationError, TransactionLostError, TwoPhaseError
-from twophase.sink import TwoPhaseCommitSink
+from twophase.sink import Committer, TwoPhaseCommitSink
 
 log = logging.getLogger(__name__)
 
@@ -131,8 +132,9 @@ def _roll_forward(target: Target, store: StateStore, state: State, report: Repor
     action = Action("roll_forward", target.namespace, subject, "decided, not done", not dry_run)
     if not dry_run:
         try:
-            Coordinator(target.sink, store, namespace=state.namespace,
-                        epoch=state.epoch).recover()
+            with Coordinator(target.sink, store, namespace=state.namespace,
+                             epoch=state.epoch) as coordinator:
+                coordinator.recover()
         except TwoPhaseError as exc:
             action.done, action.error = False, str(exc)
             report.attention |= isinstance(exc, TransactionLostError)
@@ -142,19 +144,20 @@ def _roll_forward(target: Target, store: StateStore, state: State, report: Repor
 def _abort_orphans(target: Target, states: list[State], report: Report, *, dry_run: bool,
                    now: float) -> None:
     decided = frozenset().union(*(state.decided_txns() for state in states))
-    for handle in target.sink.list_in_doubt(target.namespace):
-        if handle.txn_id in decided:
-            continue
-        verdict = _orphan_verdict(target, states, handle, now)
-        if verdict is None:
-            continue
-        abort, reason = verdict
-        if abort:
-            report.add(_abort(target, handle, reason, dry_run=dry_run))
-        else:
-            report.attention = True
-            report.add(Action("keep_unknown", target.namespace, str(handle.txn_id), reason,
-                              done=False))
+    with target.sink.committer() as committer:
+        for handle in target.sink.list_in_doubt(target.namespace):
+            if handle.txn_id in decided:
+                continue
+            verdict = _orphan_verdict(target, states, handle, now)
+            if verdict is None:
+                continue
+            abort, reason = verdict
+            if abort:
+                report.add(_abort(target, committer, handle, reason, dry_run=dry_run))
+            else:
+                report.attention = True
+                report.add(Action("keep_unknown", target.namespace, str(handle.txn_id), reason,
+                                  done=False))
 
 
 def _orphan_verdict(target: Target, states: list[State], handle: Handle,
@@ -183,11 +186,14 @@ def _orphan_verdict(target: Target, states: list[State], handle: Handle,
     return None
 
 
-def _abort(target: Target, handle: Handle, reason: str, *, dry_run: bool) -> Action:
+def _abort(target: Target, committer: Committer, handle: Handle, reason: str, *,
+           dry_run: bool) -> Action:
     action = Action("abort_orphan", target.namespace, str(handle.txn_id), reason, not dry_run)
     if not dry_run:
         try:
-            target.sink.abort(handle)
+            target.sink.require_own(handle)
+            DEFAULT_RETRY.call(lambda: committer.abort(handle),
+                               what=f"abort of transaction {handle.txn_id}")
         except TwoPhaseError as exc:
             action.done, action.error = False, str(exc)
     return action

@@ -16,6 +16,8 @@ method                       runs on   meaning
 ``discard(txn)``             executor  optional: release a transaction that failed before
                                        ``pre_commit`` (must not raise)
 ``fence(ns, query, epoch)``  driver    optional: claim the run's epoch in the external system
+``committer()``              driver    optional: what commits one batch's handles in one
+                                       process (default: the sink's own ``commit``/``abort``)
 ``commit(handle)``           driver    make it visible; idempotent
 ``abort(handle)``            driver    throw it away; idempotent
 ``list_in_doubt(ns)``        driver    this namespace's transactions not yet resolved
@@ -83,8 +85,10 @@ The rules, as a sink author needs them:
 * **Optional methods.** ``check_schema``: implement it whenever the target has a schema.
   ``discard``: when ``begin_transaction`` acquires something (a connection, an upload).
   ``default_namespace``: derive it from the target (table, topic, prefix) so two sinks of one
-  job do not share a namespace. ``fence``: when a zombie run on another host could still
-  reach the system between its last state check and its commit. ``purge_commit_records``:
+  job do not share a namespace. ``committer``: when committing wants a connection, producer
+  or session shared by a batch's handles, or state that must not be pickled. ``fence``: when
+  a zombie run on another host could still reach the system between its last state check and
+  its commit. ``purge_commit_records``:
   when proofs of commit accumulate. ``commit_parallelism``: 1 for a system with one writer.
 
 A sink object is configuration: it is pickled to executors, so keep connections out of it and
@@ -144,6 +148,41 @@ class TransactionContext:
         return tuple(column.name for column in self.columns)
 
 
+class Committer:
+    """Commits and aborts one sink's handles in one process: for one batch, a recovery or a
+    cleanup pass, then closed.
+
+    The driver (and cleanup) never call ``sink.commit`` directly: they open
+    ``sink.committer()``, ``fence`` it once per query, and commit or abort every handle of the
+    batch through it, from up to ``commit_parallelism`` threads at once. This default one
+    delegates to the sink. A sink returns its own subclass to hold what should live for the
+    batch in this process and never be pickled: a connection or a pool, a producer, an HTTP
+    session, the epoch it claimed when fencing.
+    """
+
+    def __init__(self, sink: TwoPhaseCommitSink[Any]) -> None:
+        self.sink = sink
+
+    def fence(self, namespace: str, query_id: str, epoch: int) -> None:
+        """Claim ``epoch`` for the query before the first commit (see ``sink.fence``)."""
+        self.sink.fence(namespace, query_id, epoch)
+
+    def commit(self, handle: Handle) -> CommitOutcome:
+        return self.sink.commit(handle)
+
+    def abort(self, handle: Handle) -> AbortOutcome:
+        return self.sink.abort(handle)
+
+    def close(self) -> None:
+        """Release what the committer holds; called once, also after an error."""
+
+    def __enter__(self) -> Committer:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
 class TwoPhaseCommitSink(ABC, Generic[TxnT]):
     """Base class of every sink; subclass it for your own system (see ``sinks.sqlite``)."""
 
@@ -200,6 +239,10 @@ class TwoPhaseCommitSink(ABC, Generic[TxnT]):
     def list_in_doubt(self, namespace: str) -> list[Handle]:
         """Handles of every pre-committed, unresolved transaction whose id is in ``namespace``."""
 
+    def committer(self) -> Committer:
+        """What commits and aborts a batch's handles in one process (see :class:`Committer`)."""
+        return Committer(self)
+
     def purge_commit_records(self, namespace: str, older_than: datetime) -> int:
         """Forget proofs of commit older than ``older_than``; return how many (for cleanup)."""
         return 0
@@ -209,7 +252,10 @@ class TwoPhaseCommitSink(ABC, Generic[TxnT]):
         return Handle(txn_id=txn_id, sink=self.kind, rows=rows, data=data)
 
     def require_own(self, handle: Handle) -> None:
-        """Refuse a handle written by another kind of sink (a misconfigured job or cleanup)."""
+        """Refuse a handle written by another kind of sink (a misconfigured job or cleanup).
+
+        The driver and cleanup check every handle before they commit or abort it.
+        """
         if handle.sink != self.kind:
             raise ConfigurationError(
                 f"handle of transaction {handle.txn_id} was written by a {handle.sink!r} sink, "

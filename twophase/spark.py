@@ -111,14 +111,15 @@ def write_stream(
     config = _begin_run(df, sink, store, query_id=query_id, namespace=namespace, retry=retry,
                         settings={"trigger": dict(trigger or {}), "kind": "stream"},
                         checkpoint=checkpoint_location)
-    coordinator = config.coordinator()
-    coordinator.start(query_id)
+    with config.coordinator() as coordinator:
+        coordinator.start(query_id)
     if foreach_batch:
         writer = writer.foreachBatch(ForeachBatchWriter(config))
     else:
         writer = writer.format(register_data_source(df, config))
     query = _started(writer, config)
-    coordinator.record_query(str(query.id))
+    with config.coordinator() as coordinator:
+        coordinator.record_query(str(query.id))
     log_commits(df.sparkSession, str(query.id), store)
     log.info("started query %s into %r (namespace %s, epoch %d, state %s)",
              query.id, sink, config.namespace, config.epoch, store.path)
@@ -150,7 +151,8 @@ def write(
     config = _begin_run(df, sink, store, query_id=existing.query_id if existing else None,
                         namespace=namespace, retry=retry, settings={"kind": "batch"})
     state = store.update(_with_job_query_id, epoch=config.epoch)
-    config.coordinator().start(state.query_id)
+    with config.coordinator() as coordinator:
+        coordinator.start(state.query_id)
     config = replace(config, query_id=state.query_id, batch=state.last_done_batch + 1)
     df.write.format(register_data_source(df, config)).mode("append").save()
 
@@ -245,8 +247,9 @@ def _check_schema(sink: TwoPhaseCommitSink[Any], columns: tuple[Column, ...],
         if state is None:
             raise
         try:
-            Coordinator(sink, store, namespace=state.namespace, epoch=state.epoch,
-                        retry=retry).settle_fenced_runs(query_id or state.query_id)
+            with Coordinator(sink, store, namespace=state.namespace, epoch=state.epoch,
+                             retry=retry) as coordinator:
+                coordinator.settle_fenced_runs(query_id or state.query_id)
         except TwoPhaseError as settle_error:
             log.warning("could not finish the decided batches of earlier runs: %s", settle_error)
             raise exc from settle_error
