@@ -1,10 +1,10 @@
 """twophase: exactly-once delivery from PySpark into external systems by two-phase commit.
 
-The public API lives here; Spark entry points are in :mod:`twophase.spark`, prebuilt sinks in
-the ``sinks`` package. Everything in modules whose names start with ``_`` is internal.
+The public API lives here; Spark entry points are in :mod:`twophase.spark`, the pieces every
+sink reuses in :mod:`twophase.kit`, prebuilt sinks in the ``sinks`` package. Everything in modules whose names start with ``_`` is internal.
 """
 
-from twophase._handle import Handle, TxnId
+from twophase._handle import TXN_ID_MAX_LENGTH, Handle, TxnId
 from twophase._retry import RetryPolicy
 from twophase.errors import (
     ConfigurationError,
@@ -20,14 +20,17 @@ from twophase.sink import (
     AbortOutcome,
     Column,
     CommitOutcome,
+    Committer,
     TransactionContext,
     TwoPhaseCommitSink,
 )
 
 __all__ = [
+    "TXN_ID_MAX_LENGTH",
     "AbortOutcome",
     "Column",
     "CommitOutcome",
+    "Committer",
     "ConfigurationError",
     "FatalError",
     "FencedError",
