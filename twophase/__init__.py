@@ -1,7 +1,8 @@
 """twophase: exactly-once delivery from PySpark into external systems by two-phase commit.
 
 The public API lives here; Spark entry points are in :mod:`twophase.spark`, the pieces every
-sink reuses in :mod:`twophase.kit`, prebuilt sinks in the ``sinks`` package. Everything in modules whose names start with ``_`` is internal.
+sink reuses in :mod:`twophase.kit`, prebuilt sinks in the ``sinks`` package. Everything in
+modules whose names start with ``_`` is internal.
 """
 
 from twophase._handle import TXN_ID_MAX_LENGTH, Handle, TxnId
