@@ -25,9 +25,9 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceStreamWriter, WriterCommitMessage
 
 from sinks.sqlite import SQLiteSink
-from twophase._harness import generate_feed, local_session, read_feed
 from twophase._state import StateStore
 from twophase.spark import write_stream
+from twophase.testing.driver import generate_feed, local_session, read_feed
 
 TABLE_DDL = ("CREATE TABLE orders (event_id INTEGER NOT NULL, order_id INTEGER NOT NULL, "
              "status TEXT NOT NULL, ts TEXT)")

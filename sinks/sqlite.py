@@ -45,16 +45,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import re
 import sqlite3
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from decimal import Decimal
-from itertools import islice
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from twophase import (
     AbortOutcome,
@@ -66,22 +64,33 @@ from twophase import (
     RetryableError,
     SchemaMismatchError,
     TransactionContext,
-    TransactionLostError,
     TwoPhaseCommitSink,
     TwoPhaseError,
     TxnId,
 )
+from twophase.kit import (
+    DEFAULT_CHUNK_SIZE,
+    ErrorTable,
+    Mode,
+    chunks,
+    classified,
+    namespace_from,
+    transaction_id_reused,
+    transaction_lost,
+    validate_chunk_size,
+    validate_mode,
+)
 
-log = logging.getLogger("twophase.sinks.sqlite")
+if TYPE_CHECKING:
+    import pyarrow as pa
 
-DEFAULT_CHUNK_SIZE = 10_000
+log = logging.getLogger(__name__)
+
 DEFAULT_BUSY_TIMEOUT_S = 60.0
 PREPARED_TABLE = "_twophase_prepared"
 COMMITTED_TABLE = "_twophase_committed"
 STAGE_PREFIX = "_twophase_stage:"
 STAGE_SEPARATOR = ":"  # never in a transaction id
-
-Mode = Literal["insert", "upsert"]
 
 
 def quote(identifier: str) -> str:
@@ -117,27 +126,23 @@ class SQLiteSink(TwoPhaseCommitSink[SQLiteTransaction]):
     ) -> None:
         if not table:
             raise ConfigurationError("SQLiteSink needs a table name.", fix="pass table='...'")
-        if mode not in ("insert", "upsert"):
-            raise ConfigurationError(f"unknown mode {mode!r} for SQLiteSink.",
-                                     fix="use mode='insert' or mode='upsert'")
-        if mode == "upsert" and not key:
-            raise ConfigurationError("mode='upsert' needs the key columns.",
-                                     fix="pass key=('id',) naming a unique key of the table")
-        if chunk_size < 1:
-            raise ConfigurationError(f"chunk_size={chunk_size} must be at least 1.",
-                                     fix=f"leave it at {DEFAULT_CHUNK_SIZE} or pass a positive int")
         self.path = str(path)
         self.table = table
-        self.mode: Mode = mode
+        self.mode = validate_mode("SQLiteSink", mode, key)
         self.key = tuple(key)
-        self.chunk_size = chunk_size
+        self.chunk_size = validate_chunk_size("SQLiteSink", chunk_size)
         self.busy_timeout_s = busy_timeout_s
 
     def __repr__(self) -> str:
         return f"SQLiteSink(path={self.path!r}, table={self.table!r}, mode={self.mode!r})"
 
     def default_namespace(self) -> str:
-        return re.sub(r"[^A-Za-z0-9_-]", "_", self.table)[:24]
+        return namespace_from(self.table, self.kind)
+
+    @property
+    def where(self) -> str:
+        """The target, as messages name it."""
+        return f"table {self.table!r} of SQLite database {self.path}"
 
     def stage_table(self, txn_id: TxnId) -> str:
         """The staging table of one transaction of this sink."""
@@ -173,24 +178,30 @@ class SQLiteSink(TwoPhaseCommitSink[SQLiteTransaction]):
         return SQLiteTransaction(ctx, connection, stage)
 
     def write(self, txn: SQLiteTransaction, rows: Iterable[Sequence[Any]]) -> None:
+        convert = _row_converter(txn.ctx.columns)
+        for chunk in chunks(rows, self.chunk_size):
+            self._stage(txn, [convert(row) for row in chunk])
+
+    def write_arrow(self, txn: SQLiteTransaction, batches: Iterable[pa.RecordBatch]) -> None:
+        """Record batches, their dates, times and decimals made text by Arrow, not per row."""
+        for batch in batches:
+            for start in range(0, batch.num_rows, self.chunk_size):
+                columns = _as_sqlite_values(batch.slice(start, self.chunk_size))
+                self._stage(txn, list(zip(*(c.to_pylist() for c in columns), strict=True)))
+
+    def _stage(self, txn: SQLiteTransaction, chunk: Sequence[Sequence[Any]]) -> None:
+        """One chunk of rows into the staging table, in a local transaction of its own."""
         insert = (f"INSERT INTO {quote(txn.stage)} "
                   f"VALUES ({', '.join('?' * len(txn.ctx.columns))})")
-        convert = _row_converter(txn.ctx.columns)
-        iterator = iter(rows)
-        while chunk := [convert(row) for row in islice(iterator, self.chunk_size)]:
-            with self._transaction(f"write of {txn.ctx.txn_id}", txn.connection) as connection:
-                connection.executemany(insert, chunk)
-            txn.rows += len(chunk)
+        with self._transaction(f"write of {txn.ctx.txn_id}", txn.connection) as connection:
+            connection.executemany(insert, chunk)
+        txn.rows += len(chunk)
 
     def pre_commit(self, txn: SQLiteTransaction) -> Handle:
         txn_id = str(txn.ctx.txn_id)
         with self._transaction(f"pre-commit of {txn_id}", txn.connection) as connection:
             if self._recorded(connection, COMMITTED_TABLE, txn_id):
-                raise FatalError(
-                    f"transaction id {txn_id} was already committed once; committing it again "
-                    "would silently drop these rows (a state file restored from a backup?).",
-                    fix="restart the query so it opens transactions under a new epoch",
-                )
+                raise transaction_id_reused(txn.ctx.txn_id, where=self.where)
             connection.execute("SAVEPOINT trial")
             self._apply_staged(connection, txn.stage)  # raises now if a row does not fit
             connection.execute("ROLLBACK TO trial")
@@ -215,20 +226,16 @@ class SQLiteSink(TwoPhaseCommitSink[SQLiteTransaction]):
     # -- driver ----------------------------------------------------------------------------
 
     def commit(self, handle: Handle) -> CommitOutcome:
-        self.require_own(handle)
         txn_id, stage = str(handle.txn_id), self.stage_table(handle.txn_id)
         with self._transaction(f"commit of {txn_id}") as connection:
             if self._recorded(connection, COMMITTED_TABLE, txn_id):
                 return CommitOutcome.ALREADY_COMMITTED
             if not self._recorded(connection, PREPARED_TABLE, txn_id):
-                raise TransactionLostError(
-                    f"transaction {txn_id} ({handle.rows} rows for {self.table!r}) was decided "
-                    f"but is neither prepared nor committed in {self.path}: it was aborted "
-                    "outside this query (a cleanup with a too short threshold?).",
-                    fix="re-deliver the rows of that batch from the source, then run "
-                    "`python -m twophase.cleanup --state <state location> --forget-batch "
-                    f"{handle.txn_id.batch}`",
-                )
+                raise transaction_lost(
+                    handle, where=self.where,
+                    why="it is neither prepared nor recorded as committed: aborted outside "
+                    "this query (a cleanup with a too short threshold?), or its proof of "
+                    "commit was purged")
             self._apply_staged(connection, stage)
             self._drop_staged(connection, txn_id, stage)
             connection.execute(
@@ -239,7 +246,6 @@ class SQLiteSink(TwoPhaseCommitSink[SQLiteTransaction]):
             return CommitOutcome.COMMITTED
 
     def abort(self, handle: Handle) -> AbortOutcome:
-        self.require_own(handle)
         txn_id = str(handle.txn_id)
         with self._transaction(f"abort of {txn_id}") as connection:
             if self._recorded(connection, COMMITTED_TABLE, txn_id):
@@ -374,43 +380,54 @@ class SQLiteSink(TwoPhaseCommitSink[SQLiteTransaction]):
                 fix=f"create a unique index on {list(self.key)} or pass the table's key",
             )
 
-    def _guarded(self, what: str) -> _ErrorClassifier:
-        return _ErrorClassifier(f"SQLite {what} on {self.path}")
+    def _guarded(self, what: str) -> contextlib.AbstractContextManager[None]:
+        return classified(_classify, f"{what} on {self.path}", sqlite3.Error)
 
 
-class _ErrorClassifier:
-    """Turns sqlite3 errors into the twophase taxonomy, naming the step that failed."""
+#: SQLite's primary result codes (``sqlite_errorcode & 0xFF``), classified once.
+SQLITE_ERRORS = ErrorTable("SQLite", {
+    5: (RetryableError, "another process holds the database (SQLITE_BUSY); it is retried"),
+    6: (RetryableError, "a table is locked (SQLITE_LOCKED); it is retried"),
+    19: (SchemaMismatchError, "a row violates a constraint of the target (SQLITE_CONSTRAINT): "
+         "correct or filter the offending rows, then restart"),
+    20: (SchemaMismatchError, "a value does not fit its column's type (SQLITE_MISMATCH): cast it"),
+    18: (SchemaMismatchError, "a value is too big for SQLite (SQLITE_TOOBIG)"),
+    1: (SchemaMismatchError, "make the table match the rows (a missing table or column?), "
+        "then restart"),
+    14: (ConfigurationError, "check the path exists and is writable by the job (SQLITE_CANTOPEN)"),
+    8: (ConfigurationError, "make the database writable by the job (SQLITE_READONLY)"),
+    3: (ConfigurationError, "give the job access to the database file (SQLITE_PERM)"),
+    23: (ConfigurationError, "give the job access to the database file (SQLITE_AUTH)"),
+    13: (FatalError, "free disk space for the database (SQLITE_FULL), then restart"),
+    10: (FatalError, "check the disk under the database (SQLITE_IOERR), then restart"),
+    11: (FatalError, "the database file is damaged (SQLITE_CORRUPT): restore it from a backup"),
+})
 
-    def __init__(self, what: str) -> None:
-        self.what = what
 
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
-                 tb: object) -> None:
-        if exc is None or isinstance(exc, TwoPhaseError) or not isinstance(exc, sqlite3.Error):
-            return
-        raise _classify(self.what, exc) from exc
+def _classify(exc: BaseException, what: str) -> TwoPhaseError:
+    """An sqlite3 error by its result code; one without a code (a value sqlite3 cannot bind,
+    a closed connection) is fatal with its message."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    name = getattr(exc, "sqlite_errorname", type(exc).__name__)
+    primary = code & 0xFF if isinstance(code, int) else None
+    return SQLITE_ERRORS.error(primary, what, f"{name}: {exc}")
 
 
-def _classify(what: str, exc: sqlite3.Error) -> TwoPhaseError:
-    message = str(exc)
-    if isinstance(exc, sqlite3.IntegrityError):
-        return SchemaMismatchError(f"{what}: a row violates a constraint of the target: "
-                                   f"{message}.",
-                                   fix="correct or filter the offending rows, then restart")
-    if "locked" in message or "busy" in message:
-        return RetryableError(f"{what}: {message}.",
-                              fix="another process holds the database; it is retried")
-    if "unable to open" in message or "readonly" in message:
-        return ConfigurationError(f"{what}: {message}.",
-                                  fix="check the path exists and is writable by the job")
-    if "no such" in message or "has no column" in message:
-        return SchemaMismatchError(f"{what}: {message}.",
-                                   fix="make the table match the rows, then restart")
-    return FatalError(f"{what}: {type(exc).__name__}: {message}.",
-                      fix="fix the cause named above, then restart")
+def _as_sqlite_values(batch: pa.RecordBatch) -> list[pa.Array]:
+    """The columns of ``batch`` as values sqlite3 stores: dates, times, decimals as text."""
+    import pyarrow as pa  # noqa: PLC0415 - only the Arrow path needs pyarrow
+    import pyarrow.compute as pc  # noqa: PLC0415
+
+    def sqlite_value(column: pa.Array) -> pa.Array:
+        kind = column.type
+        if pa.types.is_timestamp(kind):
+            zone = "+00:00" if kind.tz is not None else ""
+            return pc.strftime(column, format=f"%Y-%m-%dT%H:%M:%S{zone}")
+        if pa.types.is_date(kind) or pa.types.is_decimal(kind):
+            return column.cast(pa.string())
+        return column
+
+    return [sqlite_value(column) for column in batch.columns]
 
 
 def _row_converter(columns: Sequence[Column]) -> Callable[[Sequence[Any]], Sequence[Any]]:

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from sinks.sqlite import SQLiteSink
-from tests.txns import OPENED_AT, OTHER_QUERY_ID, QUERY_ID, orders, prepare
 from twophase import cleanup
 from twophase._state import Decision, StateStore
+from twophase.testing.contract import OPENED_AT, OTHER_QUERY_ID, QUERY_ID, orders, prepare
 
 HOUR = 3600.0
 
@@ -116,7 +116,7 @@ def test_a_lost_decided_transaction_needs_attention_then_can_be_forgotten(
 
     report = run_cleanup(target(sqlite_sink, store), now=OPENED_AT)
     (roll,) = [a for a in report.actions if a.action == "roll_forward"]
-    assert roll.error is not None and "neither prepared nor committed" in roll.error
+    assert roll.error is not None and "neither prepared nor recorded as committed" in roll.error
     assert report.exit_code == cleanup.EXIT_ATTENTION
 
     assert cleanup.main(["--state", str(store.directory), "--forget-batch", "0"]) == 0
@@ -150,7 +150,7 @@ def test_the_cron_command_reads_a_config_file_and_prints_json_lines(
 
 @pytest.mark.parametrize(("argv", "message"), [
     ([], "no target given"),
-    (["--sink", "sinks.sqlite:Nope", "--state", "x"], "cannot build sink 'sinks.sqlite:Nope'"),
+    (["--sink", "sinks.sqlite:Nope", "--state", "x"], "cannot load 'sinks.sqlite:Nope'"),
     (["--sink", "sinks.sqlite:SQLiteSink", "--options", '{"path": "x", "table": "t"}',
       "--older-than", "soon"], "cannot read 'soon' as a duration"),
 ])

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from sinks.sqlite import SQLiteSink
-from tests.txns import OTHER_QUERY_ID, QUERY_ID, orders, prepare
-from twophase import FatalError, FencedError, RetryPolicy, TransactionLostError
+from twophase import ConfigurationError, FatalError, FencedError, RetryPolicy, TransactionLostError
 from twophase._coordinator import Coordinator
 from twophase._state import HISTORY_LIMIT, Decision, StateStore
+from twophase.testing.contract import OTHER_QUERY_ID, QUERY_ID, orders, prepare
 
 FAST_RETRY = RetryPolicy(max_attempts=3, initial_backoff_s=0.01, max_backoff_s=0.02)
 
@@ -182,3 +182,13 @@ def test_a_new_run_aborts_earlier_runs_orphans_before_it_writes(
     assert orphan.txn_id not in in_doubt
     assert in_doubt == {other_query.txn_id}
     assert event_ids(sqlite_reader) == [0]
+
+
+def test_a_handle_of_another_sink_kind_is_refused_before_the_sink_sees_it(
+    sqlite_sink: SQLiteSink, tmp_path: Path
+) -> None:
+    coordinator = start_run(sqlite_sink, tmp_path)
+    foreign = replace(prepare(sqlite_sink, orders(0, 1), epoch=coordinator.epoch), sink="mysql")
+    with pytest.raises(ConfigurationError, match="written by a 'mysql' sink"):
+        coordinator.commit_batch(0, QUERY_ID, [foreign])
+    assert sqlite_sink.list_in_doubt("orders") == [replace(foreign, sink="sqlite", rows=1)]

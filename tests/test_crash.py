@@ -1,6 +1,6 @@
 """Crash tests: a real Spark driver SIGKILLed at each named protocol point, then restarted.
 
-Each test runs the driver (``twophase._harness``) in a session of its own, armed with
+Each test runs the driver (``twophase.testing.driver``) in a session of its own, armed with
 ``TWOPHASE_CRASH_AT=<point>@<batch>``; the protocol kills the driver, its JVM and its Python
 workers at that point. A second, unarmed run recovers and finishes the stream. The external
 system's own view must then hold every input row exactly once, with nothing left in doubt.
@@ -19,8 +19,8 @@ from sinks.sqlite import SQLiteSink
 from tests.conftest import MYSQL_ORDERS_DDL, ORDERS_DDL
 from tests.servers.mariadb import Db, MariaDBServer
 from twophase._crash import AFTER_DECISION, AFTER_PRE_COMMIT, CRASH_POINTS, MID_COMMIT
-from twophase._harness import DriverSpec, generate_feed, launch
 from twophase._state import StateStore
+from twophase.testing.driver import DriverSpec, generate_feed, launch
 
 pytestmark = [pytest.mark.spark, pytest.mark.crash]
 

@@ -22,8 +22,8 @@ from tests.conftest import MYSQL_ORDERS_DDL
 from tests.servers.mariadb import Db, MariaDBServer
 from twophase import ConfigurationError, RetryableError, SchemaMismatchError
 from twophase._crash import AFTER_DECISION
-from twophase._harness import FEED_START, DriverSpec, generate_feed, launch, read_feed
 from twophase.spark import write_stream
+from twophase.testing.driver import FEED_START, DriverSpec, generate_feed, launch, read_feed
 
 pytestmark = pytest.mark.spark
 

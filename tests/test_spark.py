@@ -14,9 +14,9 @@ from pyspark.sql import SparkSession
 
 from sinks.sqlite import SQLiteSink
 from twophase import ConfigurationError, SchemaMismatchError
-from twophase._harness import FEED_SCHEMA, generate_feed, read_feed
 from twophase._state import StateStore
 from twophase.spark import write, write_stream
+from twophase.testing.driver import FEED_SCHEMA, generate_feed, read_feed
 
 pytestmark = pytest.mark.spark
 
@@ -104,8 +104,8 @@ def test_a_row_that_does_not_fit_stops_the_query_then_the_fixed_restart_delivers
     bad_lines[7] = json.dumps({**bad_event, "status": "bogus"})  # fails CHECK (status <> 'bogus')
     rewrite_keeping_mtime(bad_file, bad_lines)  # the file source orders files by mtime
 
-    with pytest.raises(StreamingQueryException, match=r"violates a constraint of the target: "
-                       r"CHECK constraint failed.*Fix: correct or filter"):
+    with pytest.raises(StreamingQueryException, match=r"CHECK constraint failed.*Fix: a row "
+                       r"violates a constraint of the target.*correct or filter"):
         run_to_end(spark, feed, sqlite_sink, tmp_path / "ckpt")
     # Batches 0 and 1 are in; nothing of batch 2 is visible; nothing is left in doubt.
     assert_exactly_once(sqlite_reader, sqlite_sink, 2 * ROWS_PER_FILE)

@@ -23,14 +23,14 @@ from pyspark.sql import SparkSession
 
 from sinks.sqlite import SQLiteSink
 from tests.edge_sinks import FailingPartitionSink, FlakyBeginSink
-from tests.txns import prepare
 from twophase import ConfigurationError
-from twophase._harness import FEED_START, generate_feed, read_feed
 from twophase._rows import INSTANT_TYPE, plain_rows, positions, rows_of
 from twophase._spark import _instants_as_micros
 from twophase._state import StateStore
 from twophase.cleanup import main as cleanup_main
 from twophase.spark import write_stream
+from twophase.testing.contract import prepare
+from twophase.testing.driver import FEED_START, generate_feed, read_feed
 
 pytestmark = pytest.mark.spark
 

@@ -1,42 +1,40 @@
-"""sinks.sqlite at the sink level: every phase against a real SQLite database file."""
+"""sinks.sqlite at the sink level, against a real SQLite database file: the shared contract
+suite, and what only this sink does (trial inserts, upsert, values, schema checks, errors)."""
 
 from __future__ import annotations
 
 import sqlite3
-from datetime import UTC, datetime, timedelta, timezone
+from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from sinks.sqlite import SQLiteSink
-from tests.txns import ORDER_COLUMNS, context, orders, prepare
 from twophase import (
     AbortOutcome,
     Column,
-    CommitOutcome,
     ConfigurationError,
-    FatalError,
-    Handle,
     SchemaMismatchError,
-    TransactionLostError,
+    TwoPhaseCommitSink,
 )
+from twophase.testing.contract import ORDER_COLUMNS, SinkContract, context, orders, prepare
 
 
 def visible(reader: sqlite3.Connection) -> list[int]:
     return [row[0] for row in reader.execute("SELECT event_id FROM orders ORDER BY event_id")]
 
 
-def test_pre_committed_rows_are_durable_but_invisible_until_commit(
-    sqlite_sink: SQLiteSink, sqlite_reader: sqlite3.Connection
-) -> None:
-    handle = prepare(sqlite_sink, orders(0, 5))
-    assert visible(sqlite_reader) == []
-    assert [h.txn_id for h in sqlite_sink.list_in_doubt("orders")] == [handle.txn_id]
-    assert sqlite_sink.commit(handle) is CommitOutcome.COMMITTED
-    assert visible(sqlite_reader) == [0, 1, 2, 3, 4]
-    assert sqlite_sink.list_in_doubt("orders") == []
-    assert stage_tables(sqlite_reader) == []
+class TestSQLiteContract(SinkContract):
+    @pytest.fixture
+    def sink(self, sqlite_sink: SQLiteSink) -> SQLiteSink:
+        return sqlite_sink
+
+    def visible(self, sink: TwoPhaseCommitSink[Any]) -> list[int]:
+        assert isinstance(sink, SQLiteSink)
+        with sqlite3.connect(sink.path) as reader:
+            return visible(reader)
 
 
 def stage_tables(reader: sqlite3.Connection) -> list[str]:
@@ -44,40 +42,12 @@ def stage_tables(reader: sqlite3.Connection) -> list[str]:
         "SELECT name FROM sqlite_master WHERE name GLOB '_twophase_stage:*'")]
 
 
-def test_commit_is_idempotent(sqlite_sink: SQLiteSink, sqlite_reader: sqlite3.Connection) -> None:
-    handle = prepare(sqlite_sink, orders(0, 3))
-    assert sqlite_sink.commit(handle) is CommitOutcome.COMMITTED
-    assert sqlite_sink.commit(handle) is CommitOutcome.ALREADY_COMMITTED
-    assert visible(sqlite_reader) == [0, 1, 2]
-
-
-def test_abort_is_idempotent_and_a_decided_abort_is_reported_lost(
-    sqlite_sink: SQLiteSink, sqlite_reader: sqlite3.Connection
-) -> None:
-    handle = prepare(sqlite_sink, orders(0, 3))
-    assert sqlite_sink.abort(handle) is AbortOutcome.ABORTED
-    assert sqlite_sink.abort(handle) is AbortOutcome.NOT_FOUND
-    assert stage_tables(sqlite_reader) == []
-    with pytest.raises(TransactionLostError, match=rf"transaction {handle.txn_id} \(3 rows"):
-        sqlite_sink.commit(handle)
-    assert visible(sqlite_reader) == []
-
-
-def test_an_empty_partition_commits(
-    sqlite_sink: SQLiteSink, sqlite_reader: sqlite3.Connection
-) -> None:
-    handle = prepare(sqlite_sink, [])
-    assert handle.rows == 0
-    assert sqlite_sink.commit(handle) is CommitOutcome.COMMITTED
-    assert sqlite_sink.commit(handle) is CommitOutcome.ALREADY_COMMITTED
-    assert visible(sqlite_reader) == []
-
-
 def test_a_row_violating_a_constraint_fails_at_pre_commit_and_nothing_is_visible(
     sqlite_sink: SQLiteSink, sqlite_reader: sqlite3.Connection
 ) -> None:
     rows = [*orders(0, 3), (3, 1003, "bogus", None)]
-    with pytest.raises(SchemaMismatchError, match=r"violates a constraint.*CHECK constraint"):
+    with pytest.raises(SchemaMismatchError,
+                       match=r"CHECK constraint failed.*Fix: a row violates a constraint"):
         prepare(sqlite_sink, rows, batch=4)
     assert visible(sqlite_reader) == []
     assert sqlite_sink.list_in_doubt("orders") == []  # discarded by the failing writer
@@ -145,7 +115,7 @@ def test_schema_check_of_a_missing_table_and_a_non_unique_upsert_key(orders_db: 
     ({"table": ""}, "needs a table name"),
     ({"table": "t", "mode": "merge"}, "unknown mode 'merge'"),
     ({"table": "t", "mode": "upsert"}, "needs the key columns"),
-    ({"table": "t", "chunk_size": 0}, "chunk_size=0 must be at least 1"),
+    ({"table": "t", "chunk_size": 0}, "chunk_size=0 must be a positive integer"),
 ])
 def test_wrong_options_are_refused_with_a_fix(orders_db: Path, kwargs: dict[str, object],
                                              message: str) -> None:
@@ -164,21 +134,3 @@ def test_in_doubt_listing_is_per_namespace_and_target(sqlite_sink: SQLiteSink,
     assert [h.txn_id for h in sqlite_sink.list_in_doubt("ord_rs")] == [mine.txn_id]
 
 
-def test_a_reused_transaction_id_is_refused_at_pre_commit(sqlite_sink: SQLiteSink) -> None:
-    sqlite_sink.commit(prepare(sqlite_sink, orders(0, 1), attempt=7))
-    with pytest.raises(FatalError, match="already committed once"):
-        prepare(sqlite_sink, orders(1, 1), attempt=7)
-
-
-def test_a_handle_of_another_sink_kind_is_refused(sqlite_sink: SQLiteSink) -> None:
-    foreign = Handle(context().txn_id, "mysql", rows=1)
-    with pytest.raises(ConfigurationError, match="written by a 'mysql' sink"):
-        sqlite_sink.commit(foreign)
-
-
-def test_old_commit_records_are_purged(sqlite_sink: SQLiteSink, orders_db: Path) -> None:
-    sqlite_sink.commit(prepare(sqlite_sink, orders(0, 1)))
-    assert sqlite_sink.purge_commit_records("orders", datetime.now(UTC) - timedelta(days=1)) == 0
-    assert sqlite_sink.purge_commit_records("orders", datetime.now(UTC) + timedelta(seconds=1)) == 1
-    with sqlite3.connect(orders_db) as connection:
-        assert connection.execute("SELECT count(*) FROM _twophase_committed").fetchone() == (0,)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -27,9 +27,10 @@ from pyspark.sql.datasource import (
 from twophase._coordinator import Coordinator
 from twophase._crash import AFTER_PRE_COMMIT, crash_point
 from twophase._handle import Handle, TxnId
-from twophase._retry import DEFAULT_RETRY, RetryPolicy
-from twophase._rows import INSTANT_TYPE, plain_rows, positions, with_utc_timestamps
+from twophase._retry import RetryPolicy
+from twophase._rows import INSTANT_TYPE, plain_rows, positions
 from twophase._state import State, StateStore
+from twophase._task import Delivery, arrow_delivery, rows_delivery, run_transaction
 from twophase.errors import ConfigurationError, FatalError
 from twophase.sink import Column, TransactionContext, TwoPhaseCommitSink
 
@@ -81,10 +82,6 @@ def columns_of(schema: StructType) -> tuple[Column, ...]:
 
 # -- executor ------------------------------------------------------------------------------
 
-#: What a task does with the open transaction: hand it its rows or record batches.
-Delivery = Callable[[TwoPhaseCommitSink[Any], Any], None]
-
-
 def write_partition(
     config: RunConfig, deliver: Delivery, *, batch: int, query_id: str
 ) -> TwoPhaseMessage:
@@ -106,29 +103,6 @@ def write_partition(
     return TwoPhaseMessage(query_id=query_id, handle=handle.dumps())
 
 
-def run_transaction(
-    sink: TwoPhaseCommitSink[Any], ctx: TransactionContext, deliver: Delivery, *,
-    retry: RetryPolicy = DEFAULT_RETRY,
-) -> Handle:
-    """begin (retried: nothing exists yet), deliver the rows, pre-commit; discard on failure."""
-    txn = retry.call(lambda: sink.begin_transaction(ctx), what=f"begin of {ctx.txn_id}")
-    try:
-        deliver(sink, txn)
-        return sink.pre_commit(txn)
-    except BaseException:
-        _discard_quietly(sink, txn, ctx.txn_id)
-        raise
-
-
-def _discard_quietly(sink: TwoPhaseCommitSink[Any], txn: Any, txn_id: TxnId) -> None:
-    """A failing discard never hides the error that made the transaction fail."""
-    try:
-        sink.discard(txn)
-    except Exception:
-        log.warning("discard of %s failed; it stays in doubt until a sweep or cleanup "
-                    "aborts it", txn_id, exc_info=True)
-
-
 def _can_never_be_decided(state: State | None, epoch: int, batch: int) -> bool:
     """After pre-commit: did the driver give up on this batch, or a newer run take over?
 
@@ -146,14 +120,6 @@ def _abort_late_handle(config: RunConfig, handle: Handle) -> None:
                 handle.txn_id.batch, handle.txn_id)
     with config.coordinator() as coordinator:
         coordinator.abort_quietly(handle)
-
-
-def rows_delivery(rows: Iterable[Sequence[Any]]) -> Delivery:
-    return lambda sink, txn: sink.write(txn, rows)
-
-
-def arrow_delivery(batches: Iterable[pa.RecordBatch]) -> Delivery:
-    return lambda sink, txn: sink.write_arrow(txn, map(with_utc_timestamps, batches))
 
 
 def _task() -> TaskContext:

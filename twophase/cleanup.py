@@ -31,7 +31,6 @@ from the environment (keep passwords out of the file)::
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import logging
 import os
@@ -47,6 +46,7 @@ from typing import Any
 
 from twophase._coordinator import Coordinator, is_orphan
 from twophase._handle import Handle, validate_namespace
+from twophase._loader import build_sink
 from twophase._retry import DEFAULT_RETRY
 from twophase._state import State, StateStore
 from twophase.errors import ConfigurationError, TransactionLostError, TwoPhaseError
@@ -244,19 +244,6 @@ def forget_batch(store: StateStore, batch: int) -> None:
 # -- configuration ---------------------------------------------------------------------------
 
 
-def build_sink(factory: str, options: Mapping[str, Any]) -> TwoPhaseCommitSink[Any]:
-    module_name, _, name = factory.partition(":")
-    try:
-        built = getattr(importlib.import_module(module_name), name)(**_resolve_env(options))
-    except (ImportError, AttributeError, TypeError, ValueError) as exc:
-        raise ConfigurationError(f"cannot build sink {factory!r}: {exc}.",
-                                 fix="give 'module:Class' and the options it takes") from exc
-    if not isinstance(built, TwoPhaseCommitSink):
-        raise ConfigurationError(f"{factory!r} did not build a TwoPhaseCommitSink.",
-                                 fix="point sink at a sink class or factory")
-    return built
-
-
 def _resolve_env(options: Mapping[str, Any]) -> dict[str, Any]:
     return {key: _from_env(key, value) for key, value in options.items()}
 
@@ -272,7 +259,7 @@ def _from_env(key: str, value: Any) -> Any:
 
 
 def target_from(entry: Mapping[str, Any]) -> Target:
-    sink = build_sink(entry["sink"], entry.get("options", {}))
+    sink = build_sink(entry["sink"], _resolve_env(entry.get("options", {})))
     states = tuple(StateStore(path) for path in entry.get("states", ()))
     namespace = entry.get("namespace") or _namespace_of(states) or sink.default_namespace()
     older = entry.get("older_than")

@@ -19,15 +19,17 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sinks.sqlite import SQLiteSink
 from twophase._crash import CRASH_POINTS
-from twophase._harness import DriverSpec, generate_feed, launch
+from twophase._loader import build_sink
 from twophase._state import BatchRecord, StateStore
+from twophase.testing.driver import DriverSpec, generate_feed, launch
 
 log = logging.getLogger(__name__)
 
 DEFAULT_BATCHES = 24
 DEFAULT_ROWS_PER_BATCH = 2_000
+#: The embedded default sink, loaded by name: the framework imports no sink.
+DEMO_SINK = "sinks.sqlite:SQLiteSink"
 TABLE = "orders_live"
 TABLE_DDL = (
     f"CREATE TABLE IF NOT EXISTS {TABLE} (event_id INTEGER NOT NULL, order_id INTEGER NOT NULL, "
@@ -111,8 +113,7 @@ def run_scenario(workdir: Path, *, batches: int, rows_per_batch: int, crashes: C
     rows_in = generate_feed(workdir / "feed", files=batches, rows_per_file=rows_per_batch,
                             seed=seed)
     spec = DriverSpec(input_dir=str(workdir / "feed"), checkpoint=str(workdir / "checkpoint"),
-                      sink_factory="sinks.sqlite:SQLiteSink",
-                      sink_kwargs={"path": str(database), "table": TABLE},
+                      sink_factory=DEMO_SINK, sink_kwargs=_sink_options(database),
                       foreach_batch=foreach_batch)
     progress = Progress(StateStore.for_checkpoint(spec.checkpoint))
     log.info("%d order events in %d micro-batches -> %s:%s", rows_in, batches, database, TABLE)
@@ -130,6 +131,10 @@ def run_scenario(workdir: Path, *, batches: int, rows_per_batch: int, crashes: C
     return judge(database, progress, rows_in=rows_in, batches=batches, crashes=len(crashes))
 
 
+def _sink_options(database: Path) -> dict[str, str]:
+    return {"path": str(database), "table": TABLE}
+
+
 def judge(database: Path, progress: Progress, *, rows_in: int, batches: int,
           crashes: int) -> Verdict:
     with sqlite3.connect(database) as connection:
@@ -138,7 +143,7 @@ def judge(database: Path, progress: Progress, *, rows_in: int, batches: int,
         present = connection.execute(
             f"SELECT count(DISTINCT event_id) FROM {TABLE} WHERE event_id BETWEEN 0 AND ?",
             (rows_in - 1,)).fetchone()[0]
-    in_doubt = len(SQLiteSink(database, TABLE).list_in_doubt(TABLE))
+    in_doubt = len(build_sink(DEMO_SINK, _sink_options(database)).list_in_doubt(TABLE))
     state = progress.store.read_existing()
     latencies = [r.decision_ms + r.commit_ms for r in progress.records.values()
                  if r.decision_ms > 0]

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 from pyspark.sql import SparkSession
 
-from twophase._harness import local_session
+from twophase.testing.driver import local_session
 
 #: The zone of the executors' processes, and Spark's session zone: both not UTC, not equal.
 WORKER_TZ = "Asia/Kolkata"

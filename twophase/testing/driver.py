@@ -1,16 +1,15 @@
 """A crashable streaming driver, for the demo, the crash tests and the chaos runs.
 
-:func:`launch` starts ``python -m twophase._harness <spec.json>`` in a session of its own (so a
-crash point can SIGKILL the driver, its JVM and its Python workers together, like ``kill -9`` of
-a job), optionally armed at a crash point, and returns how it ended. The driver streams a
-generated order-status feed (JSON files, ``files_per_batch`` per micro-batch) through
+:func:`launch` starts ``python -m twophase.testing.driver <spec.json>`` in a session of its own
+(so a crash point can SIGKILL the driver, its JVM and its Python workers together, like
+``kill -9`` of a job), optionally armed at a crash point, and returns how it ended. The driver
+streams a generated order-status feed (JSON files, ``files_per_batch`` per micro-batch) through
 :func:`twophase.spark.write_stream` into the sink that ``sink_factory`` builds, until every file
 is consumed (``availableNow``).
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
 import os
@@ -28,6 +27,7 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 
 from twophase._crash import CRASH_ENV, kill_session
+from twophase._loader import build_sink
 from twophase.sink import TwoPhaseCommitSink
 from twophase.spark import write_stream
 
@@ -59,10 +59,7 @@ class DriverSpec:
     log_level: str = "INFO"
 
     def build_sink(self) -> TwoPhaseCommitSink[Any]:
-        module, _, name = self.sink_factory.partition(":")
-        factory = getattr(importlib.import_module(module), name)
-        sink: TwoPhaseCommitSink[Any] = factory(**self.sink_kwargs)
-        return sink
+        return build_sink(self.sink_factory, self.sink_kwargs)
 
 
 def generate_feed(input_dir: Path, *, files: int, rows_per_file: int, seed: int = 7) -> int:
@@ -121,7 +118,7 @@ def launch(spec: DriverSpec, *, workdir: Path, crash_at: str | None = None,
         log_file.write(f"\n=== driver run, crash point {crash_at or 'none'} ===\n")
         log_file.flush()
         process = subprocess.Popen(
-            [sys.executable, "-m", "twophase._harness", str(spec_path)],
+            [sys.executable, "-m", "twophase.testing.driver", str(spec_path)],
             env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
         )
         try:

@@ -1,0 +1,270 @@
+"""The contract suite: every rule of :class:`~twophase.TwoPhaseCommitSink`, as inheritable tests.
+
+A sink's test module subclasses :class:`SinkContract` and says how to build the sink and how to
+read what a reader of the target sees::
+
+    from twophase.testing.contract import SinkContract
+
+    class TestMySinkContract(SinkContract):
+        @pytest.fixture
+        def sink(self, tmp_path):            # a sink over a fresh, empty target whose columns
+            return MySink(tmp_path / "out")  # are ORDER_COLUMNS (event_id, order_id, status, ts)
+
+        def visible(self, sink):             # the event_id of every row a reader sees
+            return sorted(...)
+
+Set ``purges_commit_records = False`` if the sink keeps no proofs it could purge. The tests
+drive the sink as the framework does: a task's begin/write/pre-commit
+(:func:`prepare`), the driver's committer for commit and abort, other processes for a writer
+killed with SIGKILL and for a commit from elsewhere. The builders here (:func:`context`,
+:func:`orders`, :func:`prepare`) serve a sink's own tests too.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from twophase._handle import Handle, TxnId
+from twophase._task import rows_delivery, run_transaction
+from twophase.errors import TransactionLostError, TwoPhaseError
+from twophase.sink import (
+    AbortOutcome,
+    Column,
+    CommitOutcome,
+    TransactionContext,
+    TwoPhaseCommitSink,
+)
+
+#: Ids are deterministic in tests: the same arguments name the same transaction.
+OPENED_AT = time.time()
+QUERY_ID = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
+OTHER_QUERY_ID = "ffffffff-4b5a-6978-8796-a5b4c3d2e1f0"
+NAMESPACE = "orders"
+ORDER_COLUMNS = (
+    Column("event_id", "bigint", False),
+    Column("order_id", "bigint", False),
+    Column("status", "string", False),
+    Column("ts", "timestamp", True),
+)
+FIRST_TS = datetime(2026, 11, 1, tzinfo=UTC)
+CONCURRENT_COMMITS = 8
+SUBPROCESS_TIMEOUT_S = 60.0
+
+
+def context(*, batch: int = 0, partition: int = 0, attempt: int = 0, epoch: int = 1,
+            namespace: str = NAMESPACE, query_id: str = QUERY_ID,
+            columns: Sequence[Column] = ORDER_COLUMNS) -> TransactionContext:
+    """The context of one task's transaction; the same arguments give the same id."""
+    txn_id = TxnId.open(namespace=namespace, query_id=query_id, epoch=epoch, batch=batch,
+                        partition=partition, attempt=attempt, clock=lambda: OPENED_AT)
+    return TransactionContext(txn_id, tuple(columns))
+
+
+def orders(first: int, count: int, status: str = "paid") -> list[tuple[Any, ...]]:
+    """``count`` order rows of ORDER_COLUMNS with event ids from ``first``."""
+    return [(i, 1000 + i, status, FIRST_TS + timedelta(seconds=i))
+            for i in range(first, first + count)]
+
+
+def prepare(sink: TwoPhaseCommitSink[Any], rows: Sequence[Sequence[Any]], **ctx: Any) -> Handle:
+    """begin_transaction + write + pre_commit, as an executor's task does."""
+    return run_transaction(sink, context(**ctx), rows_delivery(rows))
+
+
+def commit(sink: TwoPhaseCommitSink[Any], handle: Handle) -> CommitOutcome:
+    """Commit as the driver does: through a committer fenced at the handle's epoch."""
+    with sink.committer() as committer:
+        committer.fence(handle.txn_id.namespace, QUERY_ID, handle.txn_id.epoch)
+        return committer.commit(handle)
+
+
+def abort(sink: TwoPhaseCommitSink[Any], handle: Handle) -> AbortOutcome:
+    """Abort as the driver or cleanup does: through a committer."""
+    with sink.committer() as committer:
+        committer.fence(handle.txn_id.namespace, QUERY_ID, handle.txn_id.epoch)
+        return committer.abort(handle)
+
+
+_IN_ANOTHER_PROCESS = """
+import os, pickle, signal, sys
+from twophase import Handle
+from twophase.testing.contract import QUERY_ID, orders, prepare
+sink = pickle.loads(bytes.fromhex(sys.argv[1]))
+if sys.argv[2] == "write-then-die":
+    print(prepare(sink, orders(0, 5), batch=7).dumps(), flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+handle = Handle.loads(sys.argv[3])
+with sink.committer() as committer:
+    committer.fence(handle.txn_id.namespace, QUERY_ID, handle.txn_id.epoch)
+    print(getattr(committer, sys.argv[2])(handle).value)
+"""
+
+
+def in_another_process(sink: TwoPhaseCommitSink[Any], action: str,
+                       handle: Handle | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``action`` (commit, abort, write-then-die) on a pickled copy of ``sink`` elsewhere."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    return subprocess.run(
+        [sys.executable, "-c", _IN_ANOTHER_PROCESS, pickle.dumps(sink).hex(), action,
+         handle.dumps() if handle else ""],
+        capture_output=True, text=True, env=env, timeout=SUBPROCESS_TIMEOUT_S, check=False)
+
+
+class SinkContract:
+    """Inherit it as ``TestXxx(SinkContract)``; provide ``sink`` and ``visible`` (see above)."""
+
+    #: False for a sink whose proofs of commit cannot be purged (``purge_commit_records`` is 0).
+    purges_commit_records = True
+
+    @pytest.fixture
+    def sink(self) -> TwoPhaseCommitSink[Any]:
+        raise NotImplementedError("override the sink fixture: a sink over an empty target")
+
+    def visible(self, sink: TwoPhaseCommitSink[Any]) -> list[int]:
+        raise NotImplementedError("return the sorted event_id of every row a reader sees")
+
+    # -- visibility ----------------------------------------------------------------------------
+
+    def test_pre_committed_rows_stay_invisible_until_commit(
+        self, sink: TwoPhaseCommitSink[Any]
+    ) -> None:
+        first = prepare(sink, orders(0, 3), partition=0)
+        second = prepare(sink, orders(3, 2), partition=1)
+        assert (first.rows, second.rows, first.sink) == (3, 2, sink.kind)
+        assert self.visible(sink) == []
+        assert commit(sink, first) is CommitOutcome.COMMITTED
+        assert self.visible(sink) == [0, 1, 2]
+        assert commit(sink, second) is CommitOutcome.COMMITTED
+        assert self.visible(sink) == [0, 1, 2, 3, 4]
+
+    def test_a_second_commit_proves_it_was_already_committed(
+        self, sink: TwoPhaseCommitSink[Any]
+    ) -> None:
+        handle = prepare(sink, orders(0, 4))
+        assert commit(sink, handle) is CommitOutcome.COMMITTED
+        again = Handle.loads(handle.dumps())  # as recovery reads it from the state file
+        assert commit(sink, again) is CommitOutcome.ALREADY_COMMITTED
+        assert self.visible(sink) == [0, 1, 2, 3]
+        assert sink.list_in_doubt(NAMESPACE) == []
+
+    def test_an_empty_partition_commits_and_leaves_nothing_behind(
+        self, sink: TwoPhaseCommitSink[Any]
+    ) -> None:
+        handle = prepare(sink, [])
+        assert handle.rows == 0
+        assert commit(sink, handle) in (CommitOutcome.COMMITTED,
+                                         CommitOutcome.ALREADY_COMMITTED)
+        assert commit(sink, handle) is CommitOutcome.ALREADY_COMMITTED
+        assert self.visible(sink) == []
+        assert sink.list_in_doubt(NAMESPACE) == []
+
+    # -- abort and loss ------------------------------------------------------------------------
+
+    def test_abort_is_idempotent_and_a_commit_after_it_is_a_lost_transaction(
+        self, sink: TwoPhaseCommitSink[Any]
+    ) -> None:
+        handle = prepare(sink, orders(0, 3))
+        assert abort(sink, handle) is AbortOutcome.ABORTED
+        assert abort(sink, handle) is AbortOutcome.NOT_FOUND
+        with pytest.raises(TransactionLostError, match=r"Fix: "):
+            commit(sink, handle)  # decided, then aborted outside: never "success"
+        assert self.visible(sink) == []
+        assert sink.list_in_doubt(NAMESPACE) == []
+
+    def test_a_discarded_transaction_leaves_nothing(self, sink: TwoPhaseCommitSink[Any]) -> None:
+        txn = sink.begin_transaction(context())
+        sink.write(txn, orders(0, 3))
+        sink.discard(txn)
+        assert self.visible(sink) == []
+        assert sink.list_in_doubt(NAMESPACE) == []
+
+    def test_a_committed_transaction_id_is_never_reused(
+        self, sink: TwoPhaseCommitSink[Any]
+    ) -> None:
+        assert commit(sink, prepare(sink, orders(0, 2))) is CommitOutcome.COMMITTED
+        with pytest.raises(TwoPhaseError, match=r"already committed.*Fix: "):
+            commit(sink, prepare(sink, orders(10, 2)))  # the same id: a restored old state
+        assert self.visible(sink) == [0, 1]
+
+    # -- other processes -----------------------------------------------------------------------
+
+    def test_commit_and_abort_work_from_another_process(
+        self, sink: TwoPhaseCommitSink[Any]
+    ) -> None:
+        kept, dropped = prepare(sink, orders(0, 2), partition=0), prepare(
+            sink, orders(2, 2), partition=1)
+        committed = in_another_process(sink, "commit", kept)
+        aborted = in_another_process(sink, "abort", dropped)
+        assert (committed.stdout.strip(), aborted.stdout.strip()) == (
+            "committed", "aborted"), committed.stderr + aborted.stderr
+        assert self.visible(sink) == [0, 1]
+        assert commit(sink, kept) is CommitOutcome.ALREADY_COMMITTED
+        assert sink.list_in_doubt(NAMESPACE) == []
+
+    def test_a_writer_killed_after_pre_commit_leaves_a_transaction_the_driver_commits(
+        self, sink: TwoPhaseCommitSink[Any]
+    ) -> None:
+        writer = in_another_process(sink, "write-then-die")
+        assert writer.returncode == -signal.SIGKILL, writer.stderr
+        handle = Handle.loads(writer.stdout.strip())
+        assert self.visible(sink) == []
+        assert [h.txn_id for h in sink.list_in_doubt(NAMESPACE)] == [handle.txn_id]
+        assert commit(sink, handle) is CommitOutcome.COMMITTED
+        assert self.visible(sink) == [0, 1, 2, 3, 4]
+
+    # -- listing, concurrency, purge -----------------------------------------------------------
+
+    def test_in_doubt_listing_is_scoped_to_its_namespace_and_abortable(
+        self, sink: TwoPhaseCommitSink[Any]
+    ) -> None:
+        ours = prepare(sink, orders(0, 2), namespace=NAMESPACE)
+        similar = prepare(sink, orders(2, 2), namespace=f"{NAMESPACE}2")  # a prefix trap
+        listed = sink.list_in_doubt(NAMESPACE)
+        assert [h.txn_id for h in listed] == [ours.txn_id]
+        assert abort(sink, listed[0]) is AbortOutcome.ABORTED  # a listed handle is abortable
+        assert [h.txn_id for h in sink.list_in_doubt(f"{NAMESPACE}2")] == [similar.txn_id]
+        assert abort(sink, similar) is AbortOutcome.ABORTED
+        assert self.visible(sink) == []
+
+    def test_commits_run_concurrently_through_one_committer(
+        self, sink: TwoPhaseCommitSink[Any]
+    ) -> None:
+        handles = [prepare(sink, orders(10 * p, 3), partition=p)
+                   for p in range(CONCURRENT_COMMITS)]
+        with sink.committer() as committer:
+            committer.fence(NAMESPACE, QUERY_ID, 1)
+            with ThreadPoolExecutor(max_workers=CONCURRENT_COMMITS) as pool:
+                outcomes = list(pool.map(committer.commit, handles))
+        assert outcomes == [CommitOutcome.COMMITTED] * CONCURRENT_COMMITS
+        assert self.visible(sink) == sorted(10 * p + i for p in range(CONCURRENT_COMMITS)
+                                            for i in range(3))
+
+    def test_purge_forgets_old_proofs_of_its_namespace_only(
+        self, sink: TwoPhaseCommitSink[Any]
+    ) -> None:
+        ours = prepare(sink, orders(0, 1), namespace=NAMESPACE)
+        others = prepare(sink, orders(1, 1), namespace=f"{NAMESPACE}2")
+        for handle in (ours, others):
+            assert commit(sink, handle) is CommitOutcome.COMMITTED
+        later = datetime.now(UTC) + timedelta(hours=1)
+        purged = sink.purge_commit_records(NAMESPACE, later)
+        assert commit(sink, others) is CommitOutcome.ALREADY_COMMITTED
+        if self.purges_commit_records:
+            assert purged == 1
+            with pytest.raises(TransactionLostError):
+                commit(sink, ours)  # no proof is left: "committed" can no longer be proven
+        else:
+            assert purged == 0
+            assert commit(sink, ours) is CommitOutcome.ALREADY_COMMITTED
+        assert self.visible(sink) == [0, 1]
