@@ -82,6 +82,7 @@ def columns_of(schema: StructType) -> tuple[Column, ...]:
 
 # -- executor ------------------------------------------------------------------------------
 
+
 def write_partition(
     config: RunConfig, deliver: Delivery, *, batch: int, query_id: str
 ) -> TwoPhaseMessage:
