@@ -4,6 +4,8 @@ Run from the repository root::
 
     .venv/bin/python -m bench.mysql_xa [--rows 100000] [--partitions 4] [--repeat 7]
 
+(``bench/mysql_arrow.py`` compares the sink's Arrow and Row paths through real Spark.)
+
 It starts a private server exactly as the tests do (``tests.servers.mariadb``: own datadir,
 port and socket, binary log on, ``innodb_flush_log_at_trx_commit=1``, ``sync_binlog=1``), builds
 the rows once, and times each way of writing them into an empty table, checking afterwards
@@ -13,9 +15,12 @@ on a machine that other work keeps busy. Client and server CPU per row are repor
 server's from ``/proc``): unlike wall time they do not depend on that other work.
 
 * ``sink``: MySQLXASink, one XA branch per partition (begin, write, pre-commit), then a commit
-  of every handle, as the driver does. Exactly once.
+  of every handle through one committer, as the driver does. Exactly once.
+* ``sink, Arrow``: the same, the rows handed over as Arrow record batches of 10,000 rows (as
+  Spark's data source path does) to ``write_arrow``, which encodes them without per-row Python.
 * ``at-least-once``: the same partitions, each one plain transaction through the same bulk
-  function (``sinks.mysql.load_rows``, same batch size). What a non-2PC sink would do.
+  function (``sinks.mysql.load_tsv`` of ``encode_tsv`` text, same chunk size). What a non-2PC
+  sink would do.
 * ``raw``: every row in one plain transaction and a single ``LOAD DATA LOCAL INFILE``: the
   fastest bulk load we know from Python, the ceiling.
 
@@ -37,15 +42,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+
 from sinks.mysql import (
-    DEFAULT_BATCH_SIZE,
+    DEFAULT_CHUNK_SIZE,
     MySQLXASink,
+    encode_tsv,
     insert_rows,
-    load_rows,
+    load_tsv,
     open_connection,
 )
 from tests.servers.mariadb import MariaDBServer, private_server
 from twophase import Column, TransactionContext, TxnId
+from twophase.kit import chunks
 
 TABLE = "bench_rows"
 TABLE_DDL = (f"CREATE TABLE {TABLE} (id BIGINT NOT NULL PRIMARY KEY, name VARCHAR(64) NOT NULL, "
@@ -61,6 +70,10 @@ GOAL_VS_AT_LEAST_ONCE = 0.90
 GOAL_VS_RAW = 0.80
 EPOCH = 1
 
+ARROW_BATCH_ROWS = 10_000  # Spark's spark.sql.execution.arrow.maxRecordsPerBatch
+ARROW_SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()), ("amount", pa.float64()),
+                          ("ts", pa.timestamp("us", tz="UTC")), ("flag", pa.bool_())])
+
 Rows = list[tuple[Any, ...]]
 
 
@@ -75,37 +88,49 @@ def split(rows: Rows, partitions: int) -> list[Rows]:
     return [rows[i:i + size] for i in range(0, len(rows), size)]
 
 
-def chunks(rows: Rows, size: int) -> list[Rows]:
-    return [rows[i:i + size] for i in range(0, len(rows), size)]
+def as_batches(rows: Rows) -> list[pa.RecordBatch]:
+    """The rows as Spark's Arrow writer hands them over: record batches, instants in UTC."""
+    utc = [(i, name, amount, ts.replace(tzinfo=dt.UTC), flag)
+           for i, name, amount, ts, flag in rows]
+    return [pa.RecordBatch.from_pylist([dict(zip(ARROW_SCHEMA.names, row, strict=True))
+                                        for row in chunk], schema=ARROW_SCHEMA)
+            for chunk in chunks(utc, ARROW_BATCH_ROWS)]
 
 
-def run_sink(server: MariaDBServer, parts: list[Rows], bulk: str) -> None:
+def run_sink(server: MariaDBServer, parts: list[Rows] | list[list[pa.RecordBatch]],
+             bulk: str) -> None:
+    """Rows (lists of tuples) go to ``write``, record batches to ``write_arrow``."""
     params = server.params
     sink = MySQLXASink(host=params.host, port=params.port, user=params.user,
                        password=params.password, database=params.database, table=TABLE,
                        bulk=bulk)  # type: ignore[arg-type]
     query_id = str(uuid.uuid4())
     handles = []
-    for partition, rows in enumerate(parts):
+    for partition, part in enumerate(parts):
         txn_id = TxnId.open(namespace="bench", query_id=query_id, epoch=EPOCH, batch=0,
                             partition=partition, attempt=0)
         txn = sink.begin_transaction(TransactionContext(txn_id, COLUMNS))
-        sink.write(txn, rows)
+        if part and isinstance(part[0], pa.RecordBatch):
+            sink.write_arrow(txn, part)
+        else:
+            sink.write(txn, part)
         handles.append(sink.pre_commit(txn))
-    for handle in handles:
-        sink.commit(handle)
+    with sink.committer() as committer:
+        for handle in handles:
+            committer.commit(handle)
 
 
-def run_plain(server: MariaDBServer, parts: list[Rows], *, load: bool, batch_size: int) -> None:
+def run_plain(server: MariaDBServer, parts: list[Rows], *, load: bool, chunk_size: int) -> None:
     for rows in parts:
         conn = open_connection(**server.params.kwargs(), local_infile=load, autocommit=True)
         try:
             conn.begin()
-            for batch in chunks(rows, batch_size):
+            for chunk in chunks(rows, chunk_size):
                 if load:
-                    load_rows(conn, TARGET, NAMES, batch, what="bench load")
+                    load_tsv(conn, TARGET, NAMES, [encode_tsv(chunk, NAMES)], rows=len(chunk),
+                             what="bench load")
                 else:
-                    insert_rows(conn, TARGET, NAMES, batch, upsert=False, what="bench insert")
+                    insert_rows(conn, TARGET, NAMES, chunk, upsert=False, what="bench insert")
             conn.commit()
         finally:
             conn.close()
@@ -179,7 +204,10 @@ def report(runs: dict[str, list[Run]], rows: int, settings: str) -> None:
     for name, base, goal in (("sink", "at-least-once", GOAL_VS_AT_LEAST_ONCE),
                              ("sink", "raw", GOAL_VS_RAW),
                              ("sink, bulk=insert", "at-least-once, INSERT", None),
-                             ("sink", "sink, bulk=insert", None)):
+                             ("sink", "sink, bulk=insert", None),
+                             ("sink, Arrow", "sink", None),
+                             ("sink, Arrow", "at-least-once", None),
+                             ("sink, Arrow", "raw", None)):
         target = f"   goal >= {goal:.2f}" if goal is not None else ""
         print(f"  {name} / {base}: {paired_ratio(runs, name, base):.2f}{target}")
 
@@ -192,7 +220,8 @@ def main() -> None:
     args = parser.parse_args()
     rows = make_rows(args.rows)
     parts = split(rows, args.partitions)
-    batch = DEFAULT_BATCH_SIZE
+    arrow_parts = [as_batches(part) for part in parts]
+    chunk = DEFAULT_CHUNK_SIZE
     with private_server() as server:
         server.connect().query(TABLE_DDL)
         MySQLXASink(host=server.params.host, port=server.params.port, user=server.params.user,
@@ -200,16 +229,17 @@ def main() -> None:
                     table=TABLE).check_schema(COLUMNS)
         variants: dict[str, Callable[[], None]] = {
             "sink": lambda: run_sink(server, parts, "auto"),
-            "at-least-once": lambda: run_plain(server, parts, load=True, batch_size=batch),
-            "raw": lambda: run_plain(server, [rows], load=True, batch_size=len(rows)),
+            "sink, Arrow": lambda: run_sink(server, arrow_parts, "auto"),
+            "at-least-once": lambda: run_plain(server, parts, load=True, chunk_size=chunk),
+            "raw": lambda: run_plain(server, [rows], load=True, chunk_size=len(rows)),
             "sink, bulk=insert": lambda: run_sink(server, parts, "insert"),
             "at-least-once, INSERT": lambda: run_plain(server, parts, load=False,
-                                                       batch_size=batch),
+                                                       chunk_size=chunk),
         }
         runs = measure(server, variants, args.repeat, len(rows))
         version = server.connect().get_server_info()
     report(runs, len(rows), f"MariaDB {version}, {len(rows):,} rows x {len(COLUMNS)} columns, "
-                  f"{args.partitions} partitions, batch {batch:,} rows, {args.repeat} rounds")
+                  f"{args.partitions} partitions, chunk {chunk:,} rows, {args.repeat} rounds")
 
 
 if __name__ == "__main__":

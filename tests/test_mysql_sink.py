@@ -23,12 +23,19 @@ import time
 import uuid
 import zoneinfo
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pymysql
 import pytest
 
-from sinks.mysql import MARKER_TABLE_DDL, MySQLXASink
+from sinks.mysql import MARKER_TABLE_DDL, MySQLBranch, MySQLXASink, encode_tsv, xa
+from sinks.mysql.arrow import ArrowChunk, chunks_of, encode_batch
+from sinks.mysql.connection import Server
+from sinks.mysql.errors import classify
+from tests.conftest import MYSQL_ORDERS_DDL
 from tests.servers.mariadb import ConnectionParams, Db, MariaDBServer
 from twophase import (
     AbortOutcome,
@@ -42,13 +49,14 @@ from twophase import (
     RetryPolicy,
     SchemaMismatchError,
     TransactionContext,
-    TransactionLostError,
+    TwoPhaseCommitSink,
     TxnId,
 )
 from twophase._coordinator import Coordinator
 from twophase._crash import CRASH_ENV
 from twophase._handle import query_key
 from twophase._state import StateStore
+from twophase.testing.contract import ORDER_COLUMNS, SinkContract
 
 REPO = Path(__file__).resolve().parents[1]
 NAMESPACE = "orders"
@@ -82,13 +90,52 @@ def make_sink(params: ConnectionParams, table: str, **options: Any) -> MySQLXASi
 
 def prepare(sink: MySQLXASink, query_id: str, rows: Sequence[Sequence[Any]], *,
             batch: int = 0, partition: int = 0, attempt: int = 0, epoch: int = 1,
-            namespace: str = NAMESPACE, columns: Sequence[Column] = COLUMNS) -> Handle:
-    """begin + write + pre-commit, as an executor does for one partition."""
+            namespace: str = NAMESPACE, columns: Sequence[Column] = COLUMNS,
+            path: str = "rows", batches: Sequence[pa.RecordBatch] | None = None) -> Handle:
+    """begin + write + pre-commit, as an executor does for one partition.
+
+    ``path="arrow"``: the rows go through ``write_arrow`` as record batches (see
+    :func:`record_batches`), as on Spark's data source path; ``batches``: these instead.
+    """
     txn_id = TxnId.open(namespace=namespace, query_id=query_id, epoch=epoch, batch=batch,
                         partition=partition, attempt=attempt)
     txn = sink.begin_transaction(TransactionContext(txn_id, tuple(columns)))
-    sink.write(txn, rows)
+    deliver(sink, txn, rows, path, columns, batches)
     return sink.pre_commit(txn)
+
+
+def deliver(sink: MySQLXASink, txn: MySQLBranch, rows: Sequence[Sequence[Any]], path: str,
+            columns: Sequence[Column] = COLUMNS,
+            batches: Sequence[pa.RecordBatch] | None = None) -> None:
+    """``write`` the rows, or ``write_arrow`` them (or ``batches``) for ``path="arrow"``."""
+    if batches is None and path == "rows":
+        sink.write(txn, rows)
+    else:
+        sink.write_arrow(txn, record_batches(rows, arrow_schema(columns)) if batches is None
+                         else batches)
+
+
+# -- the Arrow path ----------------------------------------------------------------------------
+
+PATHS = ("rows", "arrow")
+ARROW_TYPES = {"bigint": pa.int64(), "string": pa.string(), "double": pa.float64(),
+               "binary": pa.binary(), "decimal(12,3)": pa.decimal128(12, 3),
+               "timestamp": pa.timestamp("us", tz="UTC"), "timestamp_ntz": pa.timestamp("us"),
+               "date": pa.date32(), "boolean": pa.bool_()}
+
+
+def arrow_schema(columns: Sequence[Column]) -> pa.Schema:
+    """What Spark's Arrow writer sends for these columns (TIMESTAMP in UTC)."""
+    return pa.schema([pa.field(c.name, ARROW_TYPES[c.type], c.nullable) for c in columns])
+
+
+def record_batches(rows: Sequence[Sequence[Any]], schema: pa.Schema,
+                   rows_per_batch: int = 2) -> list[pa.RecordBatch]:
+    """The rows as record batches of ``rows_per_batch`` rows (so chunks slice across them)."""
+    return [pa.RecordBatch.from_pylist([dict(zip(schema.names, row, strict=True))
+                                        for row in rows[start:start + rows_per_batch]],
+                                       schema=schema)
+            for start in range(0, len(rows), rows_per_batch)]
 
 
 # -- fixtures ----------------------------------------------------------------------------------
@@ -105,50 +152,25 @@ def sink(mariadb: MariaDBServer, table: str) -> MySQLXASink:
     return created
 
 
+# -- the shared contract (commit, abort, loss, empty, reuse, namespaces, processes, purge) ----
+
+class TestMySQLContract(SinkContract):
+    @pytest.fixture
+    def sink(self, mariadb: MariaDBServer, db: Db) -> MySQLXASink:
+        table = db.new_table(MYSQL_ORDERS_DDL, prefix="contract_")
+        self.db = db
+        # the suite's transaction ids repeat from test to test: a marker table per test
+        created = make_sink(mariadb.params, table, marker_table=f"m_{table}")
+        created.check_schema(ORDER_COLUMNS)
+        return created
+
+    def visible(self, sink: TwoPhaseCommitSink[Any]) -> list[int]:
+        assert isinstance(sink, MySQLXASink)
+        return [row[0] for row in self.db.query(
+            f"SELECT event_id FROM `{sink.table}` ORDER BY 1")]
+
+
 # -- outcomes ----------------------------------------------------------------------------------
-
-def test_commit_then_already_committed(sink: MySQLXASink, db: Db, table: str) -> None:
-    query = new_query_id()
-    parts = [rows_for(0, p, 50) for p in range(3)]
-    handles = [prepare(sink, query, rows, partition=p) for p, rows in enumerate(parts)]
-    assert db.ids(table) == []
-    assert len(db.xa_recover()) == 3
-
-    assert [sink.commit(h) for h in handles] == [CommitOutcome.COMMITTED] * 3
-    assert [sink.commit(h) for h in handles] == [CommitOutcome.ALREADY_COMMITTED] * 3
-
-    assert db.ids(table) == ids_of(*parts)
-    assert db.xa_recover() == []
-    for handle in handles:
-        marker = db.marker(handle)
-        assert marker is not None
-        row_count, committed_at = marker
-        assert row_count == 50 and committed_at is not None
-
-
-def test_abort_twice_then_commit_is_lost(sink: MySQLXASink, db: Db, table: str) -> None:
-    handle = prepare(sink, new_query_id(), rows_for(0, 0, 10))
-
-    assert sink.abort(handle) is AbortOutcome.ABORTED
-    assert sink.abort(handle) is AbortOutcome.NOT_FOUND
-    with pytest.raises(TransactionLostError) as lost:
-        sink.commit(handle)
-
-    message = str(lost.value)
-    assert str(handle.txn_id) in message and "XA ROLLBACK" in message
-    assert "NOT in" in message and "replay batch 0" in message
-    assert db.ids(table) == [] and db.xa_recover() == [] and db.marker(handle) is None
-
-
-def test_empty_partition_commits(sink: MySQLXASink, db: Db, table: str) -> None:
-    handle = prepare(sink, new_query_id(), [])
-
-    assert handle.rows == 0
-    assert sink.commit(handle) is CommitOutcome.COMMITTED  # not 1402: the marker row is a write
-    assert sink.commit(handle) is CommitOutcome.ALREADY_COMMITTED
-    marker = db.marker(handle)
-    assert marker is not None and marker[0] == 0 and db.ids(table) == []
-
 
 def test_upsert_updates_rows_by_key(mariadb: MariaDBServer, db: Db, table: str) -> None:
     db.query(f"INSERT INTO `{table}` VALUES (1, 'old', 1.0), (2, 'keep', 2.0)")
@@ -167,7 +189,8 @@ AWKWARD_COLUMNS = (Column("id", "bigint", False), Column("s", "string"), Column(
                    Column("d", "decimal(12,3)"), Column("ts", "timestamp"), Column("day", "date"),
                    Column("flag", "boolean"), Column("x", "double"))
 AWKWARD_ROWS = [
-    (1, "tab\there\nnewline\\back\\slash \\N", bytes(range(256)), decimal.Decimal("-12.345"),
+    (1, "tab\there\nnewline\\back\\slash \\N\rcr\r\n", bytes(range(256)),
+     decimal.Decimal("-12.345"),
      dt.datetime(2024, 2, 29, 23, 59, 58, 123456), dt.date(1999, 12, 31), True, 1e-300),
     (2, "\\N", b"\\N\t\n", decimal.Decimal("1E+3"), dt.datetime(2024, 1, 1), dt.date(2024, 1, 1),
      False, -0.0),
@@ -177,15 +200,16 @@ AWKWARD_ROWS = [
 ]
 
 
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("bulk", ["load_data", "insert"])
-def test_values_round_trip(mariadb: MariaDBServer, db: Db, bulk: str) -> None:
+def test_values_round_trip(mariadb: MariaDBServer, db: Db, bulk: str, path: str) -> None:
     table = db.new_table("CREATE TABLE `{table}` (id BIGINT PRIMARY KEY, s VARCHAR(64), b BLOB, "
                          "d DECIMAL(12,3), ts DATETIME(6), day DATE, flag BOOLEAN, x DOUBLE) "
                          "ENGINE=InnoDB CHARACTER SET utf8mb4")
-    writer = make_sink(mariadb.params, table, bulk=bulk, batch_size=3)
+    writer = make_sink(mariadb.params, table, bulk=bulk, chunk_size=3)
     writer.check_schema(AWKWARD_COLUMNS)
 
-    handle = prepare(writer, new_query_id(), AWKWARD_ROWS, columns=AWKWARD_COLUMNS)
+    handle = prepare(writer, new_query_id(), AWKWARD_ROWS, columns=AWKWARD_COLUMNS, path=path)
     assert writer.commit(handle) is CommitOutcome.COMMITTED
 
     stored = db.query(f"SELECT * FROM `{table}` ORDER BY id")
@@ -193,6 +217,40 @@ def test_values_round_trip(mariadb: MariaDBServer, db: Db, bulk: str) -> None:
                  None if flag is None else int(flag), x)
                 for i, s, b, d, ts, day, flag, x in AWKWARD_ROWS]
     assert stored == expected
+
+
+def test_arrow_text_is_the_row_text() -> None:
+    """Escapes, NULLs, binary, booleans and integers: the same LOAD DATA bytes on both paths."""
+    columns = (Column("id", "bigint"), Column("s", "string"), Column("b", "binary"),
+               Column("flag", "boolean"))
+    rows = [(1, "\\ \t \n \r \x00 \\N ü", b"\\\t\n\r\x00\xff", True),
+            (None, None, None, None),
+            (-(2 ** 63), "", b"", False),
+            (2 ** 63 - 1, "\\N", b"\\N", None)]
+    batches = record_batches(rows, arrow_schema(columns), rows_per_batch=3)
+    arrow_text = b"".join(encode_batch(batch).to_pybytes() for batch in batches)
+    assert arrow_text == encode_tsv(rows, [c.name for c in columns])
+    assert arrow_text.count(b"\n") == len(rows)  # every newline in a value is escaped
+    assert b"\\r \\0" in arrow_text and b"\\N\t\\N" in arrow_text
+
+
+def test_arrow_chunks_slice_batches_to_chunk_size() -> None:
+    batch = record_batches(rows_for(0, 0, 5), arrow_schema(COLUMNS), rows_per_batch=5)[0]
+    chunks = list(chunks_of([batch, batch.slice(0, 0), batch.slice(0, 2)], 3))
+    assert [[piece.num_rows for piece in chunk] for chunk in chunks] == [[3], [2, 1], [1]]
+    assert [row for chunk in chunks for row in ArrowChunk(chunk).rows()] == [
+        *rows_for(0, 0, 5), *rows_for(0, 0, 2)]
+
+
+def test_arrow_nested_column_goes_through_the_row_encoder(sink: MySQLXASink, db: Db,
+                                                          table: str) -> None:
+    """A type without an Arrow kernel is encoded value by value: its NULLs are written."""
+    nested = pa.schema([("id", pa.int64()), ("name", pa.list_(pa.string())),
+                        ("amount", pa.float64())])
+    rows = [(1, None, 1.0), (2, None, None)]
+    handle = prepare(sink, new_query_id(), rows, batches=record_batches(rows, nested))
+    assert sink.commit(handle) is CommitOutcome.COMMITTED
+    assert db.query(f"SELECT id, name, amount FROM `{table}` ORDER BY id") == rows
 
 
 # -- time zones --------------------------------------------------------------------------------
@@ -244,19 +302,32 @@ def foreign_zones(mariadb: MariaDBServer, db: Db,
         time.tzset()
 
 
+def tz_batches(rows: Sequence[tuple[Any, ...]]) -> list[pa.RecordBatch]:
+    """TZ rows as record batches: instants in a zoned column (New York's zone, to show that
+    only the instant counts), wall clocks in an NTZ one (Spark's TIMESTAMP_NTZ)."""
+    def schema(zone: str | None) -> pa.Schema:
+        kind = pa.timestamp("us", tz=zone)
+        return pa.schema([("id", pa.int64()), ("ts", kind), ("wall", kind)])
+
+    return [record_batches([row], schema(None if row[1] is None or row[1].tzinfo is None
+                                         else CLIENT_TZ))[0] for row in rows]
+
+
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize(("mode", "bulk"),
                          [("insert", "load_data"), ("insert", "insert"), ("upsert", "insert")])
 @pytest.mark.usefixtures("foreign_zones")
 def test_timestamps_are_stored_in_utc(mariadb: MariaDBServer, db: Db, mode: str,
-                                      bulk: str) -> None:
+                                      bulk: str, path: str) -> None:
     """Aware datetimes are instants (TIMESTAMP right, DATETIME in UTC); naive ones wall clocks."""
     table = db.new_table(TZ_TABLE_DDL)
     writer = make_sink(mariadb.params, table, mode=mode, bulk=bulk)
     writer.check_schema(TZ_COLUMNS)
     rows = [(i, value, value) for i, value in enumerate(TZ_VALUES)]
+    batches = tz_batches(rows) if path == "arrow" else None
 
-    assert writer.commit(prepare(writer, new_query_id(), rows, columns=TZ_COLUMNS)) is (
-        CommitOutcome.COMMITTED)
+    assert writer.commit(prepare(writer, new_query_id(), rows, columns=TZ_COLUMNS,
+                                 batches=batches)) is CommitOutcome.COMMITTED
 
     instants = db.query(f"SELECT id, UNIX_TIMESTAMP(ts) FROM `{table}` ORDER BY id")
     assert instants == [(i, None if v is None else unix_time(v)) for i, v in enumerate(TZ_VALUES)]
@@ -267,21 +338,27 @@ def test_timestamps_are_stored_in_utc(mariadb: MariaDBServer, db: Db, mode: str,
     assert [(i, stored) for i, _ts, stored in in_utc if i in dict(naive)] == naive  # unchanged
 
 
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("bulk", ["load_data", "insert"])
 def test_aware_datetime_out_of_range_in_utc_is_a_schema_error(mariadb: MariaDBServer, db: Db,
-                                                              bulk: str) -> None:
+                                                              bulk: str, path: str) -> None:
     table = db.new_table(TZ_TABLE_DDL)
     writer = make_sink(mariadb.params, table, bulk=bulk)
     too_early = dt.datetime(1, 1, 1, tzinfo=TOKYO)  # 0000-12-31 in UTC: no such datetime
+    micros = (too_early - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)) // dt.timedelta(microseconds=1)
+    instants = pa.array([micros], pa.int64()).cast(pa.timestamp("us", tz="UTC"))
+    batch = pa.RecordBatch.from_arrays([pa.array([1]), pa.nulls(1, instants.type), instants],
+                                       names=["id", "ts", "wall"])
     with pytest.raises(SchemaMismatchError, match="cannot be sent to MySQL"):
-        prepare(writer, new_query_id(), [(1, None, too_early)], columns=TZ_COLUMNS)
+        prepare(writer, new_query_id(), [(1, None, too_early)], columns=TZ_COLUMNS,
+                batches=[batch] if path == "arrow" else None)
     assert db.query(f"SELECT COUNT(*) FROM `{table}`") == [(0,)]
 
 
 @pytest.mark.usefixtures("foreign_zones")
 def test_every_sink_session_is_strict_and_utc(sink: MySQLXASink) -> None:
     for options in ({}, {"local_infile": True}, {"idle_timeout_s": 30}):
-        conn = sink._connect(**options)
+        conn = sink.server.connect(**options)
         try:
             with conn.cursor() as cursor:
                 cursor.execute("SELECT @@SESSION.time_zone, @@SESSION.sql_mode")
@@ -474,6 +551,7 @@ def test_lost_connection_before_prepare_is_retryable_and_leaves_nothing(
 
 # -- bad input and configuration ---------------------------------------------------------------
 
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("bulk", ["load_data", "insert"])
 @pytest.mark.parametrize(("rows", "expected"), [
     ([(1, "a", 1.0), (1, "again", 2.0)], "Duplicate"),
@@ -481,16 +559,17 @@ def test_lost_connection_before_prepare_is_retryable_and_leaves_nothing(
     ([(1, "a", -5.0)], "positive"),
 ], ids=["duplicate-key", "data-too-long", "check-constraint"])
 def test_rejected_rows_fail_cleanly(mariadb: MariaDBServer, db: Db, table: str, bulk: str,
-                                    rows: list[tuple[Any, ...]], expected: str) -> None:
+                                    rows: list[tuple[Any, ...]], expected: str,
+                                    path: str) -> None:
     writer = make_sink(mariadb.params, table, bulk=bulk)
     good = rows_for(0, 1, 5)
     txn_id = TxnId.open(namespace=NAMESPACE, query_id=new_query_id(), epoch=1, batch=0,
                         partition=0, attempt=0)
     txn = writer.begin_transaction(TransactionContext(txn_id, COLUMNS))
-    writer.write(txn, good)
+    deliver(writer, txn, good, path)
 
     with pytest.raises(SchemaMismatchError) as rejected:
-        writer.write(txn, rows)
+        deliver(writer, txn, rows, path)
     assert expected in str(rejected.value) and "Fix:" in str(rejected.value)
     assert db.ids(table) == [] and db.xa_recover() == []
 
@@ -501,9 +580,14 @@ def test_null_into_not_null_names_the_column(sink: MySQLXASink, db: Db, table: s
     assert db.ids(table) == [] and db.xa_recover() == []
 
 
-def test_unsupported_value_type_names_the_column(sink: MySQLXASink, db: Db) -> None:
+@pytest.mark.parametrize("path", PATHS)
+def test_unsupported_value_type_names_the_column(sink: MySQLXASink, db: Db, path: str) -> None:
+    nested = pa.schema([("id", pa.int64()), ("name", pa.struct([("nested", pa.int64())])),
+                        ("amount", pa.float64())])
+    rows = [(1, {"nested": 1}, 1.0)]
     with pytest.raises(SchemaMismatchError, match="column 'name' holds a dict"):
-        prepare(sink, new_query_id(), [(1, {"nested": 1}, 1.0)])
+        prepare(sink, new_query_id(), rows,
+                batches=record_batches(rows, nested) if path == "arrow" else None)
     assert db.xa_recover() == []
 
 
@@ -568,20 +652,6 @@ def test_lock_wait_on_prepared_rows_is_retryable(mariadb: MariaDBServer, sink: M
     assert db.query(f"SELECT name FROM `{table}`") == [("held",)]
 
 
-def test_reused_transaction_id_is_refused(sink: MySQLXASink, db: Db, table: str) -> None:
-    txn_id = TxnId.open(namespace=NAMESPACE, query_id=new_query_id(), epoch=1, batch=0,
-                        partition=0, attempt=0)
-    first = sink.begin_transaction(TransactionContext(txn_id, COLUMNS))
-    sink.write(first, [(1, "a", 1.0)])
-    sink.commit(sink.pre_commit(first))
-
-    again = sink.begin_transaction(TransactionContext(txn_id, COLUMNS))
-    sink.write(again, [(2, "b", 1.0)])
-    with pytest.raises(FatalError, match="already used"):
-        sink.pre_commit(again)
-    assert db.ids(table) == [1] and db.xa_recover() == []
-
-
 def test_server_refusing_local_loads(mariadb: MariaDBServer, db: Db, table: str) -> None:
     """bulk='auto' falls back to INSERT (MySQL 8's default); bulk='load_data' says what to do."""
     mariadb.root_sql("SET GLOBAL local_infile = 0")
@@ -629,9 +699,13 @@ def test_configuration_and_repr(mariadb: MariaDBServer) -> None:
         make_sink(params, "t", mode="upsert", bulk="load_data")
     with pytest.raises(ConfigurationError, match="connect_args"):
         make_sink(params, "t", connect_args={"autocommit": False})
+    with pytest.raises(ConfigurationError, match="chunk_size=0"):
+        make_sink(params, "t", chunk_size=0)
+    with pytest.raises(TypeError, match="batch_size"):  # renamed: a batch is a micro-batch
+        make_sink(params, "t", batch_size=10)
     assert "CREATE TABLE IF NOT EXISTS" in MARKER_TABLE_DDL
     shipped = pickle.loads(pickle.dumps(sink))  # what Spark does to send it to executors
-    assert repr(shipped) == repr(sink) and shipped.connect_args == {}
+    assert repr(shipped) == repr(sink) and shipped.server == sink.server
 
 
 def test_non_strict_server_still_refuses_truncation(mariadb: MariaDBServer, db: Db,
@@ -650,31 +724,59 @@ def test_non_strict_server_still_refuses_truncation(mariadb: MariaDBServer, db: 
 # -- fencing -----------------------------------------------------------------------------------
 
 def test_fencing_stops_a_zombie_run(mariadb: MariaDBServer, db: Db, table: str) -> None:
+    """Fencing goes through committers: the epoch a committer claimed guards its commits."""
     query = new_query_id()
-    zombie = make_sink(mariadb.params, table, fencing=True)
-    zombie.check_schema(COLUMNS)
-    zombie.fence(NAMESPACE, query, 1)
-    handle = prepare(zombie, query, rows_for(0, 0, 10))
-
-    newer = make_sink(mariadb.params, table, fencing=True)
-    newer.fence(NAMESPACE, query, 2)
-    with pytest.raises(FencedError, match=r"epoch 1 .* is at epoch 2"):
-        zombie.commit(handle)
-    with pytest.raises(FencedError):
-        zombie.abort(handle)
-    with pytest.raises(FencedError):
+    zombie_sink = make_sink(mariadb.params, table, fencing=True)
+    zombie_sink.check_schema(COLUMNS)
+    newer_sink = make_sink(mariadb.params, table, fencing=True)
+    with zombie_sink.committer() as zombie, newer_sink.committer() as newer:
         zombie.fence(NAMESPACE, query, 1)
-    assert db.ids(table) == [] and len(db.xa_recover()) == 1
+        handle = prepare(zombie_sink, query, rows_for(0, 0, 10))
 
-    assert newer.commit(handle) is CommitOutcome.COMMITTED  # the newer run finishes it
+        newer.fence(NAMESPACE, query, 2)
+        with pytest.raises(FencedError, match=r"epoch 1 .* is at epoch 2"):
+            zombie.commit(handle)
+        with pytest.raises(FencedError):
+            zombie.abort(handle)
+        with pytest.raises(FencedError):
+            zombie.fence(NAMESPACE, query, 1)
+        assert db.ids(table) == [] and len(db.xa_recover()) == 1
+
+        assert newer.commit(handle) is CommitOutcome.COMMITTED  # the newer run finishes it
+        assert db.ids(table) == ids_of(rows_for(0, 0, 10))
+        newer.fence(NAMESPACE, query, 2)  # the same epoch again (cleanup joining) is fine
+        assert newer.commit(handle) is CommitOutcome.ALREADY_COMMITTED
+
+    orphan = prepare(zombie_sink, query, rows_for(1, 0, 3), batch=1)
+    with newer_sink.committer() as unclaimed:
+        with pytest.raises(ConfigurationError, match=r"never claimed an epoch"):
+            unclaimed.commit(orphan)  # committing needs a claimed epoch
+        assert unclaimed.abort(orphan) is AbortOutcome.ABORTED  # cleanup may abort orphans
     assert db.ids(table) == ids_of(rows_for(0, 0, 10))
-    newer.fence(NAMESPACE, query, 2)  # the same epoch again (cleanup joining) is fine
-    unclaimed = make_sink(mariadb.params, table, fencing=True)
-    with pytest.raises(ConfigurationError, match=r"never called sink.fence"):
-        unclaimed.commit(handle)  # committing needs a claimed epoch
-    orphan = prepare(zombie, query, rows_for(1, 0, 3), batch=1)
-    assert unclaimed.abort(orphan) is AbortOutcome.ABORTED  # cleanup may abort orphans
-    assert db.ids(table) == ids_of(rows_for(0, 0, 10))
+
+
+def test_a_fence_claim_lives_in_its_committer_only(mariadb: MariaDBServer, db: Db,
+                                                   table: str) -> None:
+    """sink.fence claims the epoch on the server but keeps nothing: the pickled sink holds no
+    per-process state, so sink.commit (a short-lived committer) is refused with fencing on."""
+    query = new_query_id()
+    sink = make_sink(mariadb.params, table, fencing=True)
+    sink.check_schema(COLUMNS)
+    sink.fence(NAMESPACE, query, 3)
+    assert db.query("SELECT epoch FROM _twophase_xa_fence WHERE query = %s",
+                    (query_key(query),)) == [(3,)]
+    handle = prepare(sink, query, rows_for(0, 0, 2), epoch=3)
+    with pytest.raises(ConfigurationError, match=r"never claimed.*Fix: commit through "
+                                                 r"sink.committer\(\) after committer.fence"):
+        sink.commit(handle)
+    shipped = pickle.dumps(sink)
+    with sink.committer() as committer:
+        with pytest.raises(FencedError):
+            committer.fence(NAMESPACE, query, 2)
+        committer.fence(NAMESPACE, query, 3)
+        assert committer.commit(handle) is CommitOutcome.COMMITTED
+    assert pickle.dumps(sink) == shipped  # the claim lived in the committer only
+    assert db.ids(table) == ids_of(rows_for(0, 0, 2))
 
 
 def test_fence_waits_for_a_commit_past_its_check(mariadb: MariaDBServer, db: Db,
@@ -700,6 +802,121 @@ def test_fence_waits_for_a_commit_past_its_check(mariadb: MariaDBServer, db: Db,
     holder.close()
     assert db.query("SELECT epoch FROM _twophase_xa_fence WHERE query = %s",
                     (query_key(query),)) == [(2,)]
+
+
+# -- the committer -----------------------------------------------------------------------------
+
+@pytest.fixture
+def opened(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Every connection the sink opens from now on, in order."""
+    connections: list[Any] = []
+    connect = Server.connect
+
+    def counted(server: Server, **options: Any) -> Any:
+        connections.append(connect(server, **options))
+        return connections[-1]
+
+    monkeypatch.setattr(Server, "connect", counted)
+    return connections
+
+
+def test_a_committer_reuses_its_connections_across_handles_and_threads(
+        sink: MySQLXASink, db: Db, table: str, opened: list[Any]) -> None:
+    parts = [rows_for(0, p, 4) for p in range(12)]
+    handles = [prepare(sink, new_query_id(), rows, partition=p) for p, rows in enumerate(parts)]
+    opened.clear()
+    with sink.committer() as committer, ThreadPoolExecutor(max_workers=3) as threads:
+        assert list(threads.map(committer.commit, handles)) == [CommitOutcome.COMMITTED] * 12
+        assert list(threads.map(committer.commit, handles)) == [
+            CommitOutcome.ALREADY_COMMITTED] * 12
+        assert 1 <= len(opened) <= 3 and all(conn.open for conn in opened)  # one per thread
+    assert not any(conn.open for conn in opened)  # close() closed them
+    assert db.ids(table) == ids_of(*parts) and db.xa_recover() == []
+
+
+def test_a_committer_replaces_a_connection_the_server_ended(
+        sink: MySQLXASink, db: Db, opened: list[Any]) -> None:
+    query = new_query_id()
+    first, second = (prepare(sink, query, rows_for(0, p, 3), partition=p) for p in range(2))
+    opened.clear()
+    with sink.committer() as committer:
+        assert committer.commit(first) is CommitOutcome.COMMITTED
+        [pooled] = opened
+        db.query(f"KILL CONNECTION {pooled.thread_id()}")
+        with pytest.raises(RetryableError):  # the statement died with the connection
+            committer.commit(second)
+        assert committer.commit(second) is CommitOutcome.COMMITTED  # the retry: a new one
+    assert len(opened) == 2 and not opened[1].open
+
+
+# -- errors without an error code --------------------------------------------------------------
+
+@pytest.mark.parametrize(("error", "kind"), [
+    (pymysql.err.InterfaceError(0, ""), RetryableError),
+    (pymysql.err.InternalError("Packet sequence number wrong - got 5 expected 1"), FatalError),
+    (pymysql.err.OperationalError("received unknown auth switch request"), FatalError),
+    (pymysql.err.ProgrammingError("Cursor closed"), FatalError),
+    (pymysql.err.Error("Already closed"), FatalError),
+], ids=["closed", "out-of-sync", "auth-packet", "cursor-closed", "already-closed"])
+def test_an_error_without_a_code_is_classified_by_its_type(error: Exception,
+                                                           kind: type[Exception]) -> None:
+    classified = classify(error, "commit of x on MySQL server db:3306")
+    assert type(classified) is kind
+    message = str(classified)
+    assert "commit of x on MySQL server db:3306" in message and "[0]" not in message
+    if kind is RetryableError:
+        assert "never sent" in message
+    else:
+        assert "without an error code" in message and "not retried" in message
+
+
+@pytest.mark.parametrize("step", ["write", "pre_commit"])
+def test_a_writer_connection_closed_before_prepare_is_retryable(sink: MySQLXASink, db: Db,
+                                                                table: str, step: str) -> None:
+    """PyMySQL raises InterfaceError(0, '') on a closed connection: nothing was sent, and the
+    server rolled the unprepared branch back with its session, so the task may run again."""
+    txn_id = TxnId.open(namespace=NAMESPACE, query_id=new_query_id(), epoch=1, batch=0,
+                        partition=0, attempt=0)
+    txn = sink.begin_transaction(TransactionContext(txn_id, COLUMNS))
+    sink.write(txn, rows_for(0, 0, 5))
+    assert txn.conn is not None
+    txn.conn.close()
+    with pytest.raises(RetryableError) as closed:
+        if step == "write":
+            sink.write(txn, rows_for(0, 1, 5))
+        else:
+            sink.pre_commit(txn)
+    assert "never sent" in str(closed.value) and "never committed" in str(closed.value)
+    assert txn.conn is None and db.ids(table) == [] and db.xa_recover() == []
+
+
+def test_a_commit_error_without_a_code_is_not_retried_blindly(
+        sink: MySQLXASink, db: Db, table: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    handle = prepare(sink, new_query_id(), rows_for(0, 0, 3))
+    attempts: list[str] = []
+
+    def failing(error: Exception) -> Any:
+        def resolve(conn: Any, verb: str, xid: Any, *, where: str) -> bool:
+            attempts.append(verb)
+            if len(attempts) == 1:
+                raise error
+            return xa.resolve(conn, verb, xid, where=where)
+        return resolve
+
+    monkeypatch.setattr("sinks.mysql.committer.resolve", failing(
+        pymysql.err.InternalError("Packet sequence number wrong - got 7 expected 1")))
+    with sink.committer() as committer, pytest.raises(FatalError) as fatal:
+        FAST_RETRY.call(lambda: committer.commit(handle), what="commit")
+    assert attempts == ["COMMIT"] and "without an error code" in str(fatal.value)
+    assert len(db.xa_recover()) == 1  # still prepared: recovery decides, not a blind retry
+
+    attempts.clear()
+    monkeypatch.setattr("sinks.mysql.committer.resolve",
+                        failing(pymysql.err.InterfaceError(0, "")))
+    with sink.committer() as committer:
+        outcome = FAST_RETRY.call(lambda: committer.commit(handle), what="commit")
+    assert outcome is CommitOutcome.COMMITTED and attempts == ["COMMIT", "COMMIT"]
+    assert db.ids(table) == ids_of(rows_for(0, 0, 3))
 
 
 # -- child processes ---------------------------------------------------------------------------

@@ -1,0 +1,1 @@
+"""Benchmarks: each sink side by side with the raw client, in one run (see RESULTS.md)."""

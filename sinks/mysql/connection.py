@@ -1,0 +1,213 @@
+"""Connecting: the one place the sink opens a connection, its session settings, a small pool.
+
+Every session of the sink (writer, committer, schema check, fence, recovery, purge) adds
+``STRICT_TRANS_TABLES`` to the server's ``sql_mode`` (a value that does not fit is an error,
+never a silent truncation) and sets ``time_zone = '+00:00'`` (a fixed offset: no time zone
+tables needed), so ``TIMESTAMP`` columns are written and read in UTC whatever the server's
+``time_zone`` or the client's ``TZ``. PyMySQL never reconnects by itself (the sink never calls
+``ping``): an XA connection must not silently become another session.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+import ssl
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pymysql
+
+from sinks.mysql.encoding import CONVERSIONS
+from sinks.mysql.errors import classify
+from twophase.kit import classified
+
+log = logging.getLogger(__name__)
+
+Connection = Any  # pymysql.connections.Connection; PyMySQL ships no type hints
+
+DEFAULT_PORT = 3306
+DEFAULT_CONNECT_TIMEOUT_S = 10
+DEFAULT_READ_TIMEOUT_S = 600
+CHARSET = "utf8mb4"
+STRICT_SQL_MODE = ("SESSION sql_mode = CONCAT_WS(',', NULLIF(@@SESSION.sql_mode, ''), "
+                   "'STRICT_TRANS_TABLES')")
+UTC_TIME_ZONE = "SESSION time_zone = '+00:00'"
+
+#: Connection options the sink owns; ``connect_args`` may add others (ssl, ...), not these.
+RESERVED_CONNECT_ARGS = frozenset({
+    "host", "port", "user", "password", "passwd", "database", "db", "autocommit",
+    "local_infile", "charset", "init_command", "conv",
+})
+
+_MARIADB_VERSION_RE = re.compile(r"(\d+)\.(\d+)\.\d+-MariaDB", re.IGNORECASE)
+_MYSQL_VERSION_RE = re.compile(r"^(\d+)\.(\d+)")
+
+
+@dataclass(frozen=True)
+class Server:
+    """Where and how the sink connects (pickled to executors with the sink: no connection)."""
+
+    host: str
+    port: int
+    user: str
+    password: str = field(repr=False)
+    database: str
+    connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
+    read_timeout_s: float | None = DEFAULT_READ_TIMEOUT_S
+    lock_wait_timeout_s: int | None = None
+    connect_args: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def on(self, step: str) -> str:
+        """``step`` with the server named, as error messages put it."""
+        return f"{step} on MySQL server {self.address}"
+
+    def connect(self, *, local_infile: bool = False, idle_timeout_s: int | None = None
+                ) -> Connection:
+        """A new strict UTC session (see the module docstring); errors are classified."""
+        settings = {"innodb_lock_wait_timeout": self.lock_wait_timeout_s,
+                    "wait_timeout": idle_timeout_s}
+        init_command = ", ".join([STRICT_SQL_MODE, UTC_TIME_ZONE] + [
+            f"SESSION {name} = {int(value)}" for name, value in settings.items()
+            if value is not None])
+        with classified(classify, self.on(f"connecting as user {self.user!r}"),
+                        pymysql.err.MySQLError):
+            return open_connection(
+                host=self.host, port=self.port, user=self.user, password=self.password,
+                database=self.database, charset=CHARSET, autocommit=True,
+                local_infile=local_infile, connect_timeout=self.connect_timeout_s,
+                read_timeout=self.read_timeout_s, write_timeout=self.read_timeout_s,
+                init_command=f"SET {init_command}", **self.connect_args)
+
+    @contextlib.contextmanager
+    def session(self, step: str) -> Iterator[Connection]:
+        """A short-lived connection for one step; errors inside are classified, then it closes."""
+        conn = self.connect()
+        try:
+            with classified(classify, self.on(step), pymysql.err.MySQLError):
+                yield conn
+        finally:
+            close_quietly(conn)
+
+
+_tls_lock = threading.Lock()
+_default_tls: list[ssl.SSLContext] = []
+
+
+class _Connection(pymysql.connections.Connection):  # type: ignore[misc]
+    """PyMySQL's connection, sharing one process-wide context for TLS-preferred mode.
+
+    Without TLS options PyMySQL (>= 1.2) tries TLS and falls back to plain text, and builds a
+    fresh default ``SSLContext`` for that on every connection: loading the system CA store costs
+    about 30 ms of CPU, more than a whole small branch. The sink opens a connection per branch,
+    so it builds that context once. Explicit TLS options are left to PyMySQL.
+    """
+
+    def _create_ssl_ctx(self, sslp: Any) -> Any:
+        if sslp != {}:
+            return super()._create_ssl_ctx(sslp)
+        with _tls_lock:
+            if not _default_tls:
+                _default_tls.append(super()._create_ssl_ctx({}))
+            return _default_tls[0]
+
+
+def open_connection(**options: Any) -> Connection:
+    """``pymysql.connect(**options)`` without rebuilding the default TLS context every time.
+
+    Parameters are escaped with :data:`~sinks.mysql.encoding.CONVERSIONS` (aware datetimes as
+    naive UTC) unless ``conv`` is given.
+    """
+    return _Connection(**{"conv": CONVERSIONS, **options})
+
+
+def close_quietly(conn: Connection | None) -> None:
+    if conn is not None:
+        with contextlib.suppress(Exception):
+            conn.close()
+
+
+def query(conn: Connection, sql: str, args: Sequence[Any] | None = None
+          ) -> list[tuple[Any, ...]]:
+    with conn.cursor() as cursor:
+        cursor.execute(sql, args)
+        return list(cursor.fetchall())
+
+
+def server_version(server_info: str) -> tuple[str, tuple[int, int]]:
+    """("MariaDB" | "MySQL", (major, minor)) from the handshake's version string."""
+    maria = _MARIADB_VERSION_RE.search(server_info)
+    if maria:
+        return "MariaDB", (int(maria.group(1)), int(maria.group(2)))
+    mysql = _MYSQL_VERSION_RE.match(server_info)
+    if mysql:
+        return "MySQL", (int(mysql.group(1)), int(mysql.group(2)))
+    return "MySQL", (0, 0)
+
+
+def is_mariadb(conn: Connection) -> bool:
+    return server_version(conn.get_server_info())[0] == "MariaDB"
+
+
+class ConnectionPool:
+    """Connections that one committer's threads reuse: each is lent to one thread at a time.
+
+    A connection goes back to the pool only if the block that borrowed it ended without an
+    error (an error may leave a transaction open or the connection broken: it is closed), and
+    is not lent again after ``max_idle_s`` in the pool (the server may have ended it).
+    """
+
+    def __init__(self, connect: Callable[[], Connection], *,
+                 max_idle_s: float | None = None) -> None:
+        self._connect = connect
+        self._max_idle_s = max_idle_s
+        self._idle: list[tuple[Connection, float]] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    @contextlib.contextmanager
+    def connection(self) -> Iterator[Connection]:
+        conn = self._take() or self._connect()
+        try:
+            yield conn
+        except BaseException:
+            close_quietly(conn)
+            raise
+        self._give_back(conn)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for conn, _since in idle:
+            close_quietly(conn)
+
+    def _take(self) -> Connection | None:
+        stale = []
+        try:
+            with self._lock:
+                while self._idle:
+                    conn, since = self._idle.pop()
+                    if conn.open and (self._max_idle_s is None
+                                      or time.monotonic() - since < self._max_idle_s):
+                        return conn
+                    stale.append(conn)
+            return None
+        finally:
+            for conn in stale:
+                close_quietly(conn)
+
+    def _give_back(self, conn: Connection) -> None:
+        with self._lock:
+            if not self._closed and conn.open:
+                self._idle.append((conn, time.monotonic()))
+                return
+        close_quietly(conn)

@@ -1,0 +1,227 @@
+"""Every MySQL/MariaDB error the sink meets, classified once, here (as Flink's ``XaFacade`` does).
+
+=================================  ============================================================
+what went wrong                    what the sink raises
+=================================  ============================================================
+a server or client error code      the verdict of :data:`ERRORS` (unknown codes are fatal)
+no error code, ``InterfaceError``  :class:`RetryableError`: the connection was closed before
+                                   the statement was sent (see :func:`classify`)
+no error code, anything else       :class:`FatalError`: the outcome is unknown, never retried
+a warning of ``LOAD DATA`` or of   :func:`rejected_rows`: the first warning's code, as a
+``INSERT`` (or a missing row)      :class:`SchemaMismatchError` unless the table says fatal
+a value Python cannot send         :func:`unsendable`: :class:`SchemaMismatchError`
+1062 on the marker row             :func:`marker_error`: the id was used once (kit wording)
+1402/1613/1614 on ``XA COMMIT``    :func:`lost`: the server rolled the branch back (kit wording)
+=================================  ============================================================
+
+The other modules use the codes below only to steer (1397: "no such xid", the refusal of
+``LOAD DATA LOCAL``), never to build an error of their own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pymysql
+
+from twophase import (
+    ConfigurationError,
+    FatalError,
+    Handle,
+    RetryableError,
+    SchemaMismatchError,
+    TransactionLostError,
+    TwoPhaseError,
+    TxnId,
+)
+from twophase.kit import ErrorTable, transaction_id_reused, transaction_lost
+
+SYSTEM = "MySQLXASink"
+
+# -- codes the sink steers by (server ER_* and client CR_*) -----------------------------------
+XAER_NOTA = 1397  # unknown xid: committed, rolled back, or never prepared
+DUPLICATE_KEY = 1062
+NO_SUCH_TABLE = 1146
+DEPRECATED_SYNTAX = 1287  # MySQL >= 8.0.20 warns about VALUES() in ON DUPLICATE KEY UPDATE
+LOCAL_INFILE_REFUSED = frozenset({1148, 2068, 3948, 4166})  # MySQL 8: 3948, MariaDB: 4166
+ROLLED_BACK = frozenset({1402, 1613, 1614})  # XA_RBROLLBACK, XA_RBTIMEOUT, XA_RBDEADLOCK
+
+FIX_RETRY = "retried automatically; if it persists, check the server and the network"
+FIX_LOCKS = (
+    "retried automatically; if it persists, another writer or an old prepared XA branch holds "
+    "the rows: list them with XA RECOVER and let `python -m twophase.cleanup` resolve them"
+)
+FIX_ROWS = "fix the rows (or the table definition) and restart the query"
+FIX_LOCAL_INFILE = "SET GLOBAL local_infile=1 on the server, or bulk='insert'"
+FIX_UNKNOWN_CODE = "look up the server error code and fix it"
+FIX_NO_CODE = (
+    "check what sits between this host and the server (a proxy, a load balancer, TLS "
+    "offloading) and the PyMySQL version, then restart the query: recovery commits or aborts "
+    "whatever was prepared"
+)
+UNPREPARED_NOTE = (
+    "The branch is discarded (the server rolls back an unprepared branch when its connection "
+    "ends) and never committed: the partition must be written again."
+)
+
+ERRORS = ErrorTable(
+    system=SYSTEM,
+    default=(FatalError, FIX_UNKNOWN_CODE),
+    rules={
+        1205: (RetryableError, FIX_LOCKS),  # lock wait timeout
+        1213: (RetryableError, FIX_LOCKS),  # deadlock
+        1613: (RetryableError, FIX_LOCKS),  # XA_RBTIMEOUT: branch rolled back
+        1614: (RetryableError, FIX_LOCKS),  # XA_RBDEADLOCK: branch rolled back
+        1040: (RetryableError, "raise max_connections or lower commit/partition parallelism"),
+        1053: (RetryableError, FIX_RETRY),  # server shutdown in progress
+        1290: (RetryableError, "the server is read-only (failover?); retried automatically"),
+        1836: (RetryableError, "the server is read-only (failover?); retried automatically"),
+        1927: (RetryableError, FIX_RETRY),  # connection killed
+        2003: (RetryableError, "check that the server runs and host:port is reachable from here"),
+        2006: (RetryableError, FIX_RETRY),  # server has gone away
+        2013: (RetryableError, FIX_RETRY),  # lost connection during query
+        2055: (RetryableError, FIX_RETRY),  # lost connection (system error)
+        1045: (ConfigurationError, "check the user and password given to the sink"),
+        1044: (ConfigurationError, "GRANT the sink's user access to the database"),
+        1049: (ConfigurationError, "create the database or fix the sink's database name"),
+        1142: (ConfigurationError, "GRANT the sink's user the privilege named above on the table"),
+        1143: (ConfigurationError,
+               "GRANT the sink's user the privilege named above on the column"),
+        1227: (ConfigurationError,
+               "GRANT the privilege named above (MySQL 8: XA_RECOVER_ADMIN for XA RECOVER)"),
+        1148: (ConfigurationError, FIX_LOCAL_INFILE),
+        3948: (ConfigurationError, FIX_LOCAL_INFILE),
+        4166: (ConfigurationError, FIX_LOCAL_INFILE),
+        NO_SUCH_TABLE: (SchemaMismatchError, "create the table, or fix the sink's table name"),
+        1054: (SchemaMismatchError, "add the column to the table, or drop/rename it in the rows"),
+        1406: (SchemaMismatchError, "widen the column or shorten the values"),
+        1048: (SchemaMismatchError, "make the column nullable or fill the NULL values"),
+        1263: (SchemaMismatchError, "make the column nullable or fill the NULL values"),
+        1364: (SchemaMismatchError, "give the column a default or write it"),
+        1366: (SchemaMismatchError, "cast the values to the column's type"),
+        1264: (SchemaMismatchError, "widen the column's type or fix the values"),
+        1265: (SchemaMismatchError, "widen the column's type or fix the values"),
+        1292: (SchemaMismatchError, "cast the values to the column's type"),
+        1261: (SchemaMismatchError, "the rows have fewer values than columns: " + FIX_ROWS),
+        1262: (SchemaMismatchError, "the rows have more values than columns: " + FIX_ROWS),
+        DUPLICATE_KEY: (SchemaMismatchError,
+                        "the rows repeat a key of the table or of the batch: use mode='upsert' "
+                        "or deduplicate the rows"),
+        1452: (SchemaMismatchError,
+               "write the referenced parent rows first, or drop the FOREIGN KEY"),
+        3819: (SchemaMismatchError, "fix the rows that violate the CHECK constraint"),
+        4025: (SchemaMismatchError, "fix the rows that violate the CHECK constraint"),
+    },
+)
+
+
+def error_code(exc: BaseException) -> int | None:
+    """The server or client error number of a PyMySQL error; None if it carries none.
+
+    PyMySQL puts the number first in ``args``; its own client-side errors either use a
+    ``CR_*`` number (2013: lost connection) or none at all (``InterfaceError(0, '')``,
+    ``InternalError('Packet sequence number wrong ...')``).
+    """
+    args: tuple[Any, ...] = exc.args
+    code = args[0] if args else None
+    return code if isinstance(code, int) and code > 0 else None
+
+
+def error_text(exc: BaseException) -> str:
+    args: tuple[Any, ...] = exc.args
+    if len(args) > 1:
+        return str(args[1])
+    return str(args[0]) if args else ""
+
+
+def classify(exc: BaseException, what: str) -> TwoPhaseError:
+    """A PyMySQL error as a twophase error naming the step (``what``, with the server) and fix.
+
+    An error without a code is classified by its type. PyMySQL raises ``InterfaceError``
+    without a code only when a statement is about to be sent on a connection whose socket is
+    already gone (closed by an earlier network error), so the statement never ran: a retry is
+    provably safe wherever the sink uses a connection. A writer's unprepared branch ended with
+    its session (the server rolls it back), a prepared one is never touched through its
+    writer's connection again, and every driver step (commit, abort, fence, purge) is
+    idempotent and opens a fresh connection when retried. Any other error without a code means
+    the client and the server disagree about the protocol (a sequence error, an unexpected
+    packet): what the statement did is unknown, so it is fatal, not retried blindly.
+    """
+    code = error_code(exc)
+    if code is not None:
+        return ERRORS.error(code, what, f"[{code}] {error_text(exc)}")
+    if isinstance(exc, pymysql.err.InterfaceError):
+        return RetryableError(
+            f"{SYSTEM}: {what} failed: the connection was already closed (PyMySQL "
+            "InterfaceError, no error code), so the statement was never sent.", fix=FIX_RETRY)
+    return FatalError(
+        f"{SYSTEM}: {what} failed: PyMySQL raised {type(exc).__name__} without an error code "
+        f"({error_text(exc) or 'no message'}): the client and the server disagree about the "
+        "protocol, so what the statement did is unknown; it is not retried.", fix=FIX_NO_CODE)
+
+
+def classify_unprepared(exc: BaseException, what: str) -> TwoPhaseError:
+    """:func:`classify` for a writer's branch before it is prepared: retryable errors say that
+    the branch is gone and the partition must be written again."""
+    error = classify(exc, what)
+    if isinstance(error, RetryableError):
+        return RetryableError(f"{error.cause} {UNPREPARED_NOTE}", fix=error.fix)
+    return error
+
+
+def rejected_rows(warnings: Sequence[tuple[int, str]], *, affected: int,
+                  expected: int | None, what: str) -> FatalError:
+    """The server took a statement but not its rows as given (``LOAD DATA LOCAL`` turns row
+    errors into warnings and skips the row): fatal, of the first warning's kind."""
+    code = warnings[0][0] if warnings else None
+    kind, fix = ERRORS.verdict(code) if code is not None else (SchemaMismatchError, FIX_ROWS)
+    if not issubclass(kind, FatalError):
+        kind, fix = SchemaMismatchError, FIX_ROWS
+    detail = ("; ".join(f"{c}: {m}" for c, m in warnings[:3])
+              or f"{affected} of {expected} rows applied")
+    return kind(f"{what}: the server did not take the rows as given ({detail}).", fix=fix)
+
+
+def unsendable(txn_id: TxnId, exc: Exception) -> SchemaMismatchError:
+    """A value Python cannot put into a statement (an instant whose UTC time has no year)."""
+    return SchemaMismatchError(
+        f"a value of transaction {txn_id} cannot be sent to MySQL: {exc}.",
+        fix="cast the columns to strings, numbers, binary or timestamps")
+
+
+def unsupported_value(column: str, value: object) -> SchemaMismatchError:
+    return SchemaMismatchError(
+        f"column {column!r} holds a {type(value).__name__} value, which MySQL cannot store.",
+        fix="cast the column to a string, number, binary or timestamp (e.g. to_json) first")
+
+
+def wrong_width(txn_id: TxnId, width: int, columns: Sequence[str]) -> SchemaMismatchError:
+    return SchemaMismatchError(
+        f"a row of transaction {txn_id} has {width} values for {len(columns)} columns "
+        f"{tuple(columns)}.", fix=FIX_ROWS)
+
+
+def marker_error(exc: BaseException, txn_id: TxnId, *, where: str,
+                 markers: str) -> TwoPhaseError | None:
+    """What a failed marker INSERT means beyond :func:`classify`; None: nothing special."""
+    code = error_code(exc)
+    if code == DUPLICATE_KEY:
+        return transaction_id_reused(txn_id, where=where)
+    if code == NO_SUCH_TABLE:
+        return ConfigurationError(
+            f"marker table {markers} is missing.",
+            fix="call sink.check_schema()/create_tables() first (twophase.spark does), "
+            "or create it with sinks.mysql.MARKER_TABLE_DDL")
+    return None
+
+
+def lost(handle: Handle, xid: str, *, where: str, markers: str,
+         why: str) -> TransactionLostError:
+    """A decided branch that is neither prepared nor provably committed (kit wording)."""
+    return transaction_lost(handle, where=where, why=(
+        f"XA xid {xid}: {why}. Either it was rolled back outside this commit (XA ROLLBACK by "
+        "an operator or another job's cleanup, or an abort of this very transaction): then "
+        f"its rows are NOT in the table; or its marker row in {markers} was purged after it "
+        "committed (purge markers only long after any recovery could still run): then they "
+        "are. The server's general or audit log shows which"))

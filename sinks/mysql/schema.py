@@ -1,0 +1,165 @@
+"""Tables: names, the DDL of the sink's own tables, and the checks made before anything is written.
+
+``check_schema`` refuses, before a query starts: a server too old for XA, a missing or
+non-transactional target table, a column the table lacks, a NOT NULL column without default
+that the rows lack, an upsert without a unique key made of written columns, ``bulk='load_data'``
+against a server that refuses local loads, and (MySQL 8) a user without ``XA_RECOVER_ADMIN``.
+It creates the marker (and fence) table if missing: CREATE only what is missing, so a DBA may
+create them from :data:`MARKER_TABLE_DDL` / :data:`FENCE_TABLE_DDL` and grant no CREATE right.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from sinks.mysql.connection import Connection, query, server_version
+from twophase import ConfigurationError, SchemaMismatchError
+
+log = logging.getLogger(__name__)
+
+TRANSACTIONAL_ENGINES = frozenset({"innodb"})
+MIN_MARIADB = (10, 5)
+MIN_MYSQL = (8, 0)
+
+MARKER_TABLE_DDL = """CREATE TABLE IF NOT EXISTS {table} (
+  txn_id VARCHAR(96) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+  namespace VARCHAR(24) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+  target_table VARCHAR(200) NOT NULL,
+  row_count BIGINT UNSIGNED NOT NULL,
+  created_at DATETIME(6) NOT NULL COMMENT 'transaction opened (UTC, from the txn id)',
+  prepared_at DATETIME(6) NOT NULL COMMENT 'XA PREPARE (UTC)',
+  committed_at DATETIME(6) NULL COMMENT 'set by the committing twophase process (UTC)',
+  PRIMARY KEY (txn_id),
+  KEY by_namespace_committed (namespace, committed_at)
+) ENGINE=InnoDB COMMENT='twophase: one row per XA branch, written inside the branch'"""
+
+FENCE_TABLE_DDL = """CREATE TABLE IF NOT EXISTS {table} (
+  namespace VARCHAR(24) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+  query CHAR(16) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+  epoch BIGINT UNSIGNED NOT NULL,
+  fenced_at DATETIME(6) NOT NULL COMMENT 'last raise of the epoch (UTC)',
+  PRIMARY KEY (namespace, query)
+) ENGINE=InnoDB COMMENT='twophase: epoch of the newest run of each query'"""
+
+
+def quote_identifier(name: str) -> str:
+    """A MySQL identifier in backticks, any backtick doubled."""
+    if not name or "\x00" in name:
+        raise ConfigurationError(f"{name!r} is not a usable MySQL identifier.",
+                                 fix="name a non-empty table or column without NUL characters")
+    return "`" + name.replace("`", "``") + "`"
+
+
+def column_list(columns: Sequence[str]) -> str:
+    return ", ".join(quote_identifier(column) for column in columns)
+
+
+@dataclass(frozen=True)
+class Table:
+    """A table of a database; ``str()`` is its quoted, qualified name: `db`.`table`."""
+
+    database: str
+    name: str
+
+    def __post_init__(self) -> None:
+        quote_identifier(self.database)
+        quote_identifier(self.name)
+
+    def __str__(self) -> str:
+        return f"{quote_identifier(self.database)}.{quote_identifier(self.name)}"
+
+
+def create_missing(conn: Connection, tables: Mapping[Table, str]) -> None:
+    """CREATE each table from its DDL (``{table}`` in it) unless it exists."""
+    for table, ddl in tables.items():
+        if table_engine(conn, table) is None:
+            log.info("creating %s", table)
+            query(conn, ddl.format(table=table))
+
+
+def table_engine(conn: Connection, table: Table) -> str | None:
+    """The table's storage engine, or None if it does not exist."""
+    found = query(conn, "SELECT ENGINE FROM information_schema.TABLES "
+                        "WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s",
+                  (table.database, table.name))
+    return str(found[0][0] or "") if found else None
+
+
+def check_server(conn: Connection, address: str) -> None:
+    info = conn.get_server_info()
+    flavour, version = server_version(info)
+    minimum = MIN_MARIADB if flavour == "MariaDB" else MIN_MYSQL
+    if version < minimum:
+        wanted = ".".join(map(str, minimum))
+        raise ConfigurationError(
+            f"{flavour} {info} at {address} is too old for XA: prepared branches do not "
+            f"survive a disconnect before {flavour} {wanted}.",
+            fix=f"upgrade to {flavour} >= {wanted}",
+        )
+
+
+def check_table(conn: Connection, table: Table, address: str) -> None:
+    engine = table_engine(conn, table)
+    if engine is None:
+        raise SchemaMismatchError(
+            f"table {table} does not exist on {address}.",
+            fix=f"create it (CREATE TABLE {table} (...) ENGINE=InnoDB) or fix table=",
+        )
+    if engine.lower() not in TRANSACTIONAL_ENGINES:
+        raise SchemaMismatchError(
+            f"table {table} uses the {engine} engine, which ignores transactions: rows would "
+            "be visible before commit and survive an abort.",
+            fix=f"ALTER TABLE {table} ENGINE=InnoDB",
+        )
+
+
+def check_columns(conn: Connection, table: Table, names: Sequence[str]) -> None:
+    """Every written column exists; every NOT NULL column without default is written."""
+    rows = query(conn, "SELECT COLUMN_NAME, IS_NULLABLE, COLUMN_DEFAULT, EXTRA "
+                       "FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = %s "
+                       "AND TABLE_NAME = %s ORDER BY ORDINAL_POSITION",
+                 (table.database, table.name))
+    existing = {str(row[0]).lower() for row in rows}
+    if missing := [name for name in names if name.lower() not in existing]:
+        raise SchemaMismatchError(
+            f"table {table} has no column {', '.join(map(repr, missing))} "
+            f"(it has {', '.join(str(row[0]) for row in rows)}).",
+            fix=f"ALTER TABLE {table} ADD COLUMN ..., or rename/drop the column in the DataFrame",
+        )
+    given = {name.lower() for name in names}
+    required = [str(name) for name, nullable, default, extra in rows
+                if str(name).lower() not in given and nullable == "NO" and default is None
+                and "auto_increment" not in str(extra) and "GENERATED" not in str(extra)]
+    if required:
+        raise SchemaMismatchError(
+            f"table {table} requires column {', '.join(map(repr, required))} "
+            "(NOT NULL without default), which the rows do not have.",
+            fix="add the column to the DataFrame, or give it a default in the table",
+        )
+
+
+def check_upsert_key(conn: Connection, table: Table, names: Sequence[str]) -> None:
+    """Some PRIMARY or UNIQUE key consists of written columns only."""
+    rows = query(conn, "SELECT INDEX_NAME, COLUMN_NAME FROM information_schema.STATISTICS "
+                       "WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s AND NON_UNIQUE = 0",
+                 (table.database, table.name))
+    keys: dict[str, set[str]] = {}
+    for index, column in rows:
+        keys.setdefault(str(index), set()).add(str(column).lower())
+    given = {name.lower() for name in names}
+    if not any(columns <= given for columns in keys.values()):
+        raise SchemaMismatchError(
+            f"mode='upsert' needs a PRIMARY or UNIQUE key of {table} made only of written "
+            f"columns; keys: {sorted(map(sorted, keys.values())) or 'none'}.",
+            fix="write the key columns, add a unique key, or use mode='insert'",
+        )
+
+
+def check_local_infile(conn: Connection, address: str) -> None:
+    if not query(conn, "SELECT @@GLOBAL.local_infile")[0][0]:
+        raise ConfigurationError(
+            f"bulk='load_data' but the server {address} refuses LOAD DATA LOCAL.",
+            fix="SET GLOBAL local_infile=1, or use bulk='auto' or 'insert'",
+        )

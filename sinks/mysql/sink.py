@@ -1,0 +1,390 @@
+"""MySQL 8 / MariaDB >= 10.5 sink: one XA branch per partition, committed by the driver.
+
+Every partition's slice of a micro-batch is written inside one XA transaction branch
+(:mod:`~sinks.mysql.xa`: the xid is the transaction id) and prepared; the connection is then
+closed, so any other session (the driver, cleanup) can resolve the branch: MariaDB cannot detach
+a prepared branch from a live session. Inside every branch the sink also inserts a marker row
+(:mod:`~sinks.mysql.markers`), the proof that a branch committed once the server forgets its xid.
+
+What a crash leaves behind, phase by phase (client crash = executor or driver process killed;
+a server crash rolls back every branch that is not prepared and keeps every prepared one, given
+binary logging and durable InnoDB settings):
+
+==========  ==================  =====================  =====================  =====================
+phase       calls               a crash here leaves    resolved by            raises
+==========  ==================  =====================  =====================  =====================
+begin       connect, ``XA       an ACTIVE branch, no   the server: it rolls   RetryableError (no
+            START``             rows                   back an ACTIVE branch  server, lost
+                                                       when its connection    connection: begin is
+                                                       ends                   retried),
+                                                                              ConfigurationError
+                                                                              (login, grants)
+write       ``LOAD DATA         an ACTIVE branch       the server, as above;  SchemaMismatchError
+            LOCAL`` or          holding row locks      Spark re-runs the      (a row refused, also
+            multi-row           until its connection   task (a new attempt    as a warning; an
+            ``INSERT`` per      ends                   id, a new branch)      unsendable value),
+            ``chunk_size``                                                    RetryableError (lock
+            rows                                                              wait, lost
+                                                                              connection)
+pre-commit  marker ``INSERT``,  before PREPARE         an orphan (prepared,   FatalError (the id
+            ``XA END``, ``XA    returns: as write, or  no handle in any       was committed once),
+            PREPARE``, close    (reply lost) a         decision) is aborted   ConfigurationError
+                                prepared branch no     by the driver's sweep  (no marker table),
+                                handle names. After:   or by                  RetryableError
+                                PREPARED: durable,     ``twophase.cleanup``;
+                                invisible, row locks   its xid names query,
+                                held, listed by ``XA   batch and creation
+                                RECOVER``              time
+commit      [fence check],      before XA COMMIT:      driver recovery        TransactionLostError
+            ``XA COMMIT``,      still prepared.        commits it again:      (rolled back, no
+            stamp               After: visible; the    1397 + marker row =    marker), FencedError,
+            ``committed_at``    marker row says so     ALREADY_COMMITTED      RetryableError
+abort       [fence check],      rolled back, or still  repeat it: 1397 means  FencedError,
+            ``XA ROLLBACK``     prepared               NOT_FOUND              RetryableError
+==========  ==================  =====================  =====================  =====================
+
+Commit and abort run through :class:`~sinks.mysql.committer.MySQLCommitter` (pooled
+connections, the fence claim); ``sink.commit``/``sink.abort`` open a short-lived one. Rows go in
+chunks of ``chunk_size`` through ``LOAD DATA LOCAL`` or ``INSERT`` (:mod:`~sinks.mysql.bulk`),
+from rows or, on Spark's Arrow path, from record batches encoded without per-row Python
+(:mod:`~sinks.mysql.encoding`, :mod:`~sinks.mysql.arrow`). Errors are classified in
+:mod:`~sinks.mysql.errors`, connections and session settings made in
+:mod:`~sinks.mysql.connection`, tables checked in :mod:`~sinks.mysql.schema`, zombie runs
+fenced in :mod:`~sinks.mysql.fencing`.
+
+Known limitation: an orphan keeps the row locks of what it wrote until the driver's sweep (at
+the batch's commit) or cleanup aborts it. A retried task that writes the same keys (upsert, or
+a unique key) waits for those locks, fails with 1205 (retryable) after
+``lock_wait_timeout_s`` and is retried by Spark; if the orphan outlives Spark's task retries the
+query fails and the next run's sweep clears it. Tables whose keys never repeat across attempts
+(an auto-increment key) are not affected.
+
+Privileges: INSERT (+UPDATE for upsert) on the table; SELECT, INSERT, UPDATE, DELETE on the
+marker and fence tables (CREATE once, or create them from ``MARKER_TABLE_DDL``); MySQL 8 also
+needs ``XA_RECOVER_ADMIN`` for ``XA RECOVER``. The server needs binary logging for crash safety
+of prepared branches (MySQL before 8.0.30 has known XA/binlog crash-safety gaps).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import logging
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+import pymysql
+
+from sinks.mysql import schema
+from sinks.mysql.bulk import insert_rows, load_tsv
+from sinks.mysql.committer import MySQLCommitter
+from sinks.mysql.connection import (
+    DEFAULT_CONNECT_TIMEOUT_S,
+    DEFAULT_PORT,
+    DEFAULT_READ_TIMEOUT_S,
+    RESERVED_CONNECT_ARGS,
+    Connection,
+    Server,
+    close_quietly,
+)
+from sinks.mysql.encoding import Chunk, RowChunk
+from sinks.mysql.errors import (
+    LOCAL_INFILE_REFUSED,
+    SYSTEM,
+    classify_unprepared,
+    error_code,
+    error_text,
+    unsendable,
+    wrong_width,
+)
+from sinks.mysql.fencing import DEFAULT_FENCE_TABLE, Fence
+from sinks.mysql.markers import DEFAULT_MARKER_TABLE, Markers
+from sinks.mysql.schema import FENCE_TABLE_DDL, MARKER_TABLE_DDL, Table
+from sinks.mysql.xa import Xid, prepared_in, recover, xa
+from twophase import (
+    AbortOutcome,
+    Column,
+    CommitOutcome,
+    ConfigurationError,
+    FatalError,
+    Handle,
+    TransactionContext,
+    TwoPhaseCommitSink,
+    TxnId,
+)
+from twophase._handle import validate_namespace
+from twophase.kit import (
+    DEFAULT_CHUNK_SIZE,
+    Mode,
+    chunks,
+    classified,
+    namespace_from,
+    validate_chunk_size,
+    validate_mode,
+)
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+log = logging.getLogger(__name__)
+
+Bulk = Literal["auto", "load_data", "insert"]
+BULK_METHODS: tuple[Bulk, ...] = ("auto", "load_data", "insert")
+
+
+@dataclass
+class MySQLBranch:
+    """One partition's open XA branch (lives on the executor between begin and pre-commit)."""
+
+    txn_id: TxnId
+    xid: Xid
+    columns: tuple[str, ...]
+    conn: Connection | None
+    use_load_data: bool
+    rows: int = 0
+
+
+class MySQLXASink(TwoPhaseCommitSink[MySQLBranch]):
+    """Exactly-once rows into one MySQL/MariaDB table, one XA branch per partition.
+
+    ``host``/``port``/``user``/``password``/``database``: where to connect (TCP).
+    ``table``: the target table in ``database``; it must exist and be InnoDB.
+    ``mode``: ``"insert"`` (a repeated key is an error) or ``"upsert"`` (``INSERT ... ON
+    DUPLICATE KEY UPDATE`` every written column; the table needs a PRIMARY or UNIQUE key).
+    ``chunk_size``: rows per statement (LOAD DATA or multi-row INSERT).
+    ``bulk``: ``"auto"`` (LOAD DATA LOCAL in insert mode, falling back to INSERT if the server
+    refuses it), ``"load_data"`` (insist), ``"insert"`` (never read local files).
+    ``fencing``: check the fence row in every commit/abort (see :mod:`sinks.mysql.fencing`).
+    ``lock_wait_timeout_s``: the session's ``innodb_lock_wait_timeout`` (server default if None).
+    ``connect_args``: further PyMySQL ``connect`` options (``ssl``, ...).
+    """
+
+    kind: ClassVar[str] = "mysql"
+
+    def __init__(
+        self,
+        *,
+        host: str,
+        user: str,
+        password: str,
+        database: str,
+        table: str,
+        port: int = DEFAULT_PORT,
+        mode: Mode = "insert",
+        chunk_size: int = DEFAULT_CHUNK_SIZE,
+        bulk: Bulk = "auto",
+        fencing: bool = False,
+        marker_table: str = DEFAULT_MARKER_TABLE,
+        fence_table: str = DEFAULT_FENCE_TABLE,
+        connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+        read_timeout_s: float | None = DEFAULT_READ_TIMEOUT_S,
+        lock_wait_timeout_s: int | None = None,
+        connect_args: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.mode = validate_mode(SYSTEM, mode, key_required=False)
+        self.chunk_size = validate_chunk_size(SYSTEM, chunk_size)
+        self.bulk = _validated_bulk(bulk, self.mode)
+        self.fencing = fencing
+        self.server = Server(host=host, port=port, user=user, password=password,
+                             database=database, connect_timeout_s=connect_timeout_s,
+                             read_timeout_s=read_timeout_s, lock_wait_timeout_s=lock_wait_timeout_s,
+                             connect_args=_validated_connect_args(connect_args or {}))
+        self.table = table
+        self.target = Table(database, table)
+        self.markers = Markers(Table(database, marker_table))
+        self.fences = Fence(Table(database, fence_table), self.server.address)
+
+    def __repr__(self) -> str:
+        server = self.server
+        return (f"MySQLXASink(host={server.host!r}, port={server.port}, user={server.user!r}, "
+                f"password='***', database={server.database!r}, table={self.table!r}, "
+                f"mode={self.mode!r}, bulk={self.bulk!r}, fencing={self.fencing})")
+
+    @property
+    def where(self) -> str:
+        """The target, as messages name it."""
+        return f"table {self.target} on MySQL server {self.server.address}"
+
+    def default_namespace(self) -> str:
+        """The table name, reduced to ``[A-Za-z0-9_-]`` and 24 characters."""
+        return namespace_from(self.table, self.kind)
+
+    # -- driver: schema, tables ----------------------------------------------------------------
+
+    def check_schema(self, columns: Sequence[Column]) -> None:
+        """Check server, table, columns (and key for upsert); create the marker/fence tables."""
+        address, names = self.server.address, [column.name for column in columns]
+        with self.server.session(f"checking {self.target}") as conn:
+            schema.check_server(conn, address)
+            schema.create_missing(conn, self._own_tables())
+            schema.check_table(conn, self.target, address)
+            schema.check_columns(conn, self.target, names)
+            if self.mode == "upsert":
+                schema.check_upsert_key(conn, self.target, names)
+            if self.bulk == "load_data":
+                schema.check_local_infile(conn, address)
+            recover(conn)  # needs XA_RECOVER_ADMIN on MySQL 8: fail now, not in recovery
+
+    def create_tables(self) -> None:
+        """Create the marker table (and the fence table if fencing) unless they exist."""
+        with self.server.session("creating twophase's tables") as conn:
+            schema.create_missing(conn, self._own_tables())
+
+    def _own_tables(self) -> dict[Table, str]:
+        tables = {self.markers.table: MARKER_TABLE_DDL}
+        if self.fencing:
+            tables[self.fences.table] = FENCE_TABLE_DDL
+        return tables
+
+    # -- executor: begin, write, pre-commit ----------------------------------------------------
+
+    def begin_transaction(self, ctx: TransactionContext) -> MySQLBranch:
+        xid = Xid.of(ctx.txn_id)
+        loads = self.mode == "insert" and self.bulk != "insert"
+        conn = self.server.connect(local_infile=loads)
+        branch = MySQLBranch(ctx.txn_id, xid, ctx.column_names, conn, use_load_data=loads)
+        with self._guard(branch, "starting"):
+            xa(conn, "START", xid)
+        return branch
+
+    def write(self, txn: MySQLBranch, rows: Iterable[Sequence[Any]]) -> None:
+        conn = self._open(txn)
+        with self._guard(txn, "writing"):
+            for chunk in chunks(rows, self.chunk_size):
+                self._write_chunk(txn, conn, RowChunk(chunk, txn.columns))
+
+    def write_arrow(self, txn: MySQLBranch, batches: Iterable[pa.RecordBatch]) -> None:
+        """Record batches, encoded for LOAD DATA by Arrow kernels (see :mod:`sinks.mysql.arrow`);
+        the INSERT path gets their rows."""
+        from sinks.mysql.arrow import ArrowChunk, chunks_of  # noqa: PLC0415 - needs pyarrow
+
+        conn = self._open(txn)
+        with self._guard(txn, "writing"):
+            for chunk in chunks_of(batches, self.chunk_size):
+                self._write_chunk(txn, conn, ArrowChunk(chunk))
+
+    def pre_commit(self, txn: MySQLBranch) -> Handle:
+        conn = self._open(txn)
+        with self._guard(txn, "preparing (the branch may be prepared: then cleanup aborts it)"):
+            self.markers.insert(conn, txn.txn_id, target=self.target, rows=txn.rows,
+                                where=self.where)
+            xa(conn, "END", txn.xid)
+            xa(conn, "PREPARE", txn.xid)
+        self._close(txn)  # never reuse a connection after PREPARE; closing detaches the branch
+        log.debug("prepared %s: %d rows, xid %s", txn.txn_id, txn.rows, txn.xid)
+        return self.handle(txn.txn_id, rows=txn.rows, gtrid=txn.xid.gtrid, bqual=txn.xid.bqual)
+
+    def discard(self, txn: MySQLBranch) -> None:
+        """Roll back an unprepared branch and close its connection; never raises."""
+        if txn.conn is None:
+            return
+        for verb in ("END", "ROLLBACK"):
+            with contextlib.suppress(Exception):
+                xa(txn.conn, verb, txn.xid)
+        self._close(txn)
+
+    def _write_chunk(self, txn: MySQLBranch, conn: Connection, chunk: Chunk) -> None:
+        width = len(txn.columns)
+        if (misfit := chunk.misfit(width)) is not None:
+            raise wrong_width(txn.txn_id, misfit, txn.columns)
+        try:
+            if not (txn.use_load_data and self._loaded(txn, conn, chunk)):
+                insert_rows(conn, self.target, txn.columns, chunk.rows(),
+                            upsert=self.mode == "upsert",
+                            what=f"inserting transaction {txn.txn_id} into {self.target}")
+        except (TypeError, ValueError, OverflowError) as exc:  # a value Python cannot send
+            raise unsendable(txn.txn_id, exc) from exc
+        txn.rows += len(chunk)
+
+    def _loaded(self, txn: MySQLBranch, conn: Connection, chunk: Chunk) -> bool:
+        """LOAD DATA the chunk; False if the server refuses local loads and bulk='auto'."""
+        try:
+            load_tsv(conn, self.target, txn.columns, chunk.tsv(), rows=len(chunk),
+                     what=f"loading transaction {txn.txn_id} into {self.target}")
+        except pymysql.err.MySQLError as exc:
+            if self.bulk != "auto" or error_code(exc) not in LOCAL_INFILE_REFUSED:
+                raise
+            log.warning("%s refuses LOAD DATA LOCAL (%s); writing with INSERT instead",
+                        self.server.address, error_text(exc))
+            txn.use_load_data = False
+            return False
+        return True
+
+    @staticmethod
+    def _open(txn: MySQLBranch) -> Connection:
+        if txn.conn is None:
+            raise FatalError(f"transaction {txn.txn_id} is already prepared or discarded.",
+                             fix="begin a new transaction for every partition attempt")
+        return txn.conn
+
+    @staticmethod
+    def _close(txn: MySQLBranch) -> None:
+        close_quietly(txn.conn)
+        txn.conn = None
+
+    @contextlib.contextmanager
+    def _guard(self, txn: MySQLBranch, step: str) -> Iterator[None]:
+        """Any failure discards the branch (it is never committed) and is classified."""
+        what = self.server.on(f"{step} transaction {txn.txn_id} into {self.target}")
+        try:
+            with classified(classify_unprepared, what, pymysql.err.MySQLError):
+                yield
+        except BaseException:
+            self.discard(txn)
+            raise
+
+    # -- driver: commit, abort, fence, in-doubt, purge -----------------------------------------
+
+    def committer(self) -> MySQLCommitter:
+        """Commits and aborts through pooled connections; holds the fence claim."""
+        return MySQLCommitter(self)
+
+    def commit(self, handle: Handle) -> CommitOutcome:
+        """Commit through a short-lived committer (with ``fencing=True``: refused, as it holds
+        no claim; commit through ``committer()`` after its ``fence``)."""
+        with self.committer() as committer:
+            return committer.commit(handle)
+
+    def abort(self, handle: Handle) -> AbortOutcome:
+        with self.committer() as committer:
+            return committer.abort(handle)
+
+    def fence(self, namespace: str, query_id: str, epoch: int) -> None:
+        """Claim ``epoch`` for the query (see :meth:`MySQLCommitter.fence`); the claim is not
+        kept: commit through a committer fenced itself."""
+        with self.committer() as committer:
+            committer.fence(namespace, query_id, epoch)
+
+    def list_in_doubt(self, namespace: str) -> list[Handle]:
+        with self.server.session(f"listing in-doubt XA branches of namespace {namespace!r}"
+                                 ) as conn:
+            xids = prepared_in(conn, namespace)
+        return [self.handle(xid.txn_id(), rows=0, gtrid=xid.gtrid, bqual=xid.bqual)
+                for xid in xids]
+
+    def purge_commit_records(self, namespace: str, older_than: dt.datetime) -> int:
+        """Delete markers of ``namespace`` committed before ``older_than`` (naive = UTC)."""
+        validate_namespace(namespace)
+        with self.server.session(f"purging commit markers of namespace {namespace!r}") as conn:
+            purged = self.markers.purge(conn, namespace, older_than)
+        log.info("purged %d commit markers of namespace %s older than %s",
+                 purged, namespace, older_than)
+        return purged
+
+
+def _validated_bulk(bulk: str, mode: Mode) -> Bulk:
+    if bulk not in BULK_METHODS:
+        raise ConfigurationError(f"{SYSTEM}: unknown bulk={bulk!r}.",
+                                 fix=f"use one of {BULK_METHODS}")
+    if mode == "upsert" and bulk == "load_data":
+        raise ConfigurationError(f"{SYSTEM}: bulk='load_data' with mode='upsert' (LOAD DATA "
+                                 "cannot update).", fix="use bulk='auto' or 'insert'")
+    return next(method for method in BULK_METHODS if method == bulk)
+
+
+def _validated_connect_args(connect_args: Mapping[str, Any]) -> dict[str, Any]:
+    if reserved := sorted(RESERVED_CONNECT_ARGS & set(connect_args)):
+        raise ConfigurationError(f"{SYSTEM}: connect_args {reserved} are set by the sink itself.",
+                                 fix="leave them out of connect_args")
+    return dict(connect_args)
