@@ -8,6 +8,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 from pyspark import cloudpickle
 
 from sinks.sqlite import SQLiteSink, SQLiteTransaction
@@ -31,10 +32,17 @@ class FailingPartitionSink(SQLiteSink):
     def _failing(self, ctx: TransactionContext) -> bool:
         return ctx.txn_id.batch == self.fail_batch
 
-    def write(self, txn: SQLiteTransaction, rows: Iterable[Sequence[Any]]) -> None:
+    def _refuse_if_failing(self, txn: SQLiteTransaction) -> None:
         if self._failing(txn.ctx) and txn.ctx.txn_id.partition == self.fail_partition:
             raise SchemaMismatchError("partition refused on purpose.", fix="none: a test")
+
+    def write(self, txn: SQLiteTransaction, rows: Iterable[Sequence[Any]]) -> None:
+        self._refuse_if_failing(txn)
         super().write(txn, rows)
+
+    def write_arrow(self, txn: SQLiteTransaction, batches: Iterable[pa.RecordBatch]) -> None:
+        self._refuse_if_failing(txn)
+        super().write_arrow(txn, batches)
 
     def pre_commit(self, txn: SQLiteTransaction) -> Handle:
         if self._failing(txn.ctx):

@@ -145,20 +145,6 @@ class Coordinator:
                      decision.batch, len(decision.handles))
             self._finish(decision)
 
-    def settle_fenced_runs(self, query_id: str | None) -> None:
-        """Without taking over: finish decided batches, abort transactions of fenced runs.
-
-        Safe while a run of the query is live (what cleanup does too): commits are idempotent,
-        and a fenced run's transactions can never be decided. A start that will refuse (a
-        schema change, say) calls it first, so that no lock of a crashed run's decided batch
-        blocks the change that fixes it.
-        """
-        self.recover()
-        if query_id is not None:
-            self._claim(query_id)
-            state = self.store.read_existing()
-            self._sweep(state, query_id, up_to_batch=state.settled_batch, keep=())
-
     def record_query(self, query_id: str) -> None:
         """Name the query in the state file as soon as it is known (before its first decision),
         so that cleanup recognises its transactions."""
@@ -166,17 +152,20 @@ class Coordinator:
                           epoch=self.epoch)
 
     def start(self, query_id: str | None) -> None:
-        """Begin a run: finish what earlier runs decided, abort what they left undecided.
+        """Begin a run: finish what earlier runs decided, abort what can never be decided.
 
-        Earlier runs' undecided transactions can never be decided (those runs are fenced), and
-        in a database they hold row locks that the replay of their batch would wait for: abort
-        them before this run's first task writes.
+        Earlier runs' undecided transactions can never be decided (those runs are fenced), nor
+        can this epoch's of a batch that is done or given up; in a database they hold row locks
+        that the replay of their batch would wait for: abort them before this run's first task
+        writes. With the state's current epoch instead of a new one, this takes nothing over
+        and is safe beside a live run (as cleanup is): a start that will refuse (a schema
+        change) does it first, so that no lock of a crashed run blocks the change that fixes it.
         """
         self.recover()
         if query_id is not None:
             self._claim(query_id)
             state = self.store.read_existing()
-            self._sweep(state, query_id, up_to_batch=state.last_done_batch, keep=())
+            self._sweep(state, query_id, up_to_batch=state.settled_batch, keep=())
 
     # -- steps -----------------------------------------------------------------------------
 

@@ -249,7 +249,7 @@ def _check_schema(sink: TwoPhaseCommitSink[Any], columns: tuple[Column, ...],
         try:
             with Coordinator(sink, store, namespace=state.namespace, epoch=state.epoch,
                              retry=retry) as coordinator:
-                coordinator.settle_fenced_runs(query_id or state.query_id)
+                coordinator.start(query_id or state.query_id)  # no takeover: its epoch
         except TwoPhaseError as settle_error:
             log.warning("could not finish the decided batches of earlier runs: %s", settle_error)
             raise exc from settle_error
