@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import pyarrow as pa
 
-#: Spark's type names (``DataType.simpleString()``) of an instant and of a wall-clock value.
+#: Spark's type name (``DataType.simpleString()``) of an instant; a wall clock is
+#: ``timestamp_ntz``, which needs no conversion.
 INSTANT_TYPE = "timestamp"
-WALL_CLOCK_TYPE = "timestamp_ntz"
 ARROW_UTC = "UTC"
 _PYTHON_UTC = "+00:00"  # a fixed offset: pyarrow gives datetime.timezone.utc for it
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
