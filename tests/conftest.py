@@ -10,7 +10,7 @@ import pytest
 
 from sinks.sqlite import SQLiteSink
 
-pytest_plugins = ["tests.servers.mariadb", "tests.servers.spark"]
+pytest_plugins = ["tests.servers.mariadb", "tests.servers.moto", "tests.servers.spark"]
 
 ORDERS_DDL = (
     "CREATE TABLE orders (event_id INTEGER NOT NULL, order_id INTEGER NOT NULL, "

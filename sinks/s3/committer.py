@@ -1,0 +1,165 @@
+"""The driver side: :class:`S3Committer` completes and aborts one batch's uploads.
+
+One boto3 client per committer (made on first use, thread-safe, shared by the batch's commit
+threads, never pickled). It makes one attempt per request: twophase retries what
+:mod:`~sinks.s3.errors` calls retryable, after this committer has looked at what the store says.
+
+Commit, proven:
+
+1. HEAD the key. An object whose metadata names this transaction: ALREADY_COMMITTED (S3
+   answers a second ``CompleteMultipartUpload`` of one upload with 200, so the HEAD comes
+   first). Another transaction's object: lost.
+2. ``CompleteMultipartUpload`` with ``IfNoneMatch='*'`` (never overwrite another object).
+3. On ``NoSuchUpload``, ``PreconditionFailed`` (412) or a 5xx: HEAD again. Ours: ALREADY_COMMITTED
+   (a reply lost, a concurrent commit). Otherwise on a 5xx, ``ListParts`` tells whether the
+   upload still exists (retry: RetryableError) or is gone (lost: moto answers a complete after
+   an abort with 500, real S3 with ``NoSuchUpload``). Otherwise: lost.
+
+An empty partition's handle names no upload: there is nothing to make visible, its (zero) rows
+are visible already, and every commit of it answers ALREADY_COMMITTED.
+
+Abort: ``AbortMultipartUpload`` of the handle's upload and of any other open upload of the same
+key (a ``CreateMultipartUpload`` whose reply was lost and was retried); ``NoSuchUpload`` for all
+of them is NOT_FOUND. Abort never deletes an object.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import TYPE_CHECKING, Any
+
+from sinks.s3.connection import S3Settings
+from sinks.s3.errors import (
+    BOTO_ERRORS,
+    NO_SUCH_UPLOAD,
+    NOT_FOUND_CODES,
+    PRECONDITION_FAILED,
+    classify,
+    error_code,
+    status,
+)
+from sinks.s3.upload import META_TXN, abort_upload, uploads_at
+from twophase import AbortOutcome, CommitOutcome, Committer, Handle, TransactionLostError
+from twophase.kit import classified, transaction_lost
+
+if TYPE_CHECKING:
+    from sinks.s3.sink import S3Sink
+
+log = logging.getLogger(__name__)
+
+#: One attempt per request in the driver; twophase's retry policy does the rest.
+COMMITTER_MAX_ATTEMPTS = 1
+
+
+def head(client: Any, settings: S3Settings, key: str) -> dict[str, Any] | None:
+    """The object's HEAD reply, or None if there is no object at ``key``."""
+    with classified(classify, f"HeadObject of s3://{settings.bucket}/{key} ({settings.where})",
+                    BOTO_ERRORS):
+        try:
+            reply: dict[str, Any] = client.head_object(Bucket=settings.bucket, Key=key)
+        except BOTO_ERRORS as exc:
+            if error_code(exc) in NOT_FOUND_CODES:
+                return None
+            raise
+    return reply
+
+
+def txn_of(reply: dict[str, Any] | None) -> str | None:
+    """The transaction id an object's metadata names (None: no object, or not ours)."""
+    if reply is None:
+        return None
+    txn: str | None = reply.get("Metadata", {}).get(META_TXN)
+    return txn
+
+
+class S3Committer(Committer):
+    """Completes and aborts :class:`~sinks.s3.S3Sink` uploads in one process."""
+
+    sink: S3Sink
+
+    def __init__(self, sink: S3Sink) -> None:
+        super().__init__(sink)
+        self._client: Any = None
+        self._lock = threading.Lock()
+
+    @property
+    def client(self) -> Any:
+        with self._lock:
+            if self._client is None:
+                self._client = self.sink.settings.client(max_attempts=COMMITTER_MAX_ATTEMPTS)
+            return self._client
+
+    def commit(self, handle: Handle) -> CommitOutcome:
+        self.sink.require_own(handle)
+        data, settings = handle.data, self.sink.settings
+        key, upload_id, txn = data["key"], data.get("upload_id"), str(handle.txn_id)
+        if upload_id is None:  # an empty partition: nothing was, or will be, written
+            return CommitOutcome.ALREADY_COMMITTED
+        found = head(self.client, settings, key)
+        if found is not None:
+            if txn_of(found) == txn:
+                return CommitOutcome.ALREADY_COMMITTED
+            raise self._lost(handle, f"s3://{settings.bucket}/{key} holds another "
+                             f"transaction's object ({txn_of(found)})")
+        what = f"CompleteMultipartUpload of s3://{settings.bucket}/{key} ({settings.where})"
+        parts = [{"PartNumber": int(n), "ETag": etag} for n, etag in data["parts"]]
+        with classified(classify, what, BOTO_ERRORS):
+            try:
+                self.client.complete_multipart_upload(
+                    Bucket=settings.bucket, Key=key, UploadId=upload_id,
+                    MultipartUpload={"Parts": parts}, IfNoneMatch="*")
+            except BOTO_ERRORS as exc:
+                code = error_code(exc)
+                if code not in (NO_SUCH_UPLOAD, PRECONDITION_FAILED) and status(exc) < 500:
+                    raise
+                return self._settle(handle, exc)
+        return CommitOutcome.COMMITTED
+
+    def _settle(self, handle: Handle, exc: BaseException) -> CommitOutcome:
+        """After a refused or failed complete: the store's state decides."""
+        settings, key = self.sink.settings, handle.data["key"]
+        found = head(self.client, settings, key)
+        if txn_of(found) == str(handle.txn_id):
+            return CommitOutcome.ALREADY_COMMITTED
+        if found is not None:
+            raise self._lost(handle, f"s3://{settings.bucket}/{key} holds another "
+                             f"transaction's object ({txn_of(found)})") from exc
+        if error_code(exc) == PRECONDITION_FAILED:  # an object came and went meanwhile
+            raise classify(exc, f"CompleteMultipartUpload of s3://{settings.bucket}/{key}")
+        if error_code(exc) != NO_SUCH_UPLOAD and self._upload_exists(handle):
+            raise classify(exc, f"CompleteMultipartUpload of s3://{settings.bucket}/{key} "
+                           f"({settings.where})") from exc
+        raise self._lost(handle, f"its upload {handle.data['upload_id']} is gone (aborted, by "
+                         "a lifecycle rule or by hand) and no object names it") from exc
+
+    def _upload_exists(self, handle: Handle) -> bool:
+        settings, key = self.sink.settings, handle.data["key"]
+        with classified(classify, f"ListParts of s3://{settings.bucket}/{key}", BOTO_ERRORS):
+            try:
+                self.client.list_parts(Bucket=settings.bucket, Key=key,
+                                       UploadId=handle.data["upload_id"], MaxParts=1)
+            except BOTO_ERRORS as exc:
+                if error_code(exc) == NO_SUCH_UPLOAD:
+                    return False
+                raise
+        return True
+
+    def abort(self, handle: Handle) -> AbortOutcome:
+        self.sink.require_own(handle)
+        settings, key = self.sink.settings, handle.data["key"]
+        ids = {upload_id for at, upload_id in uploads_at(self.client, settings.bucket, key,
+                                                         settings.where) if at == key}
+        if handle.data.get("upload_id"):
+            ids.add(handle.data["upload_id"])
+        aborted = False
+        for upload_id in sorted(ids):
+            aborted |= abort_upload(self.client, settings.bucket, key, upload_id,
+                                    settings.where)
+        if not aborted and txn_of(head(self.client, settings, key)) == str(handle.txn_id):
+            log.warning("abort of %s: it is committed already, nothing to abort",
+                        handle.txn_id)
+        return AbortOutcome.ABORTED if aborted else AbortOutcome.NOT_FOUND
+
+    def _lost(self, handle: Handle, why: str) -> TransactionLostError:
+        return transaction_lost(handle, where=self.sink.settings.where, why=why)
