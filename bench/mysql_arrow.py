@@ -48,7 +48,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.streaming.query import StreamingQuery
 
-from bench.mysql_xa import COLUMNS, TABLE, TABLE_DDL, count_rows, server_cpu_s
+from bench.mysql_xa import COLUMNS, TABLE, TABLE_DDL, count_rows, paired_ratio, server_cpu_s
 from sinks.mysql import DEFAULT_CHUNK_SIZE, MySQLBranch, MySQLXASink, load_tsv, open_connection
 from sinks.mysql.arrow import ArrowChunk, chunks_of
 from tests.servers.mariadb import MariaDBServer, private_server
@@ -191,10 +191,6 @@ def run(server: MariaDBServer, spark: SparkSession, feed: Path, variant: str,
     after = (server_cpu_s(server), *spark_cpu_s())
     server_cpu, workers_cpu, jvm_cpu = (a - b for a, b in zip(after, before, strict=True))
     return wall, (server_cpu, workers_cpu, jvm_cpu)
-
-
-def paired_ratio(walls: dict[str, list[float]], name: str, base: str) -> float:
-    return statistics.median(b / n for n, b in zip(walls[name], walls[base], strict=True))
 
 
 def main() -> None:

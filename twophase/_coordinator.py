@@ -256,10 +256,6 @@ class Coordinator:
                                what=f"commit of transaction {handle.txn_id}")
 
     def abort_quietly(self, handle: Handle) -> AbortOutcome | None:
-        """Abort one undecided transaction (see :meth:`_abort_one`)."""
-        return self._abort_one(handle)
-
-    def _abort_one(self, handle: Handle) -> AbortOutcome | None:
         """Abort an undecided transaction; a failure is logged, not raised.
 
         Nothing depends on an abort succeeding now: the transaction stays in doubt, invisible,
@@ -267,16 +263,14 @@ class Coordinator:
         would stop a query whose data is fine.
         """
         try:
-            self.sink.require_own(handle)
-            return self.retry.call(lambda: self.committer.abort(handle),
-                                   what=f"abort of transaction {handle.txn_id}")
+            return abort_through(self.committer, self.sink, handle, self.retry)
         except TwoPhaseError as exc:
             log.warning("transaction %s stays in doubt (a later sweep or cleanup aborts it): %s",
                         handle.txn_id, exc)
             return None
 
     def _abort_all(self, handles: Sequence[Handle]) -> None:
-        self._in_parallel(self._abort_one, handles)
+        self._in_parallel(self.abort_quietly, handles)
 
     def _in_parallel(self, action: Callable[[Handle], R], items: Sequence[Handle]) -> list[R]:
         if len(items) <= 1 or self.sink.commit_parallelism <= 1:
@@ -296,6 +290,13 @@ def is_orphan(txn: TxnId, *, query_id: str, epoch: int, up_to_batch: int) -> boo
     if txn.query != query_key(query_id) or txn.epoch > epoch:
         return False
     return txn.epoch < epoch or txn.batch <= up_to_batch
+
+
+def abort_through(committer: Committer, sink: TwoPhaseCommitSink[Any], handle: Handle,
+                  retry: RetryPolicy) -> AbortOutcome:
+    """Abort ``handle`` through ``committer``, retried; a handle of another sink is refused."""
+    sink.require_own(handle)
+    return retry.call(lambda: committer.abort(handle), what=f"abort of transaction {handle.txn_id}")
 
 
 def _gave_up(current: State, batch: int, query_id: str) -> State:

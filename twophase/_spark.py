@@ -169,7 +169,7 @@ def query_id_of(config: RunConfig, present: Sequence[TwoPhaseMessage]) -> str | 
 
 def checkpoint_query_id(checkpoint_location: str) -> str | None:
     """The query id Spark keeps in ``<checkpoint>/metadata``; None for a new or remote one."""
-    if "://" in checkpoint_location and not checkpoint_location.startswith(FILE_SCHEME):
+    if is_remote(checkpoint_location):
         return None
     metadata = local_dir(checkpoint_location) / SPARK_CHECKPOINT_METADATA
     try:
@@ -179,6 +179,11 @@ def checkpoint_query_id(checkpoint_location: str) -> str | None:
     except (OSError, ValueError, KeyError) as exc:
         raise ConfigurationError(f"cannot read Spark's query id from {metadata}: {exc}.",
                                  fix="point checkpoint_location at a Spark checkpoint") from exc
+
+
+def is_remote(location: str) -> bool:
+    """Is ``location`` a URL of a file system other than the local one (``file:``)?"""
+    return "://" in location and not location.startswith(FILE_SCHEME)
 
 
 def local_dir(location: str) -> Path:

@@ -44,7 +44,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from twophase._coordinator import Coordinator, is_orphan
+from twophase._coordinator import Coordinator, abort_through, is_orphan
 from twophase._handle import Handle, validate_namespace
 from twophase._loader import build_sink
 from twophase._retry import DEFAULT_RETRY
@@ -191,9 +191,7 @@ def _abort(target: Target, committer: Committer, handle: Handle, reason: str, *,
     action = Action("abort_orphan", target.namespace, str(handle.txn_id), reason, not dry_run)
     if not dry_run:
         try:
-            target.sink.require_own(handle)
-            DEFAULT_RETRY.call(lambda: committer.abort(handle),
-                               what=f"abort of transaction {handle.txn_id}")
+            abort_through(committer, target.sink, handle, DEFAULT_RETRY)
         except TwoPhaseError as exc:
             action.done, action.error = False, str(exc)
     return action

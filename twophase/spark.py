@@ -34,11 +34,11 @@ from twophase._handle import validate_namespace
 from twophase._progress import log_commits
 from twophase._retry import RetryPolicy
 from twophase._spark import (
-    FILE_SCHEME,
     ForeachBatchWriter,
     RunConfig,
     checkpoint_query_id,
     columns_of,
+    is_remote,
     local_dir,
     register_data_source,
 )
@@ -313,7 +313,7 @@ def _require_state_of_every_batch(store: StateStore, state: State | None,
 
 def _checkpoint_batches(checkpoint_location: str, log_dir: str) -> set[int]:
     """The batch ids in one of Spark's checkpoint logs (empty for a remote checkpoint)."""
-    if "://" in checkpoint_location and not checkpoint_location.startswith(FILE_SCHEME):
+    if is_remote(checkpoint_location):
         return set()
     directory = local_dir(checkpoint_location) / log_dir
     try:
