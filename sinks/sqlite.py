@@ -49,7 +49,7 @@ import sqlite3
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from datetime import UTC, date, datetime
+from datetime import date, datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -72,6 +72,7 @@ from twophase.kit import (
     DEFAULT_CHUNK_SIZE,
     ErrorTable,
     Mode,
+    as_utc,
     chunks,
     classified,
     namespace_from,
@@ -278,7 +279,7 @@ class SQLiteSink(TwoPhaseCommitSink[SQLiteTransaction]):
             cursor = connection.execute(
                 f"DELETE FROM {COMMITTED_TABLE} WHERE target = ? AND "
                 "substr(txn_id, 1, ?) = ? AND committed_at < ?",
-                (self.table, len(namespace) + 1, f"{namespace}.", _as_utc(older_than).timestamp()),
+                (self.table, len(namespace) + 1, f"{namespace}.", as_utc(older_than).timestamp()),
             )
             return cursor.rowcount
 
@@ -448,15 +449,10 @@ def _row_converter(columns: Sequence[Column]) -> Callable[[Sequence[Any]], Seque
 
 def _to_text(value: Any) -> Any:
     if isinstance(value, datetime):
-        return _as_utc(value).isoformat(timespec="microseconds") if value.tzinfo else (
+        return as_utc(value).isoformat(timespec="microseconds") if value.tzinfo else (
             value.isoformat(timespec="microseconds"))
     if isinstance(value, date):
         return value.isoformat()
     if isinstance(value, Decimal):
         return str(value)
     return value
-
-
-def _as_utc(moment: datetime) -> datetime:
-    """An aware ``moment`` in UTC; a naive one is taken as UTC already."""
-    return moment.astimezone(UTC) if moment.tzinfo else moment.replace(tzinfo=UTC)

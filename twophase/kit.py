@@ -13,6 +13,7 @@ piece                          what it does
 :func:`classified`             a context manager that raises the table's verdict
 :func:`transaction_lost`       the one wording of "a decided transaction is gone"
 :func:`transaction_id_reused`  the one wording of "this id was already committed"
+:func:`as_utc`                 an instant in UTC; a naive datetime is a wall clock, read as UTC
 =============================  ================================================================
 """
 
@@ -22,6 +23,7 @@ import contextlib
 import re
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from itertools import islice
 from typing import Literal, TypeVar
 
@@ -38,6 +40,7 @@ __all__ = [
     "MODES",
     "ErrorTable",
     "Mode",
+    "as_utc",
     "chunks",
     "classified",
     "namespace_from",
@@ -153,3 +156,12 @@ def transaction_id_reused(txn_id: TxnId, *, where: str) -> FatalError:
         "would silently drop these rows (a state file restored from an older backup?).",
         fix="restart the query: a new run opens its transactions under a new epoch",
     )
+
+
+def as_utc(moment: datetime) -> datetime:
+    """``moment`` as an aware datetime in UTC. An aware one (a Spark TIMESTAMP, an instant) is
+    converted; a naive one (a TIMESTAMP_NTZ, a wall clock) is never read as the process's local
+    time: its wall clock is taken as UTC, which is how the prebuilt sinks store it."""
+    if moment.utcoffset() is None:
+        return moment.replace(tzinfo=UTC)
+    return moment.astimezone(UTC)

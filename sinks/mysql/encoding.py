@@ -31,6 +31,7 @@ import pymysql
 from pymysql.converters import escape_datetime, escape_time, escape_timedelta
 
 from sinks.mysql.errors import unsupported_value
+from twophase.kit import as_utc
 
 NULL = "\\N"
 #: What LOAD DATA reads back as the byte itself (``ESCAPED BY '\\'``); backslash goes first.
@@ -42,9 +43,7 @@ def utc_naive(moment: dt.datetime) -> dt.datetime:
 
     Naive input is a wall-clock value (a Spark TIMESTAMP_NTZ), never read as local time.
     """
-    if moment.utcoffset() is None:
-        return moment.replace(tzinfo=None)
-    return moment.astimezone(dt.UTC).replace(tzinfo=None)
+    return as_utc(moment).replace(tzinfo=None)
 
 
 # -- LOAD DATA text ----------------------------------------------------------------------------
