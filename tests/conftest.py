@@ -10,7 +10,9 @@ import pytest
 
 from sinks.sqlite import SQLiteSink
 
-pytest_plugins = ["tests.servers.mariadb", "tests.servers.moto", "tests.servers.spark"]
+pytest_plugins = ["tests.servers.mariadb", "tests.servers.moto", "tests.servers.spark",
+                  "tests.servers.spark_cluster",
+                  "tests.servers.http_receiver", "tests.servers.kafka"]
 
 ORDERS_DDL = (
     "CREATE TABLE orders (event_id INTEGER NOT NULL, order_id INTEGER NOT NULL, "

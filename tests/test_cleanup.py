@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from sinks.sqlite import SQLiteSink
+from tests.servers.moto import MotoServer
 from twophase import cleanup
 from twophase._state import Decision, StateStore
 from twophase.testing.contract import OPENED_AT, OTHER_QUERY_ID, QUERY_ID, orders, prepare
@@ -98,12 +99,12 @@ def test_unknown_queries_are_reported_not_aborted_unless_asked(
 def test_dry_run_changes_nothing(sqlite_sink: SQLiteSink, tmp_path: Path) -> None:
     store = running_query(tmp_path, epoch_bumps=2)
     orphan = prepare(sqlite_sink, orders(0, 1), epoch=1)
-    before = store.path.read_bytes()
+    before = Path(store.path).read_bytes()
     report = run_cleanup(target(sqlite_sink, store), now=OPENED_AT, dry_run=True)
     assert [(a.action, a.done) for a in report.actions] == [("abort_orphan", False),
                                                             ("purge", False)]
     assert in_doubt(sqlite_sink) == {str(orphan.txn_id)}
-    assert store.path.read_bytes() == before
+    assert Path(store.path).read_bytes() == before
 
 
 def test_a_lost_decided_transaction_needs_attention_then_can_be_forgotten(
@@ -119,7 +120,7 @@ def test_a_lost_decided_transaction_needs_attention_then_can_be_forgotten(
     assert roll.error is not None and "neither prepared nor recorded as committed" in roll.error
     assert report.exit_code == cleanup.EXIT_ATTENTION
 
-    assert cleanup.main(["--state", str(store.directory), "--forget-batch", "0"]) == 0
+    assert cleanup.main(["--state", str(store.location), "--forget-batch", "0"]) == 0
     state = store.read()
     assert state is not None and (state.pending, state.last_done_batch) == ((), 0)
 
@@ -134,7 +135,7 @@ def test_the_cron_command_reads_a_config_file_and_prints_json_lines(
         "[[target]]\n"
         'sink = "sinks.sqlite:SQLiteSink"\n'
         'options = { path = { env = "ORDERS_DB" }, table = "orders" }\n'
-        f'states = ["{store.directory}"]\n'
+        f'states = ["{store.location}"]\n'
     )
     result = subprocess.run(
         [sys.executable, "-m", "twophase.cleanup", "--config", str(config)],
@@ -164,7 +165,7 @@ def test_status_shows_pending_transactions(sqlite_sink: SQLiteSink, tmp_path: Pa
     store = running_query(tmp_path)
     handle = prepare(sqlite_sink, orders(0, 2))
     store.update(lambda s: replace(s, pending=(Decision(0, 1, OPENED_AT, (handle,)),)), epoch=None)
-    result = subprocess.run([sys.executable, "-m", "twophase.status", str(store.directory)],
+    result = subprocess.run([sys.executable, "-m", "twophase.status", str(store.location)],
                             capture_output=True, text=True, check=True)
     assert "pending    batch 0" in result.stdout
     assert f"{handle.txn_id} (sqlite, 2 rows)" in result.stdout
@@ -175,14 +176,54 @@ def test_status_shows_what_a_damaged_state_file_holds(
 ) -> None:
     store = StateStore(tmp_path / "state")
     store.start_run("orders", {})
-    damaged = store.path.read_text().replace('"epoch": 1', '"epoch": 7')
-    store.path.write_text(damaged)
-    plain = subprocess.run([sys.executable, "-m", "twophase.status", str(store.directory)],
+    damaged = Path(store.path).read_text().replace('"epoch": 1', '"epoch": 7')
+    Path(store.path).write_text(damaged)
+    plain = subprocess.run([sys.executable, "-m", "twophase.status", str(store.location)],
                            capture_output=True, text=True, check=False)
     assert plain.returncode == 1
-    assert f"--unverified {store.directory}" in plain.stderr  # the fix names the way to look
+    assert f"--unverified {store.location}" in plain.stderr  # the fix names the way to look
     shown = subprocess.run([sys.executable, "-m", "twophase.status", "--unverified",
-                            str(store.directory)], capture_output=True, text=True, check=False)
+                            str(store.location)], capture_output=True, text=True, check=False)
     assert shown.returncode == 1
     assert "checksum does not match" in shown.stderr and "UNVERIFIED" in shown.stderr
     assert json.loads(shown.stdout)["epoch"] == 7
+
+
+def test_status_and_cleanup_read_a_state_on_s3(sqlite_sink: SQLiteSink, orders_db: Path,
+                                               moto_server: MotoServer, tmp_path: Path) -> None:
+    """``python -m twophase.status s3://bucket/checkpoints/orders`` and the cron cleanup find
+    the state inside an S3 checkpoint; the endpoint and keys come from boto3's environment."""
+    checkpoint = f"s3://{moto_server.new_bucket('checkpoints')}/checkpoints/orders"
+    options = moto_server.options()
+    store = StateStore.for_checkpoint(checkpoint, {
+        key: options[key] for key in ("endpoint_url", "access_key_id", "secret_access_key",
+                                      "region")})
+    store.start_run("orders", {})
+    decided = prepare(sqlite_sink, orders(0, 2))
+    store.update(lambda s: replace(s, query_id=QUERY_ID, pending=(
+        Decision(0, 1, OPENED_AT, (decided,)),)), epoch=None)
+    env = {"PATH": "/usr/bin", "AWS_ENDPOINT_URL_S3": options["endpoint_url"],
+           "AWS_ACCESS_KEY_ID": options["access_key_id"],
+           "AWS_SECRET_ACCESS_KEY": options["secret_access_key"],
+           "AWS_DEFAULT_REGION": options["region"]}
+
+    status = subprocess.run([sys.executable, "-m", "twophase.status", checkpoint],
+                            capture_output=True, text=True, env=env, check=False)
+    assert status.returncode == 0, status.stderr
+    assert f"state      {store.path}" in status.stdout
+    assert f"{decided.txn_id} (sqlite, 2 rows)" in status.stdout
+
+    config = tmp_path / "cleanup.toml"
+    config.write_text("[[target]]\n"
+                      'sink = "sinks.sqlite:SQLiteSink"\n'
+                      f'options = {{ path = "{orders_db}", table = "orders" }}\n'
+                      f'states = ["{store.location}"]\n')
+    result = subprocess.run([sys.executable, "-m", "twophase.cleanup", "--config", str(config)],
+                            capture_output=True, text=True, env=env, check=False)
+    assert result.returncode == 0, result.stderr
+    actions = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [a["action"] for a in actions if a["action"] != "purge"] == ["roll_forward"]
+    state = store.read()
+    assert state is not None and (state.pending, state.last_done_batch) == ((), 0)
+    with sqlite3.connect(orders_db) as reader:
+        assert reader.execute("SELECT count(*) FROM orders").fetchone() == (2,)

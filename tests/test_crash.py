@@ -54,7 +54,9 @@ class TestForeachBatchCrashes(TestSQLiteCrashes):
     foreach_batch = True
 
 
-class TestMySQLCrashes(CrashSuite):
+class MySQLTarget:
+    """A fresh MariaDB table through the XA sink, and what a reader of it sees."""
+
     @pytest.fixture
     def target(self, mariadb: MariaDBServer, db: Db) -> SinkTarget:
         table = db.new_table(MYSQL_ORDERS_DDL, prefix="orders_")
@@ -69,6 +71,8 @@ class TestMySQLCrashes(CrashSuite):
         table = target.options["table"]
         return [row[0] for row in self.db.query(f"SELECT event_id FROM `{table}` ORDER BY 1")]
 
+
+class TestMySQLCrashes(MySQLTarget, CrashSuite):
     def test_a_server_killed_while_branches_are_prepared_loses_nothing(
         self, target: SinkTarget, mariadb: MariaDBServer, tmp_path: Path
     ) -> None:
@@ -103,8 +107,8 @@ class TestJsonLinesCrashes(CrashSuite):
         return sorted(row["event_id"] for row in rows)
 
 
-class TestS3Crashes(CrashSuite):
-    """Objects in a private moto S3: a crash leaves open uploads, never a visible duplicate."""
+class S3Target:
+    """Parquet objects in a fresh bucket of a private moto S3, and what a reader sees."""
 
     @pytest.fixture
     def target(self, moto_server: MotoServer, s3_bucket: str) -> SinkTarget:
@@ -119,3 +123,7 @@ class TestS3Crashes(CrashSuite):
         return sorted(event_id for key in keys for event_id in pq.read_table(
             io.BytesIO(client.get_object(Bucket=bucket, Key=key)["Body"].read()),
             columns=["event_id"]).column("event_id").to_pylist())
+
+
+class TestS3Crashes(S3Target, CrashSuite):
+    """A crash leaves open uploads, never a visible duplicate."""

@@ -357,3 +357,41 @@ def test_a_reused_id_aborts_its_upload_and_raises(moto_server: MotoServer,
         prepare(sink, orders(0, 2000))
     assert open_uploads(moto_server, s3_bucket) == []
     assert isinstance(Handle, type)
+
+
+# -- credentials and permissions, checked by a server that checks them --------------------------
+
+def test_wrong_credentials_fail_before_the_first_batch_and_after_the_fix_all_arrives(
+        moto_checking_credentials: MotoServer) -> None:
+    server = moto_checking_credentials
+    bucket = server.new_bucket()
+    good = make_sink(server, bucket)
+    good.check_target()
+    key_id = server.access_key_id
+    for wrong in ({"access_key_id": "AKIAWRONGWRONGWRONG0"},
+                  {"access_key_id": key_id, "secret_access_key": "not-the-secret"}):
+        sink = make_sink(server, bucket, max_attempts=1, **wrong)
+        with pytest.raises(ConfigurationError, match=r"HeadBucket .*Fix: fix the credentials"):
+            sink.check_target()
+        with pytest.raises(ConfigurationError,
+                           match=r"(InvalidAccessKeyId|SignatureDoesNotMatch).*Fix: fix the "
+                           r"credentials"):
+            prepare(sink, orders(0, 2000))
+        assert "not-the-secret" not in repr(sink)
+    assert open_uploads(server, bucket) == [] and objects(server, bucket) == []
+    assert commit(good, prepare(good, orders(0, 2000))) is CommitOutcome.COMMITTED
+    assert len(visible_rows(good, server)) == 2000
+
+
+def test_credentials_that_cannot_list_uploads_fail_at_the_start_naming_the_permissions(
+        moto_checking_credentials: MotoServer) -> None:
+    server = moto_checking_credentials
+    bucket = server.new_bucket()
+    key_id, secret = server.add_user("writer", ["s3:HeadBucket", "s3:GetObject", "s3:PutObject",
+                                                "s3:ListBucket"])
+    sink = make_sink(server, bucket, access_key_id=key_id, secret_access_key=secret,
+                     max_attempts=1)
+    with pytest.raises(ConfigurationError,
+                       match=r"ListMultipartUploads .*AccessDenied.*Fix: grant .*"
+                       r"s3:ListBucketMultipartUploads"):
+        sink.check_target()

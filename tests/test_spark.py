@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +15,9 @@ from pyspark.sql import SparkSession
 
 from sinks.sqlite import SQLiteSink
 from twophase import ConfigurationError, SchemaMismatchError
-from twophase._state import StateStore
+from twophase._state import Decision, StateStore
 from twophase.spark import write, write_stream
+from twophase.testing.contract import OPENED_AT, QUERY_ID, prepare
 from twophase.testing.driver import FEED_SCHEMA, generate_feed, read_feed
 
 pytestmark = pytest.mark.spark
@@ -87,6 +89,24 @@ def test_a_batch_job_is_one_decision_and_the_next_job_the_next_batch(
     assert [(r.batch, r.rows, r.txns) for r in state.history] == [(0, 50, 3), (1, 50, 3)]
 
 
+def test_a_batch_job_after_one_that_crashed_after_deciding_delivers_both(
+    spark: SparkSession, sqlite_sink: SQLiteSink, sqlite_reader: sqlite3.Connection,
+    tmp_path: Path,
+) -> None:
+    """A job killed between its decision and its commit leaves batch 0 pending; the next job
+    finishes it and writes its own rows as batch 1 (not as a "replay" of batch 0)."""
+    store = StateStore(tmp_path / "job-state")
+    epoch = store.start_run("orders", {"kind": "batch"}).epoch
+    crashed = prepare(sqlite_sink, [(i, i, "paid", None) for i in range(50)], epoch=epoch)
+    store.update(lambda s: replace(s, query_id=QUERY_ID, pending=(
+        Decision(0, epoch, OPENED_AT, (crashed,)),)), epoch=epoch)
+    df = spark.createDataFrame([(i, i, "paid", None) for i in range(50, 100)], FEED_SCHEMA)
+    write(df, sqlite_sink, state_location=str(tmp_path / "job-state"))
+    assert_exactly_once(sqlite_reader, sqlite_sink, 100)
+    state = store.read()
+    assert state is not None and [r.batch for r in state.history] == [0, 1]
+
+
 def rewrite_keeping_mtime(path: Path, lines: list[str]) -> None:
     stat = path.stat()
     path.write_text("\n".join(lines) + "\n")
@@ -135,7 +155,7 @@ def test_an_unwritable_state_location_fails_before_the_start_then_the_fix_delive
 @pytest.mark.parametrize(("options", "error", "message"), [
     ({"checkpoint_location": ""}, ConfigurationError, "write_stream needs checkpoint_location"),
     ({"namespace": "has space"}, ConfigurationError, "namespace 'has space' is not usable"),
-    ({"state_location": "s3://bucket/state"}, ConfigurationError, "must be on a local file system"),
+    ({"state_location": "hdfs://nn/state"}, ConfigurationError, "on a local file system or on S3"),
 ])
 def test_a_missing_or_wrong_option_is_named_before_anything_is_written(
     spark: SparkSession, feed: Path, sqlite_sink: SQLiteSink, sqlite_reader: sqlite3.Connection,

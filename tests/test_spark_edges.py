@@ -148,7 +148,7 @@ def test_cleanup_aborts_a_given_up_batch_at_once_without_flags(
     assert sqlite_sink.list_in_doubt("orders") == [leftover]
     code = cleanup_main(["--sink", "sinks.sqlite:SQLiteSink", "--options",
                          f'{{"path": "{orders_db}", "table": "orders"}}',
-                         "--state", str(store.directory)])
+                         "--state", str(store.location)])
     assert code == 0
     assert sqlite_sink.list_in_doubt("orders") == []
     assert visible(orders_db) == []

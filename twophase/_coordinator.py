@@ -11,7 +11,8 @@ undecided, before its first task writes. Then, for every batch:
 3. abort in-doubt transactions of this query that no decision references and that belong to
    this or an earlier batch, or to an earlier run (orphans of failed attempts and crashes);
 4. write the decision (batch + handles) to the state file, fenced by the epoch;
-5. commit every handle, in parallel, retrying retryable errors; mark the batch done.
+5. commit every handle, in parallel, retrying retryable errors; let the sink publish the
+   batch as a whole (``Committer.finish_batch``, a manifest); mark the batch done.
 
 A crash between 4 and 5 is finished by step 1 of the next run. Nothing ever aborts a
 transaction that a decision references.
@@ -222,6 +223,9 @@ class Coordinator:
     def _finish(self, decision: Decision, *, decision_ms: float = 0.0) -> None:
         started = time.monotonic()
         outcomes = self._commit_all(decision)
+        self.retry.call(lambda: self.committer.finish_batch(self.namespace, decision.batch,
+                                                            decision.handles),
+                        what=f"publishing batch {decision.batch}")
         commit_ms = (time.monotonic() - started) * 1000
         crash_point(BEFORE_DONE, decision.batch)
         record = BatchRecord(

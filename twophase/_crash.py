@@ -10,6 +10,11 @@ whole process *session* of the driver with SIGKILL: the driver's Python process,
 every Python worker, exactly like ``kill -9`` of the job. Run an armed driver in a session of its
 own (``subprocess.Popen(..., start_new_session=True)``), as the crash tests and the demo do.
 
+On a cluster, executors get the variable through ``spark.executorEnv`` with two more:
+``TWOPHASE_CRASH_SCOPE=executor`` makes a point reached in a task SIGKILL that task's executor
+(its JVM, then the task's Python worker) instead, and ``TWOPHASE_CRASH_ONCE=<file>`` lets only
+the first process that creates the file crash (the retried task then succeeds elsewhere).
+
 Not armed (the variable unset), :func:`crash_point` returns at its first comparison.
 """
 
@@ -23,6 +28,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 CRASH_ENV = "TWOPHASE_CRASH_AT"
+CRASH_SCOPE_ENV = "TWOPHASE_CRASH_SCOPE"
+CRASH_ONCE_ENV = "TWOPHASE_CRASH_ONCE"
+EXECUTOR_SCOPE = "executor"
 
 #: The points, in protocol order.
 AFTER_PRE_COMMIT = "after_pre_commit"  # executor: handle made, driver not told yet
@@ -50,8 +58,42 @@ def crash_point(point: str, batch: int) -> None:
     if _ARMED is None:
         return
     armed_point, armed_batch = _ARMED
-    if point == armed_point and armed_batch in (None, batch):
+    if point != armed_point or armed_batch not in (None, batch):
+        return
+    executor = _executor_jvm() if os.environ.get(CRASH_SCOPE_ENV) == EXECUTOR_SCOPE else None
+    if executor is None:  # the driver (Spark may hand executor variables to its workers too)
         _kill_session()
+    elif _first_to_crash():
+        _kill_executor(executor)
+
+
+def _first_to_crash() -> bool:
+    marker = os.environ.get(CRASH_ONCE_ENV)
+    if not marker:
+        return True
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    except FileExistsError:
+        return False
+    return True
+
+
+def _executor_jvm() -> int | None:
+    """The executor JVM this process runs under, if it runs under one."""
+    pid = os.getpid()
+    while pid > 1:
+        pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        if b"CoarseGrainedExecutorBackend" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            return pid
+    return None
+
+
+def _kill_executor(jvm: int) -> None:
+    """SIGKILL the executor JVM this task's Python worker runs under, then the worker."""
+    sys.stderr.write(f"twophase: crash point {_ARMED} reached, SIGKILL executor {jvm}\n")
+    sys.stderr.flush()
+    os.kill(jvm, signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _kill_session() -> None:

@@ -63,7 +63,7 @@ class _CommitLog(StreamingQueryListener):
         if store is not None and event.exception:
             log.error("query %s stopped: %s (pending decided batches, if any, are finished "
                       "by its next start; see `python -m twophase.status %s`)",
-                      event.id, event.exception.splitlines()[0], store.directory)
+                      event.id, event.exception.splitlines()[0], store.location)
 
 
 def log_batch(store: StateStore, batch: int) -> None:

@@ -12,8 +12,7 @@ import json
 import logging
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from pyspark import TaskContext
@@ -29,7 +28,8 @@ from twophase._crash import AFTER_PRE_COMMIT, crash_point
 from twophase._handle import Handle, TxnId
 from twophase._retry import RetryPolicy
 from twophase._rows import INSTANT_TYPE, plain_rows, positions
-from twophase._state import State, StateStore
+from twophase._state import NO_BATCH, State, StateStore
+from twophase._storage import FILE_SCHEME, local_path
 from twophase._task import Delivery, arrow_delivery, rows_delivery, run_transaction
 from twophase.errors import ConfigurationError, FatalError
 from twophase.sink import Column, TransactionContext, TwoPhaseCommitSink
@@ -43,7 +43,6 @@ log = logging.getLogger(__name__)
 
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
-FILE_SCHEME = "file:"
 SPARK_CHECKPOINT_METADATA = "metadata"  # Spark's checkpoint file holding {"id": query id}
 
 
@@ -52,7 +51,8 @@ class RunConfig:
     """What every process of one run needs: the sink, where the state is, which epoch we hold."""
 
     sink: TwoPhaseCommitSink[Any]
-    state_dir: str
+    #: The state's directory or S3 prefix, and its options (see StateStore).
+    state_location: str
     namespace: str
     epoch: int
     columns: tuple[Column, ...]
@@ -62,9 +62,21 @@ class RunConfig:
     batch: int | None = None
     #: A stream's checkpoint location (its metadata names the query before any task reports).
     checkpoint: str | None = None
+    state_options: dict[str, Any] = field(default_factory=dict, repr=False)
+    #: The batches up to this one were decided before this run started: when Spark replays
+    #: one (its commit was not recorded before a crash), its tasks write nothing and the
+    #: driver finishes the decision. Tasks learn it here, never from the driver's disk.
+    decided_through: int = NO_BATCH
+    #: Can tasks read the state (S3, or a local one in local mode)? Then a task whose batch
+    #: was given up (or whose run was fenced) while it pre-committed aborts its transaction
+    #: itself; otherwise the driver's second sweep (or the next batch's) aborts it.
+    tasks_read_state: bool = True
+
+    def store(self) -> StateStore:
+        return StateStore(self.state_location, self.state_options)
 
     def coordinator(self) -> Coordinator:
-        return Coordinator(self.sink, StateStore(self.state_dir), namespace=self.namespace,
+        return Coordinator(self.sink, self.store(), namespace=self.namespace,
                            epoch=self.epoch, retry=self.retry)
 
 
@@ -87,21 +99,44 @@ def write_partition(
     config: RunConfig, deliver: Delivery, *, batch: int, query_id: str
 ) -> TwoPhaseMessage:
     """Begin, write and pre-commit this task's rows; or nothing, if the batch is decided."""
-    store = StateStore(config.state_dir)
-    state = store.read()
-    if state is not None and state.is_decided(batch) and state.query_id in (None, query_id):
-        log.info("batch %d is already decided: replay writes nothing", batch)
+    if batch <= config.decided_through:
+        log.info("batch %d was decided before this run: its replay writes nothing", batch)
         return TwoPhaseMessage(query_id=query_id, handle=None)
     task = _task()
     txn_id = TxnId.open(namespace=config.namespace, query_id=query_id, epoch=config.epoch,
                         batch=batch, partition=task.partitionId(), attempt=task.taskAttemptId())
+    if task.attemptNumber() > 0:
+        _abort_failed_attempts(config, txn_id)
     ctx = TransactionContext(txn_id, config.columns)
     handle = run_transaction(config.sink, ctx, deliver, retry=config.retry)
     crash_point(AFTER_PRE_COMMIT, batch)
-    if _can_never_be_decided(store.read(), config.epoch, batch):
+    if config.tasks_read_state and _can_never_be_decided(config.store().read(), config.epoch,
+                                                         batch):
         _abort_late_handle(config, handle)
         return TwoPhaseMessage(query_id=query_id, handle=None)
     return TwoPhaseMessage(query_id=query_id, handle=handle.dumps())
+
+
+def _abort_failed_attempts(config: RunConfig, txn_id: TxnId) -> None:
+    """A retried task aborts what its failed attempts left in doubt, before it writes.
+
+    An attempt whose executor died after its pre-commit leaves a transaction no decision will
+    reference, and in a database it holds the locks of the very rows the retry writes: the
+    retry would wait for them until its lock wait timed out, on every attempt. The failed
+    attempts' results never reach the driver (speculation, which would run attempts side by
+    side, is refused at the start), so nothing can decide their transactions.
+    """
+    mine = (txn_id.query, txn_id.epoch, txn_id.batch, txn_id.partition)
+    failed = [handle for handle in config.sink.list_in_doubt(config.namespace)
+              if (handle.txn_id.query, handle.txn_id.epoch, handle.txn_id.batch,
+                  handle.txn_id.partition) == mine and handle.txn_id != txn_id]
+    if not failed:
+        return
+    log.warning("task %s retries a failed attempt: aborting %s", txn_id,
+                ", ".join(str(handle.txn_id) for handle in failed))
+    with config.coordinator() as coordinator:
+        for handle in failed:
+            coordinator.abort_quietly(handle)
 
 
 def _can_never_be_decided(state: State | None, epoch: int, batch: int) -> bool:
@@ -171,7 +206,7 @@ def checkpoint_query_id(checkpoint_location: str) -> str | None:
     """The query id Spark keeps in ``<checkpoint>/metadata``; None for a new or remote one."""
     if is_remote(checkpoint_location):
         return None
-    metadata = local_dir(checkpoint_location) / SPARK_CHECKPOINT_METADATA
+    metadata = local_path(checkpoint_location) / SPARK_CHECKPOINT_METADATA
     try:
         return str(json.loads(metadata.read_text())["id"])
     except FileNotFoundError:
@@ -184,18 +219,6 @@ def checkpoint_query_id(checkpoint_location: str) -> str | None:
 def is_remote(location: str) -> bool:
     """Is ``location`` a URL of a file system other than the local one (``file:``)?"""
     return "://" in location and not location.startswith(FILE_SCHEME)
-
-
-def local_dir(location: str) -> Path:
-    """A local directory from a path or ``file:`` URL; other schemes are refused."""
-    if location.startswith(FILE_SCHEME):
-        location = location[len(FILE_SCHEME):].removeprefix("//")
-    if "://" in location:
-        raise ConfigurationError(
-            f"the state file must be on a local file system, not {location!r}.",
-            fix="pass state_location='/local/dir' (one per query, kept with the checkpoint)",
-        )
-    return Path(location)
 
 
 def commit_messages(

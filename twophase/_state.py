@@ -1,12 +1,13 @@
 """The state file: the authority on which batches are decided.
 
 One JSON file per query, by default ``<checkpointLocation>/twophase/state.json``, so it moves with
-Spark's checkpoint. It holds the fencing epoch, the last batch whose transactions are all
-committed, every decided-but-not-done batch with its handles, and a bounded history.
+Spark's checkpoint, wherever that lives: a local (or mounted) file system, or S3. It holds the
+fencing epoch, the last batch whose transactions are all committed, every decided-but-not-done
+batch with its handles, and a bounded history (its size is bounded by the pending batches).
 
-Durability and atomicity: every change is a read-modify-write under an exclusive ``flock`` on
-``state.lock``; the new content goes to a temporary file that is fsynced, renamed over
-``state.json``, and the directory is fsynced. A reader therefore sees the old or the new state,
+Durability and atomicity: every change is a read-modify-write that replaces the whole file
+only if nobody replaced it meanwhile (:mod:`twophase._storage`: ``flock`` and an fsynced rename
+locally, a conditional ``PutObject`` on S3). A reader therefore sees the old or the new state,
 never a torn one; the body also carries a SHA-256 checksum, so a file damaged any other way is
 refused (``StateCorruptError``) instead of being read as "nothing decided".
 
@@ -16,19 +17,26 @@ holds; a run whose epoch is older than the file's is a zombie and gets ``FencedE
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
+import errno
 import hashlib
 import json
 import logging
 import os
-from collections.abc import Callable, Iterator
+import random
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 from twophase._handle import Handle, TxnId
-from twophase.errors import ConfigurationError, FatalError, FencedError, StateCorruptError
+from twophase._storage import Versioned, join, storage_at
+from twophase.errors import (
+    ConfigurationError,
+    FatalError,
+    FencedError,
+    RetryableError,
+    StateCorruptError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -37,12 +45,13 @@ STATE_FORMAT_VERSION = 2
 READABLE_STATE_FORMATS = (1, 2)
 STATE_DIR_NAME = "twophase"
 STATE_FILE_NAME = "state.json"
-LOCK_FILE_NAME = "state.lock"
 HISTORY_LIMIT = 100
 NO_BATCH = -1
-
-_DIR_MODE = 0o700
-_FILE_MODE = 0o600
+#: How often one change is applied again after another writer won the race (S3), and the
+#: random wait before each time (doubling up to a maximum).
+MAX_WRITE_RACES = 20
+RACE_BACKOFF_S = 0.005
+RACE_BACKOFF_MAX_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -153,31 +162,35 @@ def _checksum(body: dict[str, Any]) -> str:
 
 
 class StateStore:
-    """Reads and atomically replaces one query's state file."""
+    """Reads and atomically replaces one query's state file, local or on S3 (see
+    :mod:`twophase._storage`): ``location`` is the directory or S3 prefix holding it."""
 
-    def __init__(self, directory: str | os.PathLike[str]) -> None:
-        self.directory = Path(directory)
-        self.path = self.directory / STATE_FILE_NAME
+    def __init__(self, location: str | os.PathLike[str],
+                 options: Mapping[str, Any] | None = None) -> None:
+        self.location = os.fspath(location)
+        self.options = dict(options or {})
+        self.storage = storage_at(self.location, STATE_FILE_NAME, self.options)
+        #: The state file, as messages name it.
+        self.path = self.storage.location
+        #: What this object last read or wrote: with conditional writes, an update starts
+        #: from it instead of reading again (a stale one loses the race and is read anew).
+        self._known: Versioned | None = None
 
     @classmethod
-    def for_checkpoint(cls, checkpoint_location: str | os.PathLike[str]) -> StateStore:
+    def for_checkpoint(cls, checkpoint_location: str | os.PathLike[str],
+                       options: Mapping[str, Any] | None = None) -> StateStore:
         """The store of the query whose Spark checkpoint is ``checkpoint_location``."""
-        return cls(Path(checkpoint_location) / STATE_DIR_NAME)
+        return cls(join(os.fspath(checkpoint_location), STATE_DIR_NAME), options)
+
+    def exists(self) -> bool:
+        return self.storage.read() is not None
 
     # -- reading ---------------------------------------------------------------------------
 
     def read(self) -> State | None:
         """The current state, or None if there is no state file yet."""
-        try:
-            raw = self.path.read_bytes()
-        except (FileNotFoundError, NotADirectoryError):
-            return None
-        except OSError as exc:
-            raise ConfigurationError(
-                f"cannot read the state file {self.path}: {exc.strerror}.",
-                fix="make it readable by the user running the query",
-            ) from exc
-        return self._decode(raw)
+        found = self._known = self.storage.read()
+        return None if found is None else self._decode(found.data)
 
     def _decode(self, raw: bytes) -> State:
         try:
@@ -198,16 +211,18 @@ class StateStore:
         For an operator deciding what to do with a damaged file: the parsed body if it parses
         (else its raw text), and "intact" or why it cannot be trusted. Never used to decide.
         """
-        raw = self.path.read_bytes()
+        found = self.storage.read()
+        if found is None:
+            raise FileNotFoundError(errno.ENOENT, "no state file", self.path)
         try:
-            self._decode(raw)
+            self._decode(found.data)
             verdict = "intact"
         except StateCorruptError as exc:
             verdict = exc.cause
         try:
-            envelope = json.loads(raw)
+            envelope = json.loads(found.data)
         except ValueError:
-            return raw.decode(errors="replace"), verdict
+            return found.data.decode(errors="replace"), verdict
         body = envelope.get("state", envelope) if isinstance(envelope, dict) else envelope
         return body, verdict
 
@@ -216,18 +231,20 @@ class StateStore:
             f"state file {self.path} cannot be trusted: {why}. It records which batches were "
             "decided; guessing could commit a batch twice or lose one.",
             fix="restore the file from a backup of the checkpoint; see what it holds with "
-            f"`python -m twophase.status --unverified {self.directory}`; never delete it while "
+            f"`python -m twophase.status --unverified {self.location}`; never delete it while "
             "transactions are pending",
         )
 
     # -- changing --------------------------------------------------------------------------
 
     def update(self, change: Callable[[State], State], *, epoch: int | None) -> State:
-        """Apply ``change`` under the lock and replace the file atomically.
+        """Apply ``change`` and replace the file atomically.
 
         ``epoch`` is the epoch the caller holds; if the file has moved on, the caller is a zombie
         and gets FencedError without anything being written. ``None`` skips the check (for
-        changes that are safe from any process, like marking a batch done).
+        changes that are safe from any process, like marking a batch done). ``change`` may be
+        applied more than once (a concurrent writer won a race): it must depend on its argument
+        only.
         """
         return self._update(lambda current: change(self._existing(current)), epoch=epoch)
 
@@ -256,13 +273,27 @@ class StateStore:
         return current
 
     def _update(self, change: Callable[[State | None], State], *, epoch: int | None) -> State:
-        with self._locked():
-            current = self.read()
-            if epoch is not None and current is not None:
-                self.check_epoch(current, epoch)
-            new = change(current)
-            self._replace(new)
-            return new
+        """Read, change, and write only if nobody wrote meanwhile; else again, a few times."""
+        for race in range(MAX_WRITE_RACES):
+            if race:  # another writer won: let it finish, then apply the change to its state
+                ceiling = min(RACE_BACKOFF_MAX_S, RACE_BACKOFF_S * 2**race)
+                time.sleep(random.uniform(0, ceiling))  # noqa: S311 - jitter, not secrecy
+            with self.storage.exclusive():
+                found = self._known if race == 0 and self.storage.conditional else None
+                found = found or self.storage.read()
+                current = None if found is None else self._decode(found.data)
+                if epoch is not None and current is not None:
+                    self.check_epoch(current, epoch)
+                new = change(current)
+                data = _encode(new)
+                version = self.storage.replace(data, None if found is None else found.version)
+                self._known = None if version is None else Versioned(data, version)
+                if version is not None:
+                    return new
+        raise RetryableError(
+            f"the state file {self.path} kept changing while this process updated it "
+            f"({MAX_WRITE_RACES} times): more than one run of the query writes it.",
+            fix="keep one run per query; the newest run fences the others")
 
     def start_run(self, namespace: str, settings: dict[str, Any]) -> State:
         """Bump the epoch (fencing every older run) and return the new state."""
@@ -281,58 +312,10 @@ class StateStore:
                            settings=settings)
 
         state = self._update(bump, epoch=None)
-        self._remove_stale_temporaries()
+        self.storage.tidy()
         return state
 
-    def _remove_stale_temporaries(self) -> None:
-        """Temporary files of writers killed before their rename: never valid, never read."""
-        for stale in self.directory.glob(f".{STATE_FILE_NAME}.*.tmp"):
-            with contextlib.suppress(OSError):
-                stale.unlink()
 
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        self._ensure_directory()
-        try:
-            fd = os.open(self.directory / LOCK_FILE_NAME, os.O_RDWR | os.O_CREAT, _FILE_MODE)
-        except OSError as exc:
-            raise self._unwritable(exc) from exc
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)  # closing releases the lock
-
-    def _ensure_directory(self) -> None:
-        try:
-            self.directory.mkdir(mode=_DIR_MODE, parents=True, exist_ok=True)
-        except OSError as exc:
-            raise self._unwritable(exc) from exc
-
-    def _unwritable(self, exc: OSError) -> ConfigurationError:
-        return ConfigurationError(
-            f"cannot write the state location {self.directory}: {exc.strerror or exc}.",
-            fix="give the query's user write access there, or pass another state location",
-        )
-
-    def _replace(self, state: State) -> None:
-        body = state.to_json()
-        data = json.dumps({"checksum": _checksum(body), "state": body}, indent=1).encode()
-        tmp = self.directory / f".{STATE_FILE_NAME}.{os.getpid()}.tmp"
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, _FILE_MODE)
-            with os.fdopen(fd, "wb") as file:
-                file.write(data)
-                file.flush()
-                os.fsync(file.fileno())
-            os.replace(tmp, self.path)
-            dir_fd = os.open(self.directory, os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
-        except OSError as exc:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
-            raise self._unwritable(exc) from exc
-
+def _encode(state: State) -> bytes:
+    body = state.to_json()
+    return json.dumps({"checksum": _checksum(body), "state": body}, indent=1).encode()

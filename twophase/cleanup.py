@@ -22,7 +22,9 @@ from the environment (keep passwords out of the file)::
     sink = "sinks.mysql:MySQLXASink"
     options = { host = "db", user = "etl", password = { env = "DB_PASSWORD" },
                 database = "shop", table = "orders" }
-    states = ["/checkpoints/orders/twophase"]
+    states = ["/checkpoints/orders/twophase", "s3://bucket/checkpoints/payments/twophase"]
+    state_options = { region = "eu-west-1" }  # optional, for states on S3 (default: boto3's
+                                              # chain: AWS_* variables, config files, a role)
     older_than = "15m"        # optional
     abort_unknown = false     # optional
     retention = "7d"          # optional
@@ -49,6 +51,7 @@ from twophase._handle import Handle, validate_namespace
 from twophase._loader import build_sink
 from twophase._retry import DEFAULT_RETRY
 from twophase._state import State, StateStore
+from twophase._storage import is_s3
 from twophase.errors import ConfigurationError, TransactionLostError, TwoPhaseError
 from twophase.sink import Committer, TwoPhaseCommitSink
 
@@ -258,7 +261,9 @@ def _from_env(key: str, value: Any) -> Any:
 
 def target_from(entry: Mapping[str, Any]) -> Target:
     sink = build_sink(entry["sink"], _resolve_env(entry.get("options", {})))
-    states = tuple(StateStore(path) for path in entry.get("states", ()))
+    state_options = _resolve_env(entry.get("state_options", {}))
+    states = tuple(StateStore(path, state_options if is_s3(path) else None)
+                   for path in entry.get("states", ()))
     namespace = entry.get("namespace") or _namespace_of(states) or sink.default_namespace()
     older = entry.get("older_than")
     return Target(
@@ -302,7 +307,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", help="TOML file with [[target]] tables")
     parser.add_argument("--sink", help="module:Class of a single target's sink")
     parser.add_argument("--options", default="{}", help="JSON keyword arguments of the sink")
-    parser.add_argument("--state", action="append", default=[], help="a state location")
+    parser.add_argument("--state", action="append", default=[],
+                        help="a state location: a directory or s3://bucket/prefix")
     parser.add_argument("--namespace")
     parser.add_argument("--older-than")
     parser.add_argument("--abort-unknown", action="store_true")

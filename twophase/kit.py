@@ -14,6 +14,8 @@ piece                          what it does
 :func:`transaction_lost`       the one wording of "a decided transaction is gone"
 :func:`transaction_id_reused`  the one wording of "this id was already committed"
 :func:`as_utc`                 an instant in UTC; a naive datetime is a wall clock, read as UTC
+:class:`CommitsViaCommitter`   ``commit``/``abort`` of one handle through a fresh committer,
+                               for a sink whose :class:`~twophase.Committer` does the work
 =============================  ================================================================
 """
 
@@ -34,10 +36,12 @@ from twophase.errors import (
     TransactionLostError,
     TwoPhaseError,
 )
+from twophase.sink import AbortOutcome, CommitOutcome, Committer
 
 __all__ = [
     "DEFAULT_CHUNK_SIZE",
     "MODES",
+    "CommitsViaCommitter",
     "ErrorTable",
     "Mode",
     "as_utc",
@@ -165,3 +169,20 @@ def as_utc(moment: datetime) -> datetime:
     if moment.utcoffset() is None:
         return moment.replace(tzinfo=UTC)
     return moment.astimezone(UTC)
+
+
+class CommitsViaCommitter:
+    """For a sink whose committer does the work (a pool, a producer, a session): ``commit``
+    and ``abort`` of a single handle open a committer, use it and close it. List it before
+    :class:`~twophase.TwoPhaseCommitSink` among the bases."""
+
+    def committer(self) -> Committer:
+        raise NotImplementedError("a sink using CommitsViaCommitter returns its committer")
+
+    def commit(self, handle: Handle) -> CommitOutcome:
+        with self.committer() as committer:
+            return committer.commit(handle)
+
+    def abort(self, handle: Handle) -> AbortOutcome:
+        with self.committer() as committer:
+            return committer.abort(handle)

@@ -19,6 +19,8 @@ method                       runs on   meaning
 ``committer()``              driver    optional: what commits one batch's handles in one
                                        process (default: the sink's own ``commit``/``abort``)
 ``commit(handle)``           driver    make it visible; idempotent
+``finish_batch(ns, batch, …)`` driver  optional, on the committer: once a batch is all
+                                       committed, publish it as a whole (a manifest)
 ``abort(handle)``            driver    throw it away; idempotent
 ``list_in_doubt(ns)``        driver    this namespace's transactions not yet resolved
 ``purge_commit_records``     cron      optional: forget old proofs of commit
@@ -88,7 +90,9 @@ The rules, as a sink author needs them:
   job do not share a namespace. ``committer``: when committing wants a connection, producer
   or session shared by a batch's handles, or state that must not be pickled. ``fence``: when
   a zombie run on another host could still reach the system between its last state check and
-  its commit. ``purge_commit_records``:
+  its commit. ``Committer.finish_batch``: when readers want a batch at once (a manifest, a
+  log of committed files); it runs after the batch's last commit, before the batch is marked
+  done, so after a crash it runs again: make it idempotent. ``purge_commit_records``:
   when proofs of commit accumulate. ``commit_parallelism``: 1 for a system with one writer.
 
 A sink object is configuration: it is pickled to executors, so keep connections out of it and
@@ -172,6 +176,14 @@ class Committer:
 
     def abort(self, handle: Handle) -> AbortOutcome:
         return self.sink.abort(handle)
+
+    def finish_batch(self, namespace: str, batch: int, handles: Sequence[Handle]) -> None:
+        """Every handle of ``batch`` is committed: publish the batch as a whole (optional).
+
+        Called once the batch's commits all succeeded and before the batch is marked done, in
+        batch order; again after a crash, so it must be idempotent. Retried on
+        :class:`RetryableError`. Nothing by default.
+        """
 
     def close(self) -> None:
         """Release what the committer holds; called once, also after an error."""

@@ -39,10 +39,10 @@ from twophase._spark import (
     checkpoint_query_id,
     columns_of,
     is_remote,
-    local_dir,
     register_data_source,
 )
 from twophase._state import State, StateStore
+from twophase._storage import is_s3, local_path
 from twophase.errors import ConfigurationError, SchemaMismatchError, TwoPhaseError
 from twophase.sink import Column, TwoPhaseCommitSink
 
@@ -66,6 +66,7 @@ def write_stream(
     checkpoint_location: str,
     namespace: str | None = None,
     state_location: str | None = None,
+    state_options: Mapping[str, Any] | None = None,
     trigger: Mapping[str, Any] | None = None,
     query_name: str | None = None,
     retry: RetryPolicy | None = None,
@@ -77,11 +78,14 @@ def write_stream(
     Args:
         df: a streaming DataFrame whose columns the sink accepts (checked before the start).
         sink: the sink, e.g. ``sinks.sqlite.SQLiteSink(...)``.
-        checkpoint_location: Spark's checkpoint directory; the state file lives inside it.
+        checkpoint_location: Spark's checkpoint directory; the state file lives inside it,
+            whether it is local (or a shared mount) or on S3 (``s3://``, ``s3a://``).
         namespace: prefix of every transaction id (default: derived from the sink's target).
             Keep it stable for the life of the checkpoint: recovery finds transactions by it.
-        state_location: a local directory for the state file, if not inside the checkpoint
-            (required when the checkpoint is not on a local file system).
+        state_location: a directory or ``s3://bucket/prefix`` for the state file, if not
+            inside the checkpoint (required for a checkpoint on HDFS or another file system).
+        state_options: for a state on S3: ``endpoint_url``, ``region``, ``path_style``,
+            ``access_key_id``, ``secret_access_key``, ``session_token`` (default: boto3's chain).
         trigger: keyword arguments of ``DataStreamWriter.trigger``, e.g.
             ``{"processingTime": "10 seconds"}`` or ``{"availableNow": True}``.
         query_name: Spark's query name.
@@ -104,8 +108,8 @@ def write_stream(
                                  fix="pass checkpoint_location='/path/to/checkpoint'")
     _require_sink(sink)
     writer = _stream_writer(df, checkpoint_location, trigger=trigger, query_name=query_name)
-    store = (StateStore(local_dir(state_location)) if state_location
-             else StateStore.for_checkpoint(local_dir(checkpoint_location)))
+    store = (StateStore(state_location, state_options) if state_location
+             else StateStore.for_checkpoint(checkpoint_location, state_options))
     query_id = _same_query(store, checkpoint_location, accept_lost_state=accept_lost_state)
     _require_not_running(df, query_id)
     config = _begin_run(df, sink, store, query_id=query_id, namespace=namespace, retry=retry,
@@ -131,6 +135,7 @@ def write(
     sink: TwoPhaseCommitSink[Any],
     *,
     state_location: str,
+    state_options: Mapping[str, Any] | None = None,
     namespace: str | None = None,
     retry: RetryPolicy | None = None,
 ) -> None:
@@ -140,20 +145,20 @@ def write(
     are decided together, and a later call first finishes a call that crashed after deciding.
     """
     if not state_location:
-        raise ConfigurationError("write needs state_location (a local directory).",
-                                 fix="pass state_location='/path/to/state'")
+        raise ConfigurationError("write needs state_location (a directory or S3 prefix).",
+                                 fix="pass state_location='/path/to/state' or 's3://b/state'")
     _require_sink(sink)
     if df.isStreaming:
         raise ConfigurationError("twophase.spark.write got a streaming DataFrame.",
                                  fix="use twophase.spark.write_stream for streams")
-    store = StateStore(local_dir(state_location))
+    store = StateStore(state_location, state_options)
     existing = store.read()
     config = _begin_run(df, sink, store, query_id=existing.query_id if existing else None,
                         namespace=namespace, retry=retry, settings={"kind": "batch"})
     state = store.update(_with_job_query_id, epoch=config.epoch)
     with config.coordinator() as coordinator:
         coordinator.start(state.query_id)
-    config = replace(config, query_id=state.query_id, batch=state.last_done_batch + 1)
+    config = replace(config, query_id=state.query_id, batch=state.last_decided_batch + 1)
     df.write.format(register_data_source(df, config)).mode("append").save()
 
 
@@ -224,12 +229,38 @@ def _begin_run(
 ) -> RunConfig:
     """Check the namespace and the rows' columns, then fence older runs; return the config."""
     namespace = validate_namespace(namespace or sink.default_namespace())
+    _require_no_speculation(df)
     retry = retry or RetryPolicy()
     columns = columns_of(df.schema)
     _check_schema(sink, columns, store, query_id=query_id, retry=retry)
     state = store.start_run(namespace, settings)
-    return RunConfig(sink=sink, state_dir=str(store.directory), namespace=namespace,
-                     epoch=state.epoch, columns=columns, retry=retry, checkpoint=checkpoint)
+    return RunConfig(sink=sink, state_location=store.location, namespace=namespace,
+                     epoch=state.epoch, columns=columns, retry=retry, checkpoint=checkpoint,
+                     state_options=store.options, decided_through=state.last_decided_batch,
+                     tasks_read_state=_tasks_read_state(df, store))
+
+
+def _require_no_speculation(df: DataFrame) -> None:
+    """Refuse speculative tasks: a retried task aborts its failed attempts' transactions,
+    which is safe only if no other attempt of its partition is still running."""
+    if (df.sparkSession.conf.get("spark.speculation", "false") or "").lower() == "true":
+        raise ConfigurationError(
+            "spark.speculation is on: a partition's speculative copy would write its rows in a "
+            "second transaction, and a retried task could not tell a dead attempt from a live "
+            "one.", fix="set spark.speculation=false for the query's Spark application")
+
+
+def _tasks_read_state(df: DataFrame, store: StateStore) -> bool:
+    """Can Spark's tasks read the state? On S3, or on this host's disk in local mode."""
+    if is_s3(store.location):
+        return True
+    master = df.sparkSession.conf.get("spark.master", "") or ""
+    if master.startswith("local"):
+        return True
+    log.info("the state %s is on the driver's disk and the tasks run elsewhere (%s): the "
+             "driver's sweeps alone abort what tasks of a given-up batch pre-commit late",
+             store.path, master)
+    return False
 
 
 def _check_schema(sink: TwoPhaseCommitSink[Any], columns: tuple[Column, ...],
@@ -271,7 +302,7 @@ def _same_query(store: StateStore, checkpoint_location: str, *,
     state = store.read()
     checkpoint_query = checkpoint_query_id(checkpoint_location)
     if state is not None and state.query_id not in (None, checkpoint_query):
-        if "://" in checkpoint_location:
+        if is_remote(checkpoint_location):
             return state.query_id  # a remote checkpoint: trust the state file
         raise ConfigurationError(
             f"the state file {store.path} belongs to query {state.query_id}, but the "
@@ -315,7 +346,7 @@ def _checkpoint_batches(checkpoint_location: str, log_dir: str) -> set[int]:
     """The batch ids in one of Spark's checkpoint logs (empty for a remote checkpoint)."""
     if is_remote(checkpoint_location):
         return set()
-    directory = local_dir(checkpoint_location) / log_dir
+    directory = local_path(checkpoint_location) / log_dir
     try:
         return {int(entry.name) for entry in directory.iterdir() if entry.name.isdigit()}
     except (FileNotFoundError, NotADirectoryError):

@@ -23,8 +23,9 @@ RECENT_BATCHES = 10
 
 
 def store_for(location: str) -> StateStore:
+    """The state of a checkpoint location, or the state location itself (path or URL)."""
     nested = StateStore.for_checkpoint(location)
-    return nested if nested.path.exists() else StateStore(location)
+    return nested if nested.exists() else StateStore(location)
 
 
 def describe(store: StateStore, state: State, now: float) -> str:

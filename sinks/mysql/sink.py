@@ -103,9 +103,7 @@ from sinks.mysql.markers import DEFAULT_MARKER_TABLE, Markers
 from sinks.mysql.schema import FENCE_TABLE_DDL, MARKER_TABLE_DDL, Table
 from sinks.mysql.xa import Xid, prepared_in, recover, xa
 from twophase import (
-    AbortOutcome,
     Column,
-    CommitOutcome,
     ConfigurationError,
     FatalError,
     Handle,
@@ -116,6 +114,7 @@ from twophase import (
 from twophase._handle import validate_namespace
 from twophase.kit import (
     DEFAULT_CHUNK_SIZE,
+    CommitsViaCommitter,
     Mode,
     chunks,
     classified,
@@ -145,7 +144,7 @@ class MySQLBranch:
     rows: int = 0
 
 
-class MySQLXASink(TwoPhaseCommitSink[MySQLBranch]):
+class MySQLXASink(CommitsViaCommitter, TwoPhaseCommitSink[MySQLBranch]):
     """Exactly-once rows into one MySQL/MariaDB table, one XA branch per partition.
 
     ``host``/``port``/``user``/``password``/``database``: where to connect (TCP).
@@ -340,15 +339,6 @@ class MySQLXASink(TwoPhaseCommitSink[MySQLBranch]):
         """Commits and aborts through pooled connections; holds the fence claim."""
         return MySQLCommitter(self)
 
-    def commit(self, handle: Handle) -> CommitOutcome:
-        """Commit through a short-lived committer (with ``fencing=True``: refused, as it holds
-        no claim; commit through ``committer()`` after its ``fence``)."""
-        with self.committer() as committer:
-            return committer.commit(handle)
-
-    def abort(self, handle: Handle) -> AbortOutcome:
-        with self.committer() as committer:
-            return committer.abort(handle)
 
     def fence(self, namespace: str, query_id: str, epoch: int) -> None:
         """Claim ``epoch`` for the query (see :meth:`MySQLCommitter.fence`); the claim is not

@@ -14,6 +14,7 @@ module          role
 ``sink``        :class:`S3Sink`: the phases, and what a crash at each one leaves
 ``committer``   :class:`S3Committer`: the driver's completes and aborts, proven by HEAD
 ``upload``      the bounded part buffer and the multipart calls
+``batchlog``    Spark's file sink log of the committed batches (``batch_log=True``)
 ``formats``     Parquet (from Arrow), CSV, JSON Lines (+ gzip); what each cannot hold
 ``keys``        object keys from a template; transaction ids read back from keys
 ``errors``      every S3 error code and how it is classified: the one place

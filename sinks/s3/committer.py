@@ -18,6 +18,9 @@ Commit, proven:
 An empty partition's handle names no upload: there is nothing to make visible, its (zero) rows
 are visible already, and every commit of it answers ALREADY_COMMITTED.
 
+Publishing a batch (``batch_log=True``): Spark's file sink log file of the batch, once all its
+objects are committed (:mod:`~sinks.s3.batchlog`).
+
 Abort: ``AbortMultipartUpload`` of the handle's upload and of any other open upload of the same
 key (a ``CreateMultipartUpload`` whose reply was lost and was retried); ``NoSuchUpload`` for all
 of them is NOT_FOUND. Abort never deletes an object.
@@ -27,8 +30,10 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from sinks.s3.batchlog import BatchLog
 from sinks.s3.connection import S3Settings
 from sinks.s3.errors import (
     BOTO_ERRORS,
@@ -160,6 +165,12 @@ class S3Committer(Committer):
             log.warning("abort of %s: it is committed already, nothing to abort",
                         handle.txn_id)
         return AbortOutcome.ABORTED if aborted else AbortOutcome.NOT_FOUND
+
+    def finish_batch(self, namespace: str, batch: int, handles: Sequence[Handle]) -> None:
+        sink = self.sink
+        if sink.batch_log_root is not None:
+            BatchLog(self.client, sink.settings, sink.prefix, sink.batch_log_root).publish(
+                batch, handles)
 
     def _lost(self, handle: Handle, why: str) -> TransactionLostError:
         return transaction_lost(handle, where=self.sink.settings.where, why=why)

@@ -34,7 +34,8 @@ from botocore.exceptions import (
 from twophase import ConfigurationError, FatalError, RetryableError, TwoPhaseError
 from twophase.kit import ErrorTable
 
-SYSTEM = "S3Sink"
+#: How messages name the system: the S3 sink and the HTTP sink's S3 staging share this table.
+SYSTEM = "S3"
 
 # -- codes the sink steers by -----------------------------------------------------------------
 NO_SUCH_UPLOAD = "NoSuchUpload"
@@ -43,8 +44,8 @@ NOT_FOUND_CODES = frozenset({"404", "NoSuchKey", "NotFound"})
 NO_LIFECYCLE = "NoSuchLifecycleConfiguration"
 
 FIX_RETRY = "retried automatically; if it persists, check the endpoint and the network"
-FIX_BUCKET = ("create the bucket, or fix bucket= (and region= / endpoint_url= if it lives "
-              "elsewhere)")
+FIX_BUCKET = ("create the bucket, or fix the bucket's name (and region= / endpoint_url= if it "
+              "lives elsewhere)")
 FIX_ACCESS = ("grant s3:PutObject, s3:GetObject, s3:ListBucket, s3:ListBucketMultipartUploads "
               "and s3:AbortMultipartUpload on the bucket and prefix to these credentials")
 FIX_CREDENTIALS = ("fix the credentials: access_key_id= / secret_access_key= (or boto3's chain: "

@@ -61,6 +61,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from botocore.exceptions import ClientError
 
+from sinks.s3.batchlog import DEFAULT_SCHEME as DEFAULT_LOG_SCHEME
 from sinks.s3.committer import S3Committer, head, txn_of
 from sinks.s3.connection import DEFAULT_MAX_ATTEMPTS, Checksums, S3Settings
 from sinks.s3.errors import BOTO_ERRORS, NO_LIFECYCLE, classify, error_code
@@ -77,9 +78,7 @@ from sinks.s3.formats import (
 from sinks.s3.keys import DEFAULT_KEY_TEMPLATE, KeyTemplate
 from sinks.s3.upload import PartUploader, uploads_at
 from twophase import (
-    AbortOutcome,
     Column,
-    CommitOutcome,
     ConfigurationError,
     Handle,
     SchemaMismatchError,
@@ -89,6 +88,7 @@ from twophase import (
 )
 from twophase.kit import (
     DEFAULT_CHUNK_SIZE,
+    CommitsViaCommitter,
     classified,
     namespace_from,
     transaction_id_reused,
@@ -118,14 +118,18 @@ class S3Transaction:
     encoder: Encoder
 
 
-class S3Sink(TwoPhaseCommitSink[S3Transaction]):
+class S3Sink(CommitsViaCommitter, TwoPhaseCommitSink[S3Transaction]):
     """Exactly-once objects in ``s3://bucket/prefix``, one per partition and batch.
 
     ``format``: ``"parquet"`` (default), ``"csv"`` or ``"jsonl"``; ``compression="gzip"`` for
     CSV and JSON Lines. ``key_template`` must keep ``{txn}``. Connection: ``endpoint_url``,
     ``region``, ``path_style`` (S3-compatible stores), credentials from the options or boto3's
     chain. ``part_size`` bytes per part (at least ``min_part_size``, S3's 5 MiB),
-    ``max_in_flight`` parts uploading per task at once.
+    ``max_in_flight`` parts uploading per task at once. ``batch_log=True``: after each batch,
+    Spark's file sink log under the prefix (``_spark_metadata``; reader paths are
+    ``batch_log_root/key``, by default ``s3a://bucket/key``), so ``spark.read`` of the prefix
+    sees exactly the committed batches, and each batch has a manifest
+    (see :mod:`~sinks.s3.batchlog`).
     """
 
     kind: ClassVar[str] = "s3"
@@ -151,6 +155,8 @@ class S3Sink(TwoPhaseCommitSink[S3Transaction]):
         checksums: Checksums = "when_required",
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         min_incomplete_upload_days: int = DEFAULT_MIN_INCOMPLETE_UPLOAD_DAYS,
+        batch_log: bool = False,
+        batch_log_root: str | None = None,
     ) -> None:
         if not bucket:
             raise ConfigurationError("S3Sink needs a bucket.", fix="pass bucket='my-bucket'")
@@ -184,6 +190,9 @@ class S3Sink(TwoPhaseCommitSink[S3Transaction]):
         self.chunk_size = validate_chunk_size("S3Sink", chunk_size)
         self.max_attempts = max_attempts
         self.min_incomplete_upload_days = min_incomplete_upload_days
+        #: Where reader paths in Spark's log start (``s3a://bucket``); None: no log.
+        self.batch_log_root = (batch_log_root or f"{DEFAULT_LOG_SCHEME}://{bucket}").rstrip("/") \
+            if batch_log else None
 
     def __repr__(self) -> str:
         return (f"S3Sink({self.settings.where}/{self.prefix}, format={self.format!r}, "
@@ -303,13 +312,6 @@ class S3Sink(TwoPhaseCommitSink[S3Transaction]):
     def committer(self) -> S3Committer:
         return S3Committer(self)
 
-    def commit(self, handle: Handle) -> CommitOutcome:
-        with self.committer() as committer:
-            return committer.commit(handle)
-
-    def abort(self, handle: Handle) -> AbortOutcome:
-        with self.committer() as committer:
-            return committer.abort(handle)
 
     def list_in_doubt(self, namespace: str) -> list[Handle]:
         """Every open upload under the prefix whose key names a transaction of ``namespace``."""

@@ -26,7 +26,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -38,6 +37,7 @@ from typing import Any
 import pymysql
 import pytest
 
+from tests.servers.ports import free_port
 from twophase import Handle
 
 SERVER_BINARY = "mariadbd"
@@ -86,13 +86,6 @@ def _os_user() -> str:
     return "root" if os.geteuid() == 0 else getpass.getuser()
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((HOST, 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 @dataclass(frozen=True)
 class ConnectionParams:
     """How a client reaches the private server over TCP with the test user."""
@@ -120,7 +113,7 @@ class MariaDBServer:
         self.datadir = base_dir / "data"
         self.socket = base_dir / "mariadb.sock"
         self.error_log = base_dir / "error.log"
-        self.port = _free_port()
+        self.port = free_port(HOST)
         self.params = ConnectionParams(HOST, self.port, USER, secrets.token_hex(12), DATABASE)
         self._process: subprocess.Popen[bytes] | None = None
 

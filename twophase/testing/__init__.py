@@ -9,8 +9,13 @@ module                            what it gives
 :mod:`twophase.testing.contract`  :class:`SinkContract`: every rule of ``TwoPhaseCommitSink``
                                   as tests a sink's test module inherits in a few lines
 :mod:`twophase.testing.crash`     :class:`CrashSuite`: a real Spark driver SIGKILLed at every
-                                  named crash point, restarted, checked for exactly once
+                                  named crash point, restarted, checked for exactly once (also
+                                  on a cluster, and with the driver moved to another host)
+:mod:`twophase.testing.model`     :func:`run_model`: hypothesis-generated crash schedules
+                                  (task attempts, driver and executor kills, zombies, replays,
+                                  cleanup) over a sink and its real system, checked after
+                                  every step
 ================================  ==============================================================
 
-Both suites need pytest; the driver needs pyspark.
+The suites need pytest (the model also hypothesis); the driver needs pyspark.
 """

@@ -20,24 +20,44 @@ build the sink (by name: the driver is another process) and how to read what is 
 
 ``check_lost_state = True`` also tries, after every crash, a restart whose state directory is
 gone: it must be refused and write nothing (then the state comes back and recovery goes on).
+
+On a cluster: override ``spark_conf`` with the master's settings and ``driver_disk`` with a
+directory the executors cannot read. The driver is killed at every driver-side point, and the
+task-side point (after pre-commit) SIGKILLs an executor instead, once: the retried task
+succeeds on another executor and the run goes on.
+
+Driver failover: override the ``state`` fixture to keep the state on shared storage (an
+``s3://`` prefix and its options) and set ``fresh_host_per_run = True``: every run then starts
+in a new working directory (its temporary files and Spark's local directory inside), and the
+crashed driver's is deleted, as if the driver were restarted on another host that shares only
+the checkpoint (a shared file system here) and the state.
+
+Another source than files: override the ``source`` fixture with a :class:`FeedSource`, which
+fills its system with the generated feed and tells the driver to read it from there (say
+``source_kafka``, one file's rows per micro-batch). ``check_finished(target)`` adds checks on
+the target after the last run (say, no prepared XA branch left).
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from twophase._crash import CRASH_POINTS
+from twophase._crash import AFTER_PRE_COMMIT, CRASH_POINTS
 from twophase._loader import build_sink
 from twophase._state import StateStore
 from twophase.sink import TwoPhaseCommitSink
-from twophase.testing.driver import DriverSpec, RunResult, generate_feed, launch
+from twophase.testing.driver import DriverSpec, RunResult, crash_marker, generate_feed, launch
 
 ROWS_PER_FILE = 100
+#: Crash points reached in a task: on a cluster they kill the task's executor, not the driver.
+EXECUTOR_POINTS = (AFTER_PRE_COMMIT,)
 LOST_STATE_MESSAGE = "there is no state file"
 
 
@@ -52,49 +72,112 @@ class SinkTarget:
         return build_sink(self.factory, self.options)
 
 
+@dataclass(frozen=True)
+class FeedSource:
+    """The feed delivered by another system than files: ``fill`` puts the generated feed (its
+    directory) there; ``spec`` are the :class:`DriverSpec` fields that read it from there (say
+    ``{"source_kafka": {...}}``), ``spark_conf`` what Spark needs for it (under the suite's)."""
+
+    spec: dict[str, Any]
+    fill: Callable[[Path], object]
+    spark_conf: dict[str, str] = field(default_factory=dict)
+
+    def apply(self, spec: DriverSpec, feed_dir: Path) -> DriverSpec:
+        """Fill the source with the feed in ``feed_dir``; ``spec`` reading from the source."""
+        self.fill(feed_dir)
+        return replace(spec, spark_conf={**self.spark_conf, **spec.spark_conf}, **self.spec)
+
+
 class CrashSuite:
     """Inherit it as ``TestXxx(CrashSuite)``; provide ``target`` and ``visible`` (see above)."""
 
     check_lost_state = False
     foreach_batch = False
+    fresh_host_per_run = False
     rows_per_file = ROWS_PER_FILE
 
     @pytest.fixture
     def target(self) -> SinkTarget:
         raise NotImplementedError("override the target fixture: the sink over an empty target")
 
+    @pytest.fixture
+    def state(self) -> tuple[str | None, dict[str, Any]]:
+        """The state location and its options; (None, {}): inside the checkpoint."""
+        return None, {}
+
+    @pytest.fixture
+    def spark_conf(self) -> dict[str, str]:
+        """Spark settings of the driver; ``spark.master`` runs it on a cluster (see below)."""
+        return {}
+
+    @pytest.fixture
+    def driver_disk(self, tmp_path: Path) -> Path:
+        """Where the checkpoint (and a local state) go: the driver's own disk."""
+        return tmp_path
+
+    @pytest.fixture
+    def source(self) -> FeedSource | None:
+        """How the feed reaches the driver; None: JSON files (see :class:`FeedSource`)."""
+        return None
+
     def visible(self, target: SinkTarget) -> list[int]:
         raise NotImplementedError("return the sorted event_id of every row a reader sees")
 
+    def check_finished(self, target: SinkTarget) -> None:
+        """More checks on the target once every row is delivered (none by default)."""
+
     def test_a_driver_killed_at_every_point_in_turn_delivers_every_row_exactly_once(
-        self, target: SinkTarget, tmp_path: Path
+        self, target: SinkTarget, state: tuple[str | None, dict[str, Any]],
+        spark_conf: dict[str, str], driver_disk: Path, tmp_path: Path, *,
+        source: FeedSource | None
     ) -> None:
         files = len(CRASH_POINTS) + 2  # a batch before the first crash, one after the last
         expected = list(range(generate_feed(tmp_path / "feed", files=files,
                                             rows_per_file=self.rows_per_file)))
-        spec = DriverSpec(input_dir=str(tmp_path / "feed"), checkpoint=str(tmp_path / "ckpt"),
+        spec = DriverSpec(input_dir=str(tmp_path / "feed"), checkpoint=str(driver_disk / "ckpt"),
                           sink_factory=target.factory, sink_kwargs=target.options,
-                          foreach_batch=self.foreach_batch)
+                          foreach_batch=self.foreach_batch, state_location=state[0],
+                          state_options=state[1], spark_conf=spark_conf)
+        if source is not None:
+            spec = source.apply(spec, tmp_path / "feed")
         runs = tmp_path / "runs"
-        for batch, point in enumerate(CRASH_POINTS, start=1):
-            crashed = launch(spec, workdir=runs, crash_at=f"{point}@{batch}")
-            assert crashed.crashed, f"the driver did not die at {point}@{batch}: {_tail(crashed)}"
+        for batch, point in enumerate(_schedule(spark_conf), start=1):
+            crashed = self._launch(spec, runs, batch, crash_at=f"{point}@{batch}")
+            if point in EXECUTOR_POINTS and _on_cluster(spark_conf):
+                assert crashed.returncode == 0, f"the run failed: {_tail(crashed)}"
+                assert crash_marker(runs).exists(), f"no executor died at {point}@{batch}"
+            else:
+                assert crashed.crashed, f"the driver did not die at {point}@{batch}: " \
+                    f"{_tail(crashed)}"
             seen = self.visible(target)
             assert len(seen) == len(set(seen)), f"a row is visible twice after a crash at {point}"
             assert set(seen) <= set(expected)
             if self.check_lost_state:
                 self._refused_without_state(spec, runs / f"without-state-{point}", seen)
-        finished = launch(spec, workdir=runs)
+        finished = self._launch(spec, runs, len(CRASH_POINTS) + 1)
         assert finished.returncode == 0, f"the last run failed: {_tail(finished)}"
         assert self.visible(target) == expected, "rows lost or duplicated"
-        state = StateStore.for_checkpoint(spec.checkpoint).read()
-        assert state is not None
-        assert (state.pending, state.last_done_batch) == ((), files - 1)
-        assert target.build().list_in_doubt(state.namespace) == [], "left in doubt"
+        final = spec.state_store().read()
+        assert final is not None
+        assert (final.pending, final.last_done_batch) == ((), files - 1)
+        assert target.build().list_in_doubt(final.namespace) == [], "left in doubt"
+        self.check_finished(target)
+
+    def _launch(self, spec: DriverSpec, runs: Path, run: int,
+                crash_at: str | None = None) -> RunResult:
+        """One run of the driver: in ``runs``, or on a fresh "host" deleted afterwards."""
+        if not self.fresh_host_per_run:
+            return launch(spec, workdir=runs, crash_at=crash_at)
+        host = runs / f"host-{run}"
+        result = launch(spec, workdir=host, crash_at=crash_at)
+        log = runs / f"driver-{run}.log"
+        shutil.copy(result.log, log)
+        shutil.rmtree(host)  # nothing of this driver's disk reaches the next one
+        return replace(result, log=log)
 
     def _refused_without_state(self, spec: DriverSpec, workdir: Path, seen: list[int]) -> None:
         """A restart whose state is gone is refused and writes nothing; then it is restored."""
-        state_dir = StateStore.for_checkpoint(spec.checkpoint).directory
+        state_dir = Path(StateStore.for_checkpoint(spec.checkpoint).location)
         workdir.mkdir(parents=True)
         aside = workdir / "state-aside"
         os.rename(state_dir, aside)
@@ -110,6 +193,18 @@ class CrashSuite:
     @staticmethod
     def target_of(spec: DriverSpec) -> SinkTarget:
         return SinkTarget(spec.sink_factory, spec.sink_kwargs)
+
+
+def _on_cluster(spark_conf: dict[str, str]) -> bool:
+    return not spark_conf.get("spark.master", "local").startswith("local")
+
+
+def _schedule(spark_conf: dict[str, str]) -> list[str]:
+    """The crash points in turn; on a cluster the executor's last, as it kills an executor and
+    the run goes on to the end of the feed."""
+    if not _on_cluster(spark_conf):
+        return list(CRASH_POINTS)
+    return [p for p in CRASH_POINTS if p not in EXECUTOR_POINTS] + list(EXECUTOR_POINTS)
 
 
 def _tail(run: RunResult, lines: int = 30) -> str:

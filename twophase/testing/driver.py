@@ -5,7 +5,9 @@
 ``kill -9`` of a job), optionally armed at a crash point, and returns how it ended. The driver
 streams a generated order-status feed (JSON files, ``files_per_batch`` per micro-batch) through
 :func:`twophase.spark.write_stream` into the sink that ``sink_factory`` builds, until every file
-is consumed (``availableNow``).
+is consumed (``availableNow``). With ``source_kafka`` it reads the same feed from a Kafka topic
+instead (:func:`read_kafka_feed`, ``max_offsets_per_trigger`` records per micro-batch; Spark's
+Kafka source jars in ``spark_conf["spark.jars"]``).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import random
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -25,9 +28,17 @@ from pathlib import Path
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.functions import col, from_json
 
-from twophase._crash import CRASH_ENV, kill_session
+from twophase._crash import (
+    CRASH_ENV,
+    CRASH_ONCE_ENV,
+    CRASH_SCOPE_ENV,
+    EXECUTOR_SCOPE,
+    kill_session,
+)
 from twophase._loader import build_sink
+from twophase._state import StateStore
 from twophase.sink import TwoPhaseCommitSink
 from twophase.spark import write_stream
 
@@ -57,9 +68,24 @@ class DriverSpec:
     partitions: int = 2
     foreach_batch: bool = False
     log_level: str = "INFO"
+    #: Where the state lives if not inside the checkpoint (a directory or ``s3://``), and
+    #: its options (see :class:`~twophase._state.StateStore`).
+    state_location: str | None = None
+    state_options: dict[str, Any] = field(default_factory=dict)
+    #: Spark settings; with ``spark.master`` the driver runs on that cluster, and an armed
+    #: crash point reached in a task kills that task's executor, once (see twophase._crash).
+    spark_conf: dict[str, str] = field(default_factory=dict)
+    #: Read the feed from Kafka instead of ``input_dir``: the keyword arguments of
+    #: :func:`read_kafka_feed` (``bootstrap_servers``, ``topic``, ``max_offsets_per_trigger``).
+    source_kafka: dict[str, Any] | None = None
 
     def build_sink(self) -> TwoPhaseCommitSink[Any]:
         return build_sink(self.sink_factory, self.sink_kwargs)
+
+    def state_store(self) -> StateStore:
+        if self.state_location:
+            return StateStore(self.state_location, self.state_options)
+        return StateStore.for_checkpoint(self.checkpoint, self.state_options)
 
 
 def generate_feed(input_dir: Path, *, files: int, rows_per_file: int, seed: int = 7) -> int:
@@ -104,12 +130,19 @@ def launch(spec: DriverSpec, *, workdir: Path, crash_at: str | None = None,
            while_running: Callable[[], None] | None = None) -> RunResult:
     """Run one driver to its end (or its crash point) in a session of its own.
 
-    ``while_running`` is called about every ``POLL_INTERVAL_S`` until the driver exits.
+    The driver runs in ``workdir`` and keeps its local files there (its temporary directory
+    and Spark's ``spark.local.dir``): as if on a host of its own. ``while_running`` is called
+    about every ``POLL_INTERVAL_S`` until the driver exits.
     """
     workdir.mkdir(parents=True, exist_ok=True)
     spec_path = workdir / "driver-spec.json"
     spec_path.write_text(json.dumps(asdict(spec)))
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    scratch = workdir / "tmp"
+    scratch.mkdir(exist_ok=True)
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "TMPDIR": str(scratch),
+           # the caller's modules (a sink factory in its test package) from any directory
+           "PYTHONPATH": os.pathsep.join(filter(None, (os.getcwd(),
+                                                       os.environ.get("PYTHONPATH"))))}
     env.pop(CRASH_ENV, None)
     if crash_at:
         env[CRASH_ENV] = crash_at
@@ -118,7 +151,7 @@ def launch(spec: DriverSpec, *, workdir: Path, crash_at: str | None = None,
         log_file.write(f"\n=== driver run, crash point {crash_at or 'none'} ===\n")
         log_file.flush()
         process = subprocess.Popen(
-            [sys.executable, "-m", "twophase.testing.driver", str(spec_path)],
+            [sys.executable, "-m", "twophase.testing.driver", str(spec_path)], cwd=workdir,
             env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
         )
         try:
@@ -147,7 +180,8 @@ def _wait(process: subprocess.Popen[bytes], timeout_s: float,
 
 def local_session(app_name: str, cores: int = 2,
                   conf: dict[str, str] | None = None) -> SparkSession:
-    """A local SparkSession tuned for small machines, with workers on this Python."""
+    """A SparkSession tuned for small machines, with workers on this Python: local with
+    ``cores``, unless ``conf`` names a ``spark.master``."""
     os.environ["PYSPARK_PYTHON"] = sys.executable
     builder = SparkSession.builder.master(f"local[{cores}]").appName(app_name)
     for key, value in {**SPARK_CONF, **(conf or {})}.items():
@@ -164,15 +198,49 @@ def read_feed(spark: SparkSession, input_dir: str | Path, *, files_per_batch: in
             .json(str(input_dir)).repartition(partitions))
 
 
+def read_kafka_feed(spark: SparkSession, *, bootstrap_servers: str, topic: str,
+                    max_offsets_per_trigger: int | None = None,
+                    partitions: int = 2) -> DataFrame:
+    """The order feed as a stream from a Kafka topic of JSON records (as :func:`generate_feed`
+    writes them, one record a line), from its earliest offsets: at most
+    ``max_offsets_per_trigger`` records per micro-batch. Needs Spark's Kafka source jars."""
+    reader = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", bootstrap_servers)
+              .option("subscribe", topic).option("startingOffsets", "earliest"))
+    if max_offsets_per_trigger is not None:
+        reader = reader.option("maxOffsetsPerTrigger", max_offsets_per_trigger)
+    records = reader.load().select(from_json(col("value").cast("string"), FEED_SCHEMA).alias("e"))
+    return records.select("e.*").repartition(partitions)
+
+
 def run_driver(spec: DriverSpec) -> None:
     """Stream every file of the feed into the sink, then return."""
-    spark = local_session("twophase-driver", spec.partitions)
-    feed = read_feed(spark, spec.input_dir, files_per_batch=spec.files_per_batch,
-                     partitions=spec.partitions)
+    conf = {"spark.local.dir": tempfile.gettempdir(), **spec.spark_conf}
+    if "spark.master" in spec.spark_conf and CRASH_ENV in os.environ:
+        conf.update(executor_crash_conf(os.environ[CRASH_ENV], Path(tempfile.gettempdir())))
+    spark = local_session("twophase-driver", spec.partitions, conf)
+    if spec.source_kafka is not None:
+        feed = read_kafka_feed(spark, **spec.source_kafka, partitions=spec.partitions)
+    else:
+        feed = read_feed(spark, spec.input_dir, files_per_batch=spec.files_per_batch,
+                         partitions=spec.partitions)
     query = write_stream(feed, spec.build_sink(), checkpoint_location=spec.checkpoint,
+                         state_location=spec.state_location,
+                         state_options=spec.state_options or None,
                          trigger={"availableNow": True}, foreach_batch=spec.foreach_batch)
     query.awaitTermination()
     spark.stop()
+
+
+def executor_crash_conf(crash_at: str, scratch: Path) -> dict[str, str]:
+    """Arm the executors too: the first task to reach the point kills its executor."""
+    return {f"spark.executorEnv.{CRASH_ENV}": crash_at,
+            f"spark.executorEnv.{CRASH_SCOPE_ENV}": EXECUTOR_SCOPE,
+            f"spark.executorEnv.{CRASH_ONCE_ENV}": str(crash_marker(scratch.parent))}
+
+
+def crash_marker(workdir: Path) -> Path:
+    """The file the executor that crashed created (see TWOPHASE_CRASH_ONCE)."""
+    return workdir / "executor-crashed"
 
 
 def main(argv: list[str]) -> int:

@@ -1,0 +1,43 @@
+"""Apache Kafka, exactly once by transactions the driver commits: :class:`KafkaSink`.
+
+::
+
+    from sinks.kafka import KafkaSink
+
+    sink = KafkaSink("broker1:9092,broker2:9092", "orders_live", key="order_id")
+
+Consumers of the topic must read with ``isolation.level=read_committed``. One module per role:
+
+==============  ===========================================================================
+module          role
+==============  ===========================================================================
+``sink``        :class:`KafkaSink`: the phases, and what a crash at each one leaves
+``committer``   :class:`KafkaCommitter`: EndTxn commit/abort from any process, proven by
+                the coordinator's description of the transactional id
+``pool``        the bounded pool of transactional ids, and which one an attempt may take
+``registry``    the compacted topic naming the twophase transaction of each producer epoch
+``records``     rows to records: topic, key, value (JSON by default), headers
+``adapter``     every use of kafka-python's private parts (and nothing else)
+``errors``      every Kafka error and how it is classified: the one place
+``connection``  settings (password hidden), one admin client per process
+==============  ===========================================================================
+"""
+
+from sinks.kafka.committer import KafkaCommitter
+from sinks.kafka.connection import KafkaSettings
+from sinks.kafka.pool import DEFAULT_ATTEMPT_SLOTS, pool_bound
+from sinks.kafka.records import RecordShape
+from sinks.kafka.registry import DEFAULT_REGISTRY_TOPIC
+from sinks.kafka.sink import DEFAULT_TRANSACTION_TIMEOUT_MS, KafkaSink, KafkaTransaction
+
+__all__ = [
+    "DEFAULT_ATTEMPT_SLOTS",
+    "DEFAULT_REGISTRY_TOPIC",
+    "DEFAULT_TRANSACTION_TIMEOUT_MS",
+    "KafkaCommitter",
+    "KafkaSettings",
+    "KafkaSink",
+    "KafkaTransaction",
+    "RecordShape",
+    "pool_bound",
+]

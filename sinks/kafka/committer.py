@@ -1,0 +1,205 @@
+"""The driver's side: EndTxn commit and abort of pre-committed transactions, from any process.
+
+A pre-committed transaction is an open Kafka transaction whose producer is gone; its handle
+carries the transactional id, producer id and epoch. Whoever holds the handle decides it with
+EndTxn, sent to the id's transaction coordinator through this process's one admin client
+(:meth:`~sinks.kafka.connection.KafkaSettings.admin`). The broker's answers (measured on
+Apache Kafka 4.1, transaction version 1 as kafka-python speaks it): a commit of a committed
+transaction is NONE again, an abort of it INVALID_TXN_STATE, a wrong epoch PRODUCER_FENCED.
+As NONE cannot tell "committed now" from "committed before", the coordinator's description of
+the id (state, producer id, epoch) is read first: ``PrepareCommit`` or ``CompleteCommit`` at
+the handle's producer id and epoch proves ALREADY_COMMITTED (each pooled id carries one
+transaction per epoch; PrepareCommit is the coordinator's logged decision, whose markers it
+finishes writing after any crash).
+Anything else that is not the handle's open transaction (aborted, a newer epoch: the id was
+taken over or the broker timed the transaction out, the id expired) is a lost transaction,
+reported with its deadline, never success.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from kafka import KafkaAdminClient
+from kafka.admin import TransactionDescription, TransactionState
+from kafka.errors import (
+    CoordinatorNotAvailableError,
+    NodeNotReadyError,
+    NotCoordinatorError,
+    TransactionalIdNotFoundError,
+)
+
+from sinks.kafka.adapter import ProducerIdentity, end_transaction, forget_coordinator
+from sinks.kafka.errors import (
+    CONCURRENT_TRANSACTIONS,
+    GONE,
+    KAFKA_ERRORS,
+    NONE,
+    classify,
+    classify_code,
+    code_name,
+)
+from sinks.kafka.pool import COMMIT_LOGGED
+from twophase import AbortOutcome, CommitOutcome, Committer, Handle, RetryableError
+from twophase.errors import TransactionLostError
+from twophase.kit import classified, transaction_lost
+
+if TYPE_CHECKING:
+    from sinks.kafka.sink import KafkaSink
+
+log = logging.getLogger(__name__)
+
+_RETRY_CODES = frozenset({CONCURRENT_TRANSACTIONS, "COORDINATOR_LOAD_IN_PROGRESS",
+                          "COORDINATOR_NOT_AVAILABLE", "NOT_COORDINATOR"})
+
+
+#: Quick in-place attempts at describing an id while its coordinator is looked up.
+#: Commits and aborts at once through this process's admin client: one request each at a time,
+#: below kafka-python's ``max_in_flight_requests_per_connection`` (5), which refuses more.
+ADMIN_MAX_IN_FLIGHT = 4
+_ADMIN_SLOTS = threading.BoundedSemaphore(ADMIN_MAX_IN_FLIGHT)
+LOOKUP_ATTEMPTS = 5
+LOOKUP_BACKOFF_S = 0.05
+
+
+def identity_of(handle: Handle) -> ProducerIdentity:
+    data: Mapping[str, Any] = handle.data
+    return ProducerIdentity(str(data["transactional_id"]), int(data["producer_id"]),
+                            int(data["epoch"]))
+
+
+def deadline_of(handle: Handle) -> str:
+    deadline = datetime.fromtimestamp(int(handle.data["deadline_ms"]) / 1000, UTC)
+    return deadline.isoformat(timespec="seconds")
+
+
+def describe(admin: KafkaAdminClient, tids: Iterable[str]) -> dict[str, TransactionDescription]:
+    """The coordinators' view of ``tids``; ids unknown to them are left out."""
+    found: dict[str, TransactionDescription] = {}
+    for tid in tids:  # one unknown id fails a batched request: describe them one by one
+        found.update(_describe_one(admin, tid))
+    return found
+
+
+def _describe_one(admin: KafkaAdminClient, tid: str) -> dict[str, TransactionDescription]:
+    """Describe ``tid``, riding out a coordinator lookup that fails for a moment (a busy
+    FindCoordinator answers without a node); what persists goes to twophase's retries."""
+    for attempt in range(LOOKUP_ATTEMPTS):
+        try:
+            described: dict[str, TransactionDescription] = admin.describe_transactions([tid])
+            return described
+        except TransactionalIdNotFoundError:
+            return {}
+        except (NodeNotReadyError, CoordinatorNotAvailableError, NotCoordinatorError):
+            forget_coordinator(admin, tid)
+            if attempt == LOOKUP_ATTEMPTS - 1:
+                raise
+            time.sleep(LOOKUP_BACKOFF_S * 2**attempt)
+    return {}
+
+
+def list_ids(admin: KafkaAdminClient, pattern: str,
+             states: Iterable[TransactionState] = ()) -> list[str]:
+    """Transactional ids matching ``pattern`` that the brokers know (in ``states``)."""
+    listed = admin.list_transactions(state_filters=[state.value for state in states] or None,
+                                     transactional_id_pattern=pattern)
+    return sorted({listing.transactional_id for listings in listed.values()
+                   for listing in listings})
+
+
+def _is_handles(description: TransactionDescription | None, identity: ProducerIdentity) -> bool:
+    return description is not None and (description.producer_id, description.producer_epoch) \
+        == (identity.producer_id, identity.epoch)
+
+
+def _state(description: TransactionDescription | None) -> str:
+    if description is None:
+        return "does not know the transactional id (never used, or expired)"
+    return (f"reports state {description.state.value} for producer id "
+            f"{description.producer_id} epoch {description.producer_epoch}")
+
+
+def commit(admin: KafkaAdminClient, handle: Handle, *, where: str) -> CommitOutcome:
+    """EndTxn(commit) for ``handle``; ALREADY_COMMITTED only where the coordinator proves it."""
+    identity = identity_of(handle)
+    what = f"commit of transaction {handle.txn_id} ({identity.transactional_id})"
+    with classified(classify, what, KAFKA_ERRORS):
+        description = describe(admin, [identity.transactional_id]).get(
+            identity.transactional_id)
+        if _is_handles(description, identity):
+            assert description is not None
+            if description.state in COMMIT_LOGGED:
+                return CommitOutcome.ALREADY_COMMITTED
+            if description.state == TransactionState.ONGOING:
+                code = end_transaction(admin, identity, commit=True)
+                if code == NONE:
+                    return CommitOutcome.COMMITTED
+                raise _refused(admin, handle, code, what, where=where)
+        raise _lost(handle, where=where, why=f"its coordinator {_state(description)}")
+
+
+def abort(admin: KafkaAdminClient, handle: Handle) -> AbortOutcome:
+    """EndTxn(abort) for ``handle`` while it is the id's open transaction; else NOT_FOUND."""
+    if "transactional_id" not in handle.data:
+        return AbortOutcome.NOT_FOUND
+    identity = identity_of(handle)
+    what = f"abort of transaction {handle.txn_id} ({identity.transactional_id})"
+    with classified(classify, what, KAFKA_ERRORS):
+        description = describe(admin, [identity.transactional_id]).get(
+            identity.transactional_id)
+        if not _is_handles(description, identity):
+            return AbortOutcome.NOT_FOUND
+        assert description is not None
+        if description.state != TransactionState.ONGOING:  # aborting or ended already
+            return AbortOutcome.NOT_FOUND
+        code = end_transaction(admin, identity, commit=False)
+        if code == NONE:
+            return AbortOutcome.ABORTED
+        if code_name(code) in GONE:
+            return AbortOutcome.NOT_FOUND
+        raise _refused(admin, handle, code, what, where="")
+
+
+def _refused(admin: KafkaAdminClient, handle: Handle, code: int, what: str, *,
+             where: str) -> Exception:
+    name = code_name(code)
+    if name in _RETRY_CODES:
+        forget_coordinator(admin, str(handle.data["transactional_id"]))
+        return RetryableError(f"KafkaSink: {what} answered {name}.",
+                              fix="retried automatically (the coordinator is busy or moved)")
+    if name in GONE and where:
+        return _lost(handle, where=where, why=f"the coordinator answered {name}")
+    return classify_code(code, what)
+
+
+def _lost(handle: Handle, *, where: str, why: str) -> TransactionLostError:
+    return transaction_lost(
+        handle, where=where,
+        why=f"{why}; the transaction had to be committed before its deadline "
+            f"{deadline_of(handle)} (transaction_timeout_ms={handle.data.get('timeout_ms')}), "
+            "after which the broker aborts it")
+
+
+class KafkaCommitter(Committer):
+    """Commits and aborts through this process's admin client (one coordinator connection)."""
+
+    sink: KafkaSink
+
+    def __init__(self, sink: KafkaSink) -> None:
+        super().__init__(sink)
+        self.admin = sink.settings.admin()
+
+    def commit(self, handle: Handle) -> CommitOutcome:
+        self.sink.require_own(handle)
+        with _ADMIN_SLOTS:
+            return commit(self.admin, handle, where=self.sink.where)
+
+    def abort(self, handle: Handle) -> AbortOutcome:
+        self.sink.require_own(handle)
+        with _ADMIN_SLOTS:
+            return abort(self.admin, handle)

@@ -1,0 +1,145 @@
+"""Every Kafka error the sink meets, classified once, here.
+
+=========================================  ====================================================
+what went wrong                            what the sink raises
+=========================================  ====================================================
+CONCURRENT_TRANSACTIONS, a coordinator     :class:`RetryableError` (the broker is finishing a
+loading / moved, NOT_ENOUGH_REPLICAS,      transaction or moving a partition; retried with
+a request timeout, no connection           backoff by twophase)
+PRODUCER_FENCED, INVALID_PRODUCER_EPOCH    :class:`TransactionLostError` on commit (through
+(EndTxn of a decided transaction)          :func:`~twophase.kit.transaction_lost`, naming the
+                                           deadline); :class:`FatalError` in a task (another
+                                           attempt took the transactional id over)
+INVALID_TXN_STATE                          as PRODUCER_FENCED on commit (aborted already)
+UNKNOWN_TOPIC_OR_PARTITION, a producer     :class:`ConfigurationError`: create the topic
+that found no metadata for a topic         (auto-create is off on sane clusters)
+MESSAGE_SIZE_TOO_LARGE, RECORD_LIST_TOO_   :class:`SchemaMismatchError`: the fix names
+LARGE                                      ``max_request_size`` and the topic's
+                                           ``max.message.bytes``
+INVALID_TRANSACTION_TIMEOUT                :class:`ConfigurationError`: lower
+                                           ``transaction_timeout_ms``
+an authorization / SASL failure            :class:`ConfigurationError` (ACLs, credentials)
+anything else                              :class:`FatalError` (never retried blindly)
+=========================================  ====================================================
+
+A broker error is named by its protocol name (``exc.message`` in kafka-python), a client-side
+one by its class name. Messages carry the broker's words, never credentials (kafka-python's
+errors do not carry them).
+"""
+
+from __future__ import annotations
+
+import kafka.errors as kerrors
+
+from twophase import (
+    ConfigurationError,
+    FatalError,
+    RetryableError,
+    SchemaMismatchError,
+    TwoPhaseError,
+)
+from twophase.kit import ErrorTable
+
+SYSTEM = "KafkaSink"
+
+# -- codes the sink steers by (EndTxn, InitProducerId answers) --------------------------------
+NONE = 0
+CONCURRENT_TRANSACTIONS = "CONCURRENT_TRANSACTIONS"
+PRODUCER_FENCED = "PRODUCER_FENCED"
+INVALID_PRODUCER_EPOCH = "INVALID_PRODUCER_EPOCH"
+INVALID_TXN_STATE = "INVALID_TXN_STATE"
+TRANSACTIONAL_ID_NOT_FOUND = "TRANSACTIONAL_ID_NOT_FOUND"
+#: A producer found no metadata for a topic within max_block_ms (no such topic, auto-create off).
+NO_TOPIC_METADATA = "NO_TOPIC_METADATA"
+#: EndTxn answers that mean "this (producer id, epoch) can no longer decide the transaction".
+GONE = frozenset({PRODUCER_FENCED, INVALID_PRODUCER_EPOCH, INVALID_TXN_STATE,
+                  TRANSACTIONAL_ID_NOT_FOUND, "UNKNOWN_PRODUCER_ID",
+                  "INVALID_PRODUCER_ID_MAPPING"})
+
+FIX_RETRY = "retried automatically; if it persists, check that the brokers are up and reachable"
+FIX_CONNECT = ("retried automatically; if it persists, check bootstrap_servers= and that the "
+               "brokers are up and reachable from this host (and security_protocol=)")
+FIX_TOPIC = ("create the topic (kafka-topics.sh --create --topic ...) or fix topic= / the "
+             "topic column: the sink never creates data topics, and clusters should run with "
+             "auto.create.topics.enable=false")
+FIX_SIZE = ("shrink the record, or raise the producer's max_request_size= (producer_configs=) "
+            "and the topic's max.message.bytes together")
+FIX_TIMEOUT = ("lower transaction_timeout_ms= to at most the brokers' "
+               "transaction.max.timeout.ms, or raise that broker setting")
+FIX_ACCESS = ("grant the principal WRITE and DESCRIBE on the topics and the transactional ids "
+              "(prefix) it uses, or fix the SASL/TLS options")
+FIX_TAKEN_OVER = ("another attempt took over this transactional id; the task is retried with "
+                  "a fresh one; if it keeps happening, raise attempt_slots=")
+FIX_UNKNOWN_CODE = "look up the Kafka error code and fix its cause, then restart the query"
+
+_RETRY = (RetryableError, FIX_RETRY)
+_CONNECT = (RetryableError, FIX_CONNECT)
+ERRORS = ErrorTable(
+    system=SYSTEM,
+    default=(FatalError, FIX_UNKNOWN_CODE),
+    rules={
+        CONCURRENT_TRANSACTIONS: _RETRY,
+        "COORDINATOR_LOAD_IN_PROGRESS": _RETRY,
+        "COORDINATOR_NOT_AVAILABLE": _RETRY,
+        "NOT_COORDINATOR": _RETRY,
+        "NOT_ENOUGH_REPLICAS": _RETRY,
+        "NOT_ENOUGH_REPLICAS_AFTER_APPEND": _RETRY,
+        "REQUEST_TIMED_OUT": _RETRY,
+        "NOT_LEADER_FOR_PARTITION": _RETRY,
+        "LEADER_NOT_AVAILABLE": _RETRY,
+        "NETWORK_EXCEPTION": _RETRY,
+        "THROTTLING_QUOTA_EXCEEDED": _RETRY,
+        "KafkaConnectionError": _CONNECT,
+        "NodeNotReadyError": _CONNECT,
+        "NoBrokersAvailable": _CONNECT,
+        "KafkaTimeoutError": _CONNECT,
+        PRODUCER_FENCED: (FatalError, FIX_TAKEN_OVER),
+        INVALID_PRODUCER_EPOCH: (FatalError, FIX_TAKEN_OVER),
+        "TRANSACTION_ABORTABLE": (FatalError, FIX_TAKEN_OVER),
+        INVALID_TXN_STATE: (FatalError, FIX_UNKNOWN_CODE),
+        "UNKNOWN_TOPIC_OR_PARTITION": (ConfigurationError, FIX_TOPIC),
+        NO_TOPIC_METADATA: (ConfigurationError, f"{FIX_TOPIC}; if it exists, the brokers were "
+                            "unreachable for max_block_ms=: check them, then restart"),
+        "INVALID_TOPIC": (ConfigurationError, FIX_TOPIC),
+        "MESSAGE_SIZE_TOO_LARGE": (SchemaMismatchError, FIX_SIZE),
+        "RECORD_LIST_TOO_LARGE": (SchemaMismatchError, FIX_SIZE),
+        "INVALID_TRANSACTION_TIMEOUT": (ConfigurationError, FIX_TIMEOUT),
+        "TOPIC_AUTHORIZATION_FAILED": (ConfigurationError, FIX_ACCESS),
+        "TRANSACTIONAL_ID_AUTHORIZATION_FAILED": (ConfigurationError, FIX_ACCESS),
+        "CLUSTER_AUTHORIZATION_FAILED": (ConfigurationError, FIX_ACCESS),
+        "SASL_AUTHENTICATION_FAILED": (ConfigurationError, FIX_ACCESS),
+    },
+)
+
+#: What :func:`twophase.kit.classified` should catch around kafka-python calls.
+KAFKA_ERRORS: tuple[type[BaseException], ...] = (kerrors.KafkaError,)
+
+#: kafka-python's words when a producer finds no metadata for a topic (auto-create off).
+_NO_TOPIC_METADATA = "Failed to update metadata"
+
+
+def code_of(exc: BaseException | type[BaseException]) -> str:
+    """The protocol name of a broker error (``PRODUCER_FENCED``), else the class name."""
+    kind = exc if isinstance(exc, type) else type(exc)
+    if issubclass(kind, kerrors.BrokerResponseError):
+        return str(getattr(kind, "message", kind.__name__))
+    return kind.__name__
+
+
+def code_name(error_code: int) -> str:
+    """The protocol name of a numeric error code in a response (``NONE`` for 0)."""
+    return "NONE" if error_code == NONE else code_of(kerrors.for_code(error_code))
+
+
+def classify(exc: BaseException, what: str) -> TwoPhaseError:
+    """The one verdict on a kafka-python error raised during ``what``."""
+    code = code_of(exc)
+    if code == "KafkaTimeoutError" and _NO_TOPIC_METADATA in str(exc):
+        code = NO_TOPIC_METADATA
+    return ERRORS.error(code, what, f"{code} ({exc})")
+
+
+def classify_code(error_code: int, what: str) -> TwoPhaseError:
+    """The verdict on an error code in a response."""
+    code = code_name(error_code)
+    return ERRORS.error(code, what, code)

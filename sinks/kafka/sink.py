@@ -1,0 +1,355 @@
+"""Apache Kafka, exactly once by transactions committed from the driver: :class:`KafkaSink`.
+
+Every partition's slice of a micro-batch is ONE Kafka transaction of a transactional producer
+whose id comes from a bounded pool (:mod:`~sinks.kafka.pool`). Records of an open or aborted
+transaction are hidden only from consumers reading with ``isolation.level=read_committed``:
+**every consumer of the target topic must read that way**, or it sees pre-committed batches
+that may still be aborted (and, after a crash, duplicates of them).
+
+What a crash leaves behind, phase by phase (the broker keeps what it acknowledged):
+
+==========  =====================  ====================  =====================  ==================
+phase       calls                  a crash here leaves   resolved by            raises
+==========  =====================  ====================  =====================  ==================
+begin       ListTransactions +     an initialised id     nothing to resolve;    RetryableError
+            DescribeTransactions   with an empty or      an open transaction    (every slot held,
+            (pool slot), registry  registry-only open    is listed by           broker down),
+            read, InitProducerId   transaction, or       ``list_in_doubt`` and  FatalError (id
+            (aborts the slot's     nothing               aborted by the sweep,  committed before)
+            orphan), registry                            or taken over by the
+            record (flushed)                             next init, or timed
+                                                         out by the broker
+write       Produce per record     an open transaction   as begin               ConfigurationError
+            (batched by the        with some records:                           (unknown topic),
+            client)                invisible to                                 SchemaMismatch-
+                                   read_committed                               Error (record too
+                                   consumers; pins the                          large), Retryable-
+                                   topic's last stable                          Error
+                                   offset until aborted
+pre-commit  flush; the producer    an open transaction   once decided, the      as write
+            is closed WITHOUT      with every record:    driver commits it
+            ending it              durable, invisible    (EndTxn); else the
+                                                         sweep aborts it
+commit      DescribeTransactions,  before EndTxn: the    recovery commits       TransactionLost-
+            EndTxn(commit) to the  open transaction;     again: CompleteCommit  Error (aborted,
+            coordinator (driver,   after: committed      at the handle's        timed out, taken
+            any process)                                 epoch proves           over: names the
+                                                         ALREADY_COMMITTED      deadline),
+                                                                                RetryableError
+abort       DescribeTransactions,  the open transaction  repeat it: not open    RetryableError
+            EndTxn(abort)          or nothing            at the epoch ->
+                                                         NOT_FOUND
+==========  =====================  ====================  =====================  ==================
+
+**Timeouts.** The broker aborts a transaction ``transaction_timeout_ms`` after it began (at
+most the brokers' ``transaction.max.timeout.ms``, 15 minutes by default). A decided batch
+must be committed before that deadline, so the handle records it, and a commit that comes
+too late (a driver down for longer) raises :class:`TransactionLostError` naming it: the batch
+stays pending, loudly, never reported as delivered. ``check_schema`` refuses a
+``transaction_timeout_ms`` the brokers would reject and warns when it leaves a batch less
+than ``min_commit_window_ms`` to be decided and committed. The default is the brokers' default
+maximum.
+
+**Lingering transactions.** A crashed attempt's open transaction pins the topic's last stable
+offset (read_committed consumers stall behind it). ``list_in_doubt`` lists open transactions
+of the namespace by ListTransactions (a pattern of the pool's ids) and names each by the
+registry (:mod:`~sinks.kafka.registry`), so the driver's sweep aborts the orphans at the next
+batch or start; the next init of the same pooled id aborts it too. An open transaction with
+no registered owner (a crash between init and the registry record) holds no data and is left
+to the broker's timeout.
+
+Reuse of a committed transaction id (a state restored from a backup) is refused at begin
+while the pooled id still shows that transaction committed; once a later batch has reused
+the id, it no longer can be (duplicates then, not loss).
+
+An empty partition still opens a transaction (holding its registry record) and commits it.
+There are no proofs of commit to purge: the coordinator's state is the proof
+(``transactional.id.expiration.ms``, 7 days by default, bounds how late a recommit can prove
+anything).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from kafka import KafkaProducer
+from kafka.admin import ConfigResource, ConfigResourceType, TransactionState
+
+from sinks.kafka import committer as coordinator
+from sinks.kafka import registry
+from sinks.kafka.adapter import ProducerIdentity, producer_identity, transaction_error
+from sinks.kafka.connection import KafkaSettings
+from sinks.kafka.errors import FIX_TIMEOUT, FIX_TOPIC, KAFKA_ERRORS, SYSTEM, classify
+from sinks.kafka.pool import (
+    DEFAULT_ATTEMPT_SLOTS,
+    candidates,
+    choose,
+    namespace_pattern,
+    owner,
+    partition_pattern,
+)
+from sinks.kafka.records import Record, RecordShape
+from twophase import (
+    Column,
+    ConfigurationError,
+    Handle,
+    TransactionContext,
+    TwoPhaseCommitSink,
+)
+from twophase.kit import CommitsViaCommitter, classified, namespace_from
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+log = logging.getLogger(__name__)
+
+#: The brokers' default ``transaction.max.timeout.ms``: the longest a batch may wait.
+DEFAULT_TRANSACTION_TIMEOUT_MS = 900_000
+#: Below this, ``check_schema`` warns: too little time for a trigger plus a slow commit.
+DEFAULT_MIN_COMMIT_WINDOW_MS = 120_000
+FLUSH_TIMEOUT_S = 120.0
+CLOSE_TIMEOUT_S = 5.0
+MAX_REPLICATION = 3
+BROKER_MAX_TIMEOUT = "transaction.max.timeout.ms"
+
+
+@dataclass
+class KafkaTransaction:
+    """One task's open Kafka transaction."""
+
+    ctx: TransactionContext
+    producer: KafkaProducer
+    identity: ProducerIdentity
+    deadline_ms: int
+    rows: int = 0
+    shape: RecordShape = field(default_factory=RecordShape)
+
+
+class KafkaSink(CommitsViaCommitter, TwoPhaseCommitSink[KafkaTransaction]):
+    """Records into Kafka topics, one transaction per partition and batch (see module docs).
+
+    ``topic`` (or ``topic_column``) names the target; ``key``, ``value`` and ``headers`` name
+    columns (:mod:`~sinks.kafka.records`). ``transaction_timeout_ms`` bounds how long a decided
+    batch may wait for its commit. ``transactional_id_prefix`` + namespace prefixes the pooled
+    ids (``attempt_slots`` per partition and batch parity). ``producer_configs`` go to
+    kafka-python's producer as is (``linger_ms``, ``batch_size``, ``compression_type``,
+    ``max_request_size``...). Security options (``security_protocol``, ``sasl_*``, ``ssl_*``)
+    pass through; the password never shows in ``repr`` or logs.
+    """
+
+    kind: ClassVar[str] = "kafka"
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        topic: str | None = None,
+        *,
+        topic_column: str | None = None,
+        key: str | None = None,
+        value: str | None = None,
+        headers: Sequence[str] = (),
+        transaction_timeout_ms: int = DEFAULT_TRANSACTION_TIMEOUT_MS,
+        min_commit_window_ms: int = DEFAULT_MIN_COMMIT_WINDOW_MS,
+        transactional_id_prefix: str = "twophase-",
+        attempt_slots: int = DEFAULT_ATTEMPT_SLOTS,
+        registry_topic: str = registry.DEFAULT_REGISTRY_TOPIC,
+        registry_replication: int | None = None,
+        producer_configs: Mapping[str, Any] | None = None,
+        **connection: Any,
+    ) -> None:
+        if (topic is None) == (topic_column is None):
+            raise ConfigurationError("KafkaSink: name exactly one of topic= and topic_column=.",
+                                     fix="pass topic='orders' or topic_column='topic'")
+        if not isinstance(attempt_slots, int) or attempt_slots < 1:
+            raise ConfigurationError(f"KafkaSink: attempt_slots={attempt_slots!r}.",
+                                     fix=f"pass a positive int (default {DEFAULT_ATTEMPT_SLOTS})")
+        if not isinstance(transaction_timeout_ms, int) or transaction_timeout_ms < 1:
+            raise ConfigurationError(
+                f"KafkaSink: transaction_timeout_ms={transaction_timeout_ms!r}.",
+                fix=f"pass a positive int (default {DEFAULT_TRANSACTION_TIMEOUT_MS})")
+        if "extra" in connection:
+            connection["extra"] = tuple(dict(connection["extra"]).items())
+        self.settings = KafkaSettings(bootstrap_servers, **connection)
+        self.shape = RecordShape(topic, topic_column, key, value, tuple(headers))
+        self.transaction_timeout_ms = transaction_timeout_ms
+        self.min_commit_window_ms = min_commit_window_ms
+        self.transactional_id_prefix = transactional_id_prefix
+        self.attempt_slots = attempt_slots
+        self.registry_topic = registry_topic
+        self.registry_replication = registry_replication
+        self.producer_configs = dict(producer_configs or {})
+
+    @property
+    def where(self) -> str:
+        """The target, as error messages name it."""
+        target = self.shape.topic or f"the topics in column {self.shape.topic_column!r}"
+        return f"{self.settings.where}, topic {target}"
+
+    def default_namespace(self) -> str:
+        return namespace_from(self.shape.topic or self.shape.topic_column or "", self.kind)
+
+    # -- driver: start checks ------------------------------------------------------------------
+
+    def check_schema(self, columns: Sequence[Column]) -> None:
+        """Columns fit; the topic exists; the timeout fits the brokers; the registry exists."""
+        self.shape.check(columns)
+        with classified(classify, f"checking {self.where}", KAFKA_ERRORS):
+            admin = self.settings.admin()
+            topics = set(admin.list_topics())
+            if self.shape.topic is not None and self.shape.topic not in topics:
+                raise ConfigurationError(f"{SYSTEM}: topic {self.shape.topic!r} does not exist "
+                                         f"in {self.settings.where}.", fix=FIX_TOPIC)
+            self._check_timeout(admin)
+            brokers = len(admin.describe_cluster()["brokers"])
+            replication = self.registry_replication or min(MAX_REPLICATION, brokers)
+            registry.ensure_topic(admin, self.registry_topic, replication)
+
+    def _check_timeout(self, admin: Any) -> None:
+        broker_max = self.broker_max_timeout_ms(admin)
+        if self.transaction_timeout_ms > broker_max:
+            raise ConfigurationError(
+                f"{SYSTEM}: transaction_timeout_ms={self.transaction_timeout_ms} exceeds the "
+                f"brokers' {BROKER_MAX_TIMEOUT}={broker_max}: they would refuse every "
+                "transaction.", fix=FIX_TIMEOUT)
+        if self.transaction_timeout_ms < self.min_commit_window_ms:
+            log.warning(
+                "KafkaSink: transaction_timeout_ms=%d leaves a batch under %d ms from its "
+                "first record to its commit: a slow trigger or a driver restart loses it "
+                "(TransactionLostError). Raise transaction_timeout_ms (and the brokers' %s) "
+                "well above the trigger interval plus the longest expected commit delay.",
+                self.transaction_timeout_ms, self.min_commit_window_ms, BROKER_MAX_TIMEOUT)
+
+    def broker_max_timeout_ms(self, admin: Any) -> int:
+        """The smallest ``transaction.max.timeout.ms`` of the brokers."""
+        brokers = admin.describe_cluster()["brokers"]
+        resources = [ConfigResource(ConfigResourceType.BROKER, str(broker["broker_id"]),
+                                    configs={BROKER_MAX_TIMEOUT: None}) for broker in brokers]
+        described = admin.describe_configs(resources, config_filter="all")
+        return min(_config_values(described, BROKER_MAX_TIMEOUT))
+
+    # -- executor ------------------------------------------------------------------------------
+
+    def begin_transaction(self, ctx: TransactionContext) -> KafkaTransaction:
+        txn = ctx.txn_id
+        with classified(classify, f"opening transaction {txn}", KAFKA_ERRORS):
+            admin = self.settings.admin()
+            ids = candidates(self.transactional_id_prefix, txn, self.attempt_slots)
+            known = set(coordinator.list_ids(admin, partition_pattern(
+                self.transactional_id_prefix, txn)))
+            descriptions = coordinator.describe(admin, [tid for tid in ids if tid in known])
+            entries = registry.read(self.settings, self.registry_topic) if known else {}
+            tid = choose(txn, ids, descriptions, entries)
+            opened_ms = int(time.time() * 1000)
+            producer = self.settings.producer(
+                transactional_id=tid, transaction_timeout_ms=self.transaction_timeout_ms,
+                **self.producer_configs)
+            try:
+                return self._open(ctx, producer, tid, opened_ms)
+            except BaseException:
+                producer.close(timeout=0)
+                raise
+
+    def _open(self, ctx: TransactionContext, producer: KafkaProducer, tid: str,
+              opened_ms: int) -> KafkaTransaction:
+        producer.init_transactions()
+        producer.begin_transaction()
+        identity = producer_identity(producer, tid)
+        deadline_ms = opened_ms + self.transaction_timeout_ms
+        entry = registry.Entry(ctx.txn_id, identity.producer_id, identity.epoch, deadline_ms)
+        producer.send(self.registry_topic, key=tid.encode(), value=entry.value(),
+                      partition=registry.REGISTRY_PARTITION).get(FLUSH_TIMEOUT_S)
+        log.debug("transaction %s opened as %s", ctx.txn_id, identity)
+        return KafkaTransaction(ctx, producer, identity, deadline_ms, shape=self.shape)
+
+    def write(self, txn: KafkaTransaction, rows: Iterable[Sequence[Any]]) -> None:
+        names = txn.ctx.column_names
+        self._send(txn, (dict(zip(names, row, strict=True)) for row in rows))
+
+    def write_arrow(self, txn: KafkaTransaction, batches: Iterable[pa.RecordBatch]) -> None:
+        """Rows straight from Arrow (``to_pylist``: one dict per row, no tuple step)."""
+        self._send(txn, (row for batch in batches for row in batch.to_pylist()))
+
+    def _send(self, txn: KafkaTransaction, rows: Iterable[Mapping[str, Any]]) -> None:
+        encode = txn.shape.encoder()
+        send = txn.producer.send
+        count = 0
+        with classified(classify, f"writing transaction {txn.ctx.txn_id}", KAFKA_ERRORS):
+            for row in rows:
+                record: Record = encode(row)
+                send(record[0], key=record[1], value=record[2], headers=record[3])
+                count += 1
+        txn.rows += count
+
+    def pre_commit(self, txn: KafkaTransaction) -> Handle:
+        with classified(classify, f"pre-commit of transaction {txn.ctx.txn_id}", KAFKA_ERRORS):
+            txn.producer.flush(timeout=FLUSH_TIMEOUT_S)
+            failed = transaction_error(txn.producer)
+            if failed is not None:
+                raise failed
+            txn.producer.close(timeout=CLOSE_TIMEOUT_S)  # leaves the transaction open
+        identity = txn.identity
+        return self.handle(txn.ctx.txn_id, txn.rows, transactional_id=identity.transactional_id,
+                           producer_id=identity.producer_id, epoch=identity.epoch,
+                           deadline_ms=txn.deadline_ms,
+                           timeout_ms=self.transaction_timeout_ms)
+
+    def discard(self, txn: KafkaTransaction) -> None:
+        """Abort the open transaction (its records never become visible) and close."""
+        try:
+            txn.producer.abort_transaction()
+        except Exception:  # discard must not raise: the sweep or the timeout aborts it
+            log.info("could not abort transaction %s on discard", txn.ctx.txn_id,
+                     exc_info=True)
+        finally:
+            txn.producer.close(timeout=0)
+
+    # -- driver --------------------------------------------------------------------------------
+
+    def committer(self) -> coordinator.KafkaCommitter:
+        return coordinator.KafkaCommitter(self)
+
+
+    def list_in_doubt(self, namespace: str) -> list[Handle]:
+        """Open transactions of ``namespace``'s pooled ids, named by the registry."""
+        with classified(classify, f"listing open transactions of {namespace}", KAFKA_ERRORS):
+            admin = self.settings.admin()
+            tids = coordinator.list_ids(
+                admin, namespace_pattern(self.transactional_id_prefix, namespace),
+                [TransactionState.ONGOING])
+            if not tids:
+                return []
+            descriptions = coordinator.describe(admin, tids)
+            entries = registry.read(self.settings, self.registry_topic)
+        handles = []
+        for tid, description in sorted(descriptions.items()):
+            entry = entries.get(tid)
+            holder = owner(description, entry)
+            if holder is None or entry is None or holder.namespace != namespace:
+                log.warning("open transaction %s (producer id %d, epoch %d) has no registered "
+                            "owner; the broker aborts it at its timeout", tid,
+                            description.producer_id, description.producer_epoch)
+                continue
+            handles.append(self.handle(
+                holder, 0, transactional_id=tid, producer_id=entry.producer_id,
+                epoch=entry.epoch, deadline_ms=entry.deadline_ms,
+                timeout_ms=description.transaction_timeout_ms))
+        return sorted(handles, key=lambda handle: handle.txn_id)
+
+
+def _config_values(described: Any, name: str) -> list[int]:
+    """Values of ``name`` in kafka-python's describe_configs answer."""
+    values: list[int] = []
+    for resources in described.values():
+        for configs in resources.values():
+            entry = configs.get(name)
+            if entry is not None:
+                raw = entry.get("value") if isinstance(entry, dict) else entry
+                values.append(int(str(raw)))
+    if not values:
+        raise ConfigurationError(f"{SYSTEM}: the brokers did not report {name}.",
+                                 fix="grant DESCRIBE_CONFIGS on the cluster to the principal")
+    return values

@@ -1,0 +1,203 @@
+"""The reference receiver (``python -m sinks.http.receiver``) on a free loopback port.
+
+Used as a pytest plugin (``pytest_plugins = ["tests.servers.http_receiver"]``) it provides:
+
+* ``http_receiver`` (session): one receiver process for the whole run, requiring a bearer
+  token and a signature, with its own SQLite store; stopped at the end.
+* ``receiver_path`` (function): a fresh URL path on it, so each test counts its own records.
+* ``private_receiver`` (function): a factory of receivers of a test's own (another store, other
+  options: ``--max-body``, ``--key-expiry``, ``--forward``, TLS), for tests that SIGKILL and
+  restart them (:meth:`ReceiverProcess.kill`, :meth:`ReceiverProcess.restart`).
+
+If aiohttp is not installed the fixtures FAIL (they never skip): ``pip install -e '.[dev]'``.
+The benchmark ``bench/http_sink.py`` starts its receiver through :func:`started` too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import itertools
+import json
+import os
+import signal
+import sqlite3
+import ssl
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sinks.http.protocol import WELL_KNOWN
+from tests.servers.ports import free_port
+
+HOST = "127.0.0.1"
+TOKEN = "test-bearer-token"
+SIGNING_SECRET = "test-signing-secret"
+READY_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 10.0
+INSTALL_HINT = "install the dev extra: pip install -e '.[dev]' (it brings aiohttp)"
+
+_paths = itertools.count()
+
+
+@dataclass
+class ReceiverProcess:
+    """One receiver process, its store and the secrets its clients need."""
+
+    workdir: Path
+    port: int
+    options: list[str] = field(default_factory=list)
+    token: str | None = TOKEN
+    signing_secret: str | None = SIGNING_SECRET
+    certfile: Path | None = None
+    process: subprocess.Popen[bytes] | None = None
+    starts: int = 0
+
+    @property
+    def db(self) -> Path:
+        return self.workdir / "receipts.sqlite"
+
+    @property
+    def log(self) -> Path:
+        return self.workdir / "receiver.log"
+
+    def url(self, path: str = "/") -> str:
+        return f"{'https' if self.certfile else 'http'}://{HOST}:{self.port}{path}"
+
+    def sink_options(self, path: str) -> dict[str, Any]:
+        """What an HttpSink needs to reach it (the crash suite passes these to the driver)."""
+        return {"url": self.url(path), "token": self.token,
+                "signing_secret": self.signing_secret}
+
+    # -- process ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        args = [sys.executable, "-m", "sinks.http.receiver", "--db", str(self.db),
+                "--host", HOST, "--port", str(self.port), *self.options]
+        if self.token:
+            args += ["--token-file", str(self._secret_file("token", self.token))]
+        if self.signing_secret:
+            args += ["--signing-secret-file",
+                     str(self._secret_file("signing-secret", self.signing_secret))]
+        if self.certfile:
+            args += ["--certfile", str(self.certfile),
+                     "--keyfile", str(self.certfile.with_suffix(".key"))]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        with self.log.open("ab") as out:
+            self.process = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env)
+        self.starts += 1
+        self._wait_ready()
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown, no flush but what SQLite already made durable."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait()
+
+    def restart(self, options: list[str] | None = None) -> None:
+        """Start again on the same port and store (after :meth:`kill` or :meth:`stop`)."""
+        self.stop()
+        if options is not None:
+            self.options = options
+        self.start()
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def _secret_file(self, name: str, value: str) -> Path:
+        path = self.workdir / name
+        path.write_text(value)
+        path.chmod(0o600)
+        return path
+
+    def _wait_ready(self) -> None:
+        assert self.process is not None
+        context = ssl.create_default_context(cafile=str(self.certfile)) if self.certfile else None
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the receiver exited with {self.process.returncode}: "
+                                   f"{self.log.read_text()[-2000:]}")
+            with contextlib.suppress(OSError, urllib.error.URLError):
+                urllib.request.urlopen(self.url(WELL_KNOWN), timeout=1, context=context).close()
+                return
+            time.sleep(0.05)
+        self.kill()
+        raise RuntimeError(f"the receiver did not answer within {READY_TIMEOUT_S}s: {self.log}")
+
+    # -- its own view --------------------------------------------------------------------------
+
+    def records(self, path: str | None = None) -> list[dict[str, Any]]:
+        """Every record delivered (to ``path``), in order of arrival."""
+        with contextlib.closing(sqlite3.connect(self.db)) as db:
+            rows = db.execute("SELECT record FROM records WHERE ? IS NULL OR path = ? "
+                              "ORDER BY id", (path, path)).fetchall()
+        return [json.loads(record) for (record,) in rows]
+
+    def event_ids(self, path: str | None = None) -> list[int]:
+        return sorted(int(record["event_id"]) for record in self.records(path))
+
+    def key_states(self) -> dict[str, str]:
+        """Every idempotency key the store holds, and its state."""
+        with contextlib.closing(sqlite3.connect(self.db)) as db:
+            return dict(db.execute("SELECT key, state FROM idempotency_keys").fetchall())
+
+
+def require_aiohttp() -> None:
+    if importlib.util.find_spec("aiohttp") is None:
+        pytest.fail(f"the HTTP receiver needs aiohttp: {INSTALL_HINT}")
+
+
+@contextlib.contextmanager
+def started(workdir: Path, options: list[str] | None = None, **settings: Any,
+            ) -> Iterator[ReceiverProcess]:
+    """A receiver on a free port with a fresh store in ``workdir``; stopped on exit."""
+    require_aiohttp()
+    workdir.mkdir(parents=True, exist_ok=True)
+    receiver = ReceiverProcess(workdir, free_port(HOST), list(options or ()), **settings)
+    try:
+        receiver.start()
+        yield receiver
+    finally:
+        receiver.stop()
+
+
+def new_path() -> str:
+    return f"/hooks/t{next(_paths)}"
+
+
+@pytest.fixture(scope="session")
+def http_receiver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReceiverProcess]:
+    with started(tmp_path_factory.mktemp("http-receiver")) as receiver:
+        yield receiver
+
+
+@pytest.fixture
+def receiver_path() -> str:
+    return new_path()
+
+
+@pytest.fixture
+def private_receiver(tmp_path: Path) -> Iterator[Callable[..., ReceiverProcess]]:
+    """``private_receiver(options=[...], certfile=..., token=..., signing_secret=...)``."""
+    with contextlib.ExitStack() as stack:
+        names = itertools.count()
+
+        def start(options: list[str] | None = None, **settings: Any) -> ReceiverProcess:
+            workdir = tmp_path / f"receiver-{next(names)}"
+            return stack.enter_context(started(workdir, options, **settings))
+
+        yield start

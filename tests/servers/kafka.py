@@ -1,0 +1,371 @@
+"""Private Apache Kafka brokers for tests and benchmarks: real KRaft single-node brokers.
+
+Used as a pytest plugin (``pytest_plugins = ["tests.servers.kafka"]``) it provides:
+
+* ``kafka_broker`` (session): a :class:`KafkaBroker` (broker + controller in one JVM, loopback
+  ports, its own log dir, ``-Xmx512m``, ``auto.create.topics.enable=false``) started once per
+  test session, stopped at the end. :meth:`KafkaBroker.kill` (SIGKILL) and
+  :meth:`KafkaBroker.restart` serve the crash tests; the log dir survives both.
+* ``kafka_topic`` (function): a fresh topic on it (:data:`TOPIC_PARTITIONS` partitions).
+* ``kafka_short_timeout_broker`` (module): a second broker whose
+  ``transaction.max.timeout.ms`` is :data:`SHORT_MAX_TIMEOUT_MS`, for transactions that outlive
+  their timeout.
+
+The broker runs from the jars ``scripts/kafka-broker-jars`` fetches from Maven Central into
+``~/.cache/twophase/kafka-<version>/libs`` (``scripts/test`` does it through
+``scripts/bootstrap``). If they are missing the fixture FAILS (it never skips) and says so.
+``bench/kafka_txn.py`` starts its broker through :func:`private_broker` too.
+
+:func:`spark_kafka_jars` lists Spark's Kafka source jars (``spark.jars``), which
+``scripts/kafka-broker-jars spark`` fetches into ``~/.cache/twophase/spark-kafka-<version>/jars``;
+:meth:`KafkaBroker.produce_feed` fills a topic with a generated feed for that source.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import itertools
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
+from kafka.admin import NewTopic, TransactionState
+from kafka.structs import TopicPartition
+
+from tests.servers.ports import free_port
+
+HOST = "127.0.0.1"
+REPO = Path(__file__).resolve().parents[2]
+POM = REPO / "scripts" / "kafka" / "pom.xml"
+SPARK_POM = REPO / "scripts" / "kafka" / "spark" / "pom.xml"
+JARS_HINT = "run scripts/kafka-broker-jars (scripts/test does it through scripts/bootstrap)"
+SPARK_JARS_HINT = ("run scripts/kafka-broker-jars spark (scripts/test does it through "
+                   "scripts/bootstrap with TWOPHASE_NEED_KAFKA=1)")
+HEAP = "-Xmx512m"
+READY_TIMEOUT_S = 90.0
+READ_TIMEOUT_S = 30.0
+POLL_MS = 200
+STOP_TIMEOUT_S = 20.0
+TOPIC_PARTITIONS = 3
+#: The ``transaction.max.timeout.ms`` of ``kafka_short_timeout_broker``.
+SHORT_MAX_TIMEOUT_MS = 5000
+#: How often the broker looks for timed-out transactions (default 10 s; faster for tests).
+ABORT_CHECK_INTERVAL_MS = 1000
+
+#: What a transaction not yet ended is in (ongoing, or on its way to an end).
+OPEN_TRANSACTION_STATES = (TransactionState.ONGOING, TransactionState.PREPARE_COMMIT,
+                           TransactionState.PREPARE_ABORT, TransactionState.PREPARE_EPOCH_FENCE)
+
+_topics = itertools.count()
+
+LOG4J2 = """\
+Configuration:
+  status: warn
+  Appenders:
+    File:
+      name: file
+      fileName: "{log}"
+      PatternLayout:
+        pattern: "[%d] %p %m (%c)%n"
+  Loggers:
+    Root:
+      level: INFO
+      AppenderRef:
+        ref: file
+"""
+
+
+class KafkaJarsMissingError(RuntimeError):
+    """The broker jars are not in the cache."""
+
+
+def kafka_version() -> str:
+    match = re.search(r"<kafka.version>(.+?)</kafka.version>", POM.read_text())
+    if match is None:
+        raise KafkaJarsMissingError(f"no <kafka.version> in {POM}")
+    return match.group(1)
+
+
+def _cache() -> Path:
+    return Path(os.environ.get("TWOPHASE_CACHE", Path.home() / ".cache" / "twophase"))
+
+
+def spark_kafka_jars() -> list[str]:
+    """Spark's Kafka source and the jars it needs beyond pyspark's, for ``spark.jars``; raises
+    :class:`KafkaJarsMissingError` naming the fix."""
+    match = re.search(r"<spark.kafka.version>(.+?)</spark.kafka.version>", SPARK_POM.read_text())
+    if match is None:
+        raise KafkaJarsMissingError(f"no <spark.kafka.version> in {SPARK_POM}")
+    jars = _cache() / f"spark-kafka-{match.group(1)}" / "jars"
+    found = sorted(str(jar) for jar in jars.glob("*.jar"))
+    if not (jars.parent / ".complete").exists() or not any("spark-sql-kafka" in j for j in found):
+        raise KafkaJarsMissingError(f"Spark's Kafka source jars are not in {jars}: "
+                                    f"{SPARK_JARS_HINT}")
+    return found
+
+
+def libs_dir() -> Path:
+    """The cached broker jars; raises :class:`KafkaJarsMissingError` naming the fix."""
+    cache = _cache()
+    version = kafka_version()
+    libs = cache / f"kafka-{version}" / "libs"
+    if not (libs.parent / ".complete").exists() or not any(libs.glob("kafka_2.13-*.jar")):
+        raise KafkaJarsMissingError(f"the Apache Kafka {version} broker jars are not in {libs}: "
+                                    f"{JARS_HINT}")
+    return libs
+
+
+def _properties(port: int, controller_port: int, data: Path, overrides: dict[str, str]) -> str:
+    settings = {
+        "process.roles": "broker,controller",
+        "node.id": "1",
+        "controller.quorum.bootstrap.servers": f"{HOST}:{controller_port}",
+        "listeners": f"PLAINTEXT://{HOST}:{port},CONTROLLER://{HOST}:{controller_port}",
+        "advertised.listeners": f"PLAINTEXT://{HOST}:{port}",
+        "controller.listener.names": "CONTROLLER",
+        "inter.broker.listener.name": "PLAINTEXT",
+        "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+        "log.dirs": str(data),
+        "num.partitions": "1",
+        "auto.create.topics.enable": "false",
+        "offsets.topic.replication.factor": "1",
+        "transaction.state.log.replication.factor": "1",
+        "transaction.state.log.min.isr": "1",
+        "share.coordinator.state.topic.replication.factor": "1",
+        "share.coordinator.state.topic.min.isr": "1",
+        "group.initial.rebalance.delay.ms": "0",
+        "transaction.abort.timed.out.transaction.cleanup.interval.ms":
+            str(ABORT_CHECK_INTERVAL_MS),
+        **overrides,
+    }
+    return "".join(f"{key}={value}\n" for key, value in settings.items())
+
+
+@dataclass
+class KafkaBroker:
+    """One KRaft broker process on loopback ports, restartable on the same log dir."""
+
+    port: int
+    home: Path
+    libs: Path
+    process: subprocess.Popen[bytes] | None = None
+    #: Seconds the last start took until the broker served metadata.
+    start_s: float = 0.0
+    settings: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return f"{HOST}:{self.port}"
+
+    @property
+    def log(self) -> Path:
+        return self.home / "server.log"
+
+    def options(self) -> dict[str, Any]:
+        """What a KafkaSink needs to reach it (the crash suite passes these to the driver)."""
+        return {"bootstrap_servers": self.bootstrap_servers}
+
+    def _java(self, main: str, *args: str, heap: str = HEAP) -> list[str]:
+        return ["java", heap, "-cp", f"{self.libs}/*",
+                f"-Dlog4j2.configurationFile={self.home / 'log4j2.yaml'}", main, *args]
+
+    def format(self) -> None:
+        cluster = uuid.uuid4()
+        cluster_id = base64.urlsafe_b64encode(cluster.bytes).decode().rstrip("=")
+        formatted = subprocess.run(  # "=": a cluster id may begin with "-"
+            self._java("kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}",
+                       "-c", str(self.home / "server.properties"), "--standalone",
+                       heap="-Xmx256m"),
+            capture_output=True, text=True, check=False)
+        if formatted.returncode != 0:
+            raise RuntimeError(f"formatting the Kafka log dir failed: {formatted.stdout}"
+                               f"{formatted.stderr}")
+
+    def start(self) -> None:
+        started = time.monotonic()
+        with (self.home / "stdout.log").open("ab") as out:
+            self.process = subprocess.Popen(
+                self._java("kafka.Kafka", str(self.home / "server.properties")),
+                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        self._wait_ready()
+        self.start_s = time.monotonic() - started
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        assert self.process is not None
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"Kafka broker exited with {self.process.returncode}: "
+                                   f"{self._tail()}")
+            with contextlib.suppress(Exception):
+                admin = KafkaAdminClient(bootstrap_servers=self.bootstrap_servers,
+                                         request_timeout_ms=3000)
+                try:
+                    admin.describe_cluster()
+                    return
+                finally:
+                    admin.close()
+            time.sleep(0.2)
+        self.kill()
+        raise RuntimeError(f"Kafka broker did not serve within {READY_TIMEOUT_S}s: "
+                           f"{self._tail()}")
+
+    def _tail(self) -> str:
+        texts = [path.read_text(errors="replace")[-3000:]
+                 for path in (self.home / "stdout.log", self.log) if path.exists()]
+        return "\n".join(texts)
+
+    def rss_mib(self) -> float:
+        """Resident memory of the broker's JVM, in MiB."""
+        assert self.process is not None
+        status = Path(f"/proc/{self.process.pid}/status").read_text()
+        kib = int(re.search(r"VmRSS:\s+(\d+)", status).group(1))  # type: ignore[union-attr]
+        return kib / 1024
+
+    def kill(self) -> None:
+        """SIGKILL the broker (a crash); :meth:`start` brings it back on the same data."""
+        if self.process is not None and self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def restart(self, *, crash: bool = True) -> None:
+        """Kill (or stop) the broker and start it again on the same ports and data."""
+        if crash:
+            self.kill()
+        else:
+            self.stop()
+        self.start()
+
+    def admin(self) -> KafkaAdminClient:
+        return KafkaAdminClient(bootstrap_servers=self.bootstrap_servers)
+
+    def read(self, topic: str, isolation: str = "read_committed") -> list[Any]:
+        """Every record a fresh consumer reads from ``topic``: from the beginning to the end
+        offsets (with read_committed: the last stable offset), as a reader of the topic sees it.
+        """
+        consumer = KafkaConsumer(bootstrap_servers=self.bootstrap_servers,
+                                 isolation_level=isolation, enable_auto_commit=False)
+        try:
+            partitions = [TopicPartition(topic, p)
+                          for p in sorted(consumer.partitions_for_topic(topic) or ())]
+            consumer.assign(partitions)
+            consumer.seek_to_beginning(*partitions)
+            ends = consumer.end_offsets(partitions)
+            records: list[Any] = []
+            deadline = time.monotonic() + READ_TIMEOUT_S
+            while any(consumer.position(tp) < ends[tp] for tp in partitions):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"could not read {topic} to {ends} in {READ_TIMEOUT_S}s")
+                for batch in consumer.poll(timeout_ms=POLL_MS).values():
+                    records.extend(batch)
+            return records
+        finally:
+            consumer.close()
+
+    def event_ids(self, topic: str, isolation: str = "read_committed") -> list[int]:
+        """The sorted ``event_id`` of every JSON record a reader of ``topic`` sees."""
+        return sorted(json.loads(record.value)["event_id"]
+                      for record in self.read(topic, isolation))
+
+    def produce_feed(self, topic: str, feed_dir: Path, key: str | None = None) -> int:
+        """Every line of the feed's files (:func:`~twophase.testing.driver.generate_feed`), in
+        order, as one record each (keyed by the JSON field ``key``, if given) by a plain
+        producer, flushed; returns the count."""
+        producer = KafkaProducer(bootstrap_servers=self.bootstrap_servers, acks="all")
+        sent = 0
+        try:
+            for path in sorted(feed_dir.glob("*.json")):
+                for line in path.read_bytes().splitlines():
+                    record_key = None if key is None else str(json.loads(line)[key]).encode()
+                    producer.send(topic, line, key=record_key)
+                    sent += 1
+            producer.flush()
+        finally:
+            producer.close()
+        return sent
+
+    def open_transactions(self, transactional_id_prefix: str) -> dict[str, set[str]]:
+        """Transactional ids with ``transactional_id_prefix`` that the coordinators list as
+        open (:data:`OPEN_TRANSACTION_STATES`), each with the topics it has written to."""
+        admin = self.admin()
+        try:
+            listed = admin.list_transactions(
+                state_filters=[state.value for state in OPEN_TRANSACTION_STATES],
+                transactional_id_pattern=re.escape(transactional_id_prefix) + ".*")
+            ids = sorted(listing.transactional_id for listings in listed.values()
+                         for listing in listings)
+            described = admin.describe_transactions(ids) if ids else {}
+        finally:
+            admin.close()
+        return {tid: {partition.topic for partition in description.topic_partitions}
+                for tid, description in described.items()}
+
+    def new_topic(self, prefix: str = "twophase", partitions: int = TOPIC_PARTITIONS) -> str:
+        name = f"{prefix}-{os.getpid()}-{next(_topics)}"
+        admin = self.admin()
+        try:
+            admin.create_topics([NewTopic(name, partitions, 1)])
+        finally:
+            admin.close()
+        return name
+
+
+@contextlib.contextmanager
+def private_broker(home: Path, **settings: str) -> Iterator[KafkaBroker]:
+    """Format and start a broker in ``home``, wait until it serves, stop it on exit.
+
+    ``settings`` override ``server.properties`` (dots as in Kafka's names), e.g.
+    ``private_broker(home, **{"transaction.max.timeout.ms": "5000"})``.
+    """
+    libs = libs_dir()
+    home.mkdir(parents=True, exist_ok=True)
+    controller_port = free_port(HOST)
+    broker = KafkaBroker(free_port(HOST), home, libs, settings=dict(settings))
+    (home / "log4j2.yaml").write_text(LOG4J2.format(log=broker.log))
+    (home / "server.properties").write_text(
+        _properties(broker.port, controller_port, home / "data", settings))
+    broker.format()
+    try:
+        broker.start()
+        yield broker
+    finally:
+        broker.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
+    with private_broker(tmp_path_factory.mktemp("kafka")) as broker:
+        yield broker
+
+
+@pytest.fixture
+def kafka_topic(kafka_broker: KafkaBroker) -> str:
+    return kafka_broker.new_topic()
+
+
+@pytest.fixture(scope="module")
+def kafka_short_timeout_broker(tmp_path_factory: pytest.TempPathFactory,
+                               ) -> Iterator[KafkaBroker]:
+    """A second broker that times transactions out after :data:`SHORT_MAX_TIMEOUT_MS`."""
+    with private_broker(tmp_path_factory.mktemp("kafka-short"),
+                        **{"transaction.max.timeout.ms": str(SHORT_MAX_TIMEOUT_MS)}) as broker:
+        yield broker

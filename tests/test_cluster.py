@@ -1,0 +1,97 @@
+"""On a real Spark standalone cluster (a master and two workers, executors in their own JVMs and
+Python workers, in a mount namespace where the driver's disk is an empty tmpfs).
+
+The crash suite runs for the networked sinks (MySQL, S3, Kafka, HTTP) with the driver killed
+at every driver-side point and an executor killed after its pre-commit: with the state on the
+driver's disk (tasks cannot read it; they learn with the task which batches were decided before
+the run) and with the state on S3 (tasks read it there). Plus the proof that executors cannot
+read the driver's state directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.servers.moto import MotoServer
+from tests.servers.spark_cluster import SparkCluster
+from tests.test_crash import MySQLTarget, S3Target
+from tests.test_failover import s3_state
+from tests.test_http_crash import HttpTarget
+from tests.test_kafka_crash import KafkaTarget
+from twophase._state import StateStore
+from twophase.testing.crash import CrashSuite
+
+pytestmark = [pytest.mark.spark, pytest.mark.crash]
+
+
+PROBE = """
+import json, os, sys
+from pyspark.sql import SparkSession
+from twophase._state import StateStore
+conf, directory = json.loads(sys.argv[1]), sys.argv[2]
+builder = SparkSession.builder.appName("probe")
+for key, value in conf.items():
+    builder = builder.config(key, value)
+spark = builder.getOrCreate()
+seen = spark.sparkContext.parallelize(range(4), 4).map(lambda _: (
+    os.path.exists(directory), StateStore(directory).read() is None)).collect()
+print(json.dumps({"executors": seen, "driver": os.path.exists(directory)}))
+spark.stop()
+"""
+
+
+class OnCluster:
+    """The crash suite's driver on the cluster, its checkpoint on the driver's disk."""
+
+    @pytest.fixture
+    def spark_conf(self, spark_cluster: SparkCluster) -> dict[str, str]:
+        return spark_cluster.driver_conf()
+
+    @pytest.fixture
+    def driver_disk(self, spark_cluster: SparkCluster, tmp_path: Path) -> Path:
+        disk = spark_cluster.driver_disk / tmp_path.name
+        disk.mkdir(mode=0o700)
+        return disk
+
+
+class TestMySQLOnCluster(OnCluster, MySQLTarget, CrashSuite):
+    """State on the driver's disk: tasks cannot read it."""
+
+
+@pytest.mark.long
+class TestHttpOnCluster(OnCluster, HttpTarget, CrashSuite):
+    """Staging on a directory the driver and executors share (as a shared file system)."""
+
+
+@pytest.mark.long
+class TestKafkaOnCluster(OnCluster, KafkaTarget, CrashSuite):
+    """Transactions opened by executors, committed by the driver with EndTxn."""
+
+
+class TestS3OnCluster(OnCluster, S3Target, CrashSuite):
+    """State on S3: tasks read it there, and the driver's disk holds nothing of it."""
+
+    @pytest.fixture
+    def state(self, moto_server: MotoServer) -> tuple[str | None, dict[str, Any]]:
+        return s3_state(moto_server)
+
+
+def test_executors_cannot_read_the_drivers_state_directory(spark_cluster: SparkCluster,
+                                                           tmp_path: Path) -> None:
+    state = spark_cluster.driver_disk / tmp_path.name / "ckpt" / "twophase"
+    StateStore(state).start_run("orders", {})
+    probe = subprocess.run(
+        [sys.executable, "-c", PROBE, json.dumps(spark_cluster.driver_conf()),
+         str(state)], capture_output=True, text=True, timeout=300, check=False,
+        env={**os.environ, "PYSPARK_PYTHON": sys.executable})
+    assert probe.returncode == 0, probe.stderr[-3000:]
+    result = json.loads(probe.stdout.strip().splitlines()[-1])
+    assert result["driver"] is True
+    assert result["executors"] == [[False, True]] * 4  # no directory, no state: nothing read

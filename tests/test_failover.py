@@ -1,0 +1,36 @@
+"""Driver failover: every restart on a fresh "host" with nothing of the crashed driver's disk.
+
+The checkpoint sits on shared storage (a directory outside every driver's working directory,
+as a shared file system would be), the state and the objects on S3 (a moto_server process).
+The driver is SIGKILLed at every crash point in turn, each time restarted from a new working
+directory (its temporary files and Spark's local directory inside) while the crashed one's is
+deleted: every row exactly once, nothing in doubt.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.servers.moto import MotoServer
+from tests.test_crash import S3Target
+from twophase.testing.crash import CrashSuite
+
+pytestmark = [pytest.mark.spark, pytest.mark.crash]
+
+
+def s3_state(server: MotoServer) -> tuple[str, dict[str, Any]]:
+    """A state location in a fresh bucket, and the options to reach it."""
+    options = server.options()
+    return (f"s3://{server.new_bucket('state')}/checkpoints/orders/twophase",
+            {key: options[key] for key in ("endpoint_url", "region", "path_style",
+                                           "access_key_id", "secret_access_key")})
+
+
+class TestS3DriverFailover(S3Target, CrashSuite):
+    fresh_host_per_run = True
+
+    @pytest.fixture
+    def state(self, moto_server: MotoServer) -> tuple[str | None, dict[str, Any]]:
+        return s3_state(moto_server)

@@ -1,0 +1,311 @@
+"""Where a state file lives: a local directory or an S3 prefix, behind one small interface.
+
+The state store (:mod:`twophase._state`) needs three things of a location: read the file with a
+version, replace it only if it still has that version (compare-and-swap), and hold concurrent
+writers apart. Each backend gets them from what its system guarantees:
+
+==========  ====================================  ==============================================
+location    atomic replace                        concurrent writers
+==========  ====================================  ==============================================
+local path  a temporary file (0600, fsynced),     ``flock`` on ``state.lock`` beside it: one
+            renamed over the file, the directory  writer at a time; a reader sees the old file
+            fsynced (0700)                        or the new one, never a torn one
+``s3://``   ``PutObject`` with ``If-Match`` the   none needed: a write that lost a race is
+``s3a://``  ETag read (``If-None-Match: *`` to    refused (412) and the store applies its change
+            create): S3 swaps whole objects       again to what the winner wrote
+==========  ====================================  ==============================================
+
+An S3 location is ``s3://bucket/prefix`` (``s3a://`` is the same location, as Hadoop names
+it); its options (``endpoint_url``, ``region``, ``path_style``, ``access_key_id``,
+``secret_access_key``, ``session_token``) default to boto3's chain (``AWS_*`` variables, the
+config files, an instance role; ``AWS_ENDPOINT_URL_S3`` for a compatible store). Access to the
+prefix is the bucket policy's business: grant the query's principal ``s3:GetObject`` and
+``s3:PutObject`` on it and nobody else (see the README).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import threading
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from twophase.errors import ConfigurationError, RetryableError
+
+log = logging.getLogger(__name__)
+
+S3_SCHEMES = ("s3://", "s3a://")
+FILE_SCHEME = "file:"
+LOCK_FILE_NAME = "state.lock"
+S3_OPTIONS = frozenset({"endpoint_url", "region", "path_style", "access_key_id",
+                        "secret_access_key", "session_token"})
+#: Attempts of one S3 request inside boto3 (throttling, 5xx, connection resets).
+S3_MAX_ATTEMPTS = 5
+S3_TIMEOUT_S = 20.0
+
+#: Errors no retry cures: a missing bucket, refused or missing credentials.
+_REFUSED = frozenset({"NoCredentialsError", "PartialCredentialsError", "AccessDenied",
+                      "InvalidAccessKeyId", "SignatureDoesNotMatch", "403", "NoSuchBucket",
+                      "InvalidBucketName"})
+
+_DIR_MODE = 0o700
+_FILE_MODE = 0o600
+
+
+@dataclass(frozen=True)
+class Versioned:
+    """A file's bytes and the version a conditional replace must name."""
+
+    data: bytes
+    version: str
+
+
+class Storage(Protocol):
+    """One state file's location."""
+
+    #: Does ``replace`` compare versions (True), or do ``exclusive`` sections keep writers
+    #: apart (False: read under the lock before every write)?
+    conditional: bool
+
+    @property
+    def location(self) -> str:
+        """The file, as messages name it (a path or a URL)."""
+
+    def read(self) -> Versioned | None:
+        """The file and its version; None if there is none."""
+
+    def replace(self, data: bytes, version: str | None) -> str | None:
+        """Write ``data`` if the file still has ``version`` (None: if there is no file).
+
+        The new version; None if another writer got there first (read and try again).
+        """
+
+    def exclusive(self) -> contextlib.AbstractContextManager[None]:
+        """Hold other writers off while a change is read, made and written (if the store can)."""
+
+    def tidy(self) -> None:
+        """Remove what killed writers left (never valid, never read)."""
+
+
+def is_s3(location: str) -> bool:
+    return location.startswith(S3_SCHEMES)
+
+
+def local_path(location: str | os.PathLike[str]) -> Path:
+    """A local path from a path or ``file:`` URL; other schemes are refused with the fix."""
+    text = os.fspath(location)
+    if text.startswith(FILE_SCHEME):
+        text = text[len(FILE_SCHEME):].removeprefix("//")
+    if "://" in text:
+        raise ConfigurationError(
+            f"twophase keeps its state on a local file system or on S3, not at {text!r}.",
+            fix="pass state_location='s3://bucket/prefix' or a local directory (one per query)",
+        )
+    return Path(text)
+
+
+def join(location: str, name: str) -> str:
+    """``location/name`` for a path or a URL."""
+    return f"{location.rstrip('/')}/{name}"
+
+
+def storage_at(location: str | os.PathLike[str], file_name: str,
+               options: Mapping[str, Any] | None = None) -> Storage:
+    """The storage of ``file_name`` in the directory or S3 prefix ``location``."""
+    text = os.fspath(location)
+    if is_s3(text):
+        return S3Storage.at(text, file_name, options or {})
+    if options:
+        raise ConfigurationError(
+            f"state options {sorted(options)} were given for the local location {text}.",
+            fix="pass state options only with an s3:// state location")
+    return LocalStorage(local_path(text), file_name)
+
+
+# -- local ------------------------------------------------------------------------------------
+
+
+class LocalStorage:
+    """A file in a local directory: flock, temporary file, fsync, rename, fsync."""
+
+    conditional = False
+
+    def __init__(self, directory: Path, file_name: str) -> None:
+        self.directory = directory
+        self.path = directory / file_name
+        self.location = str(self.path)
+
+    def read(self) -> Versioned | None:
+        try:
+            data = self.path.read_bytes()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except OSError as exc:
+            raise ConfigurationError(
+                f"cannot read the state file {self.path}: {exc.strerror}.",
+                fix="make it readable by the user running the query",
+            ) from exc
+        return Versioned(data, "")  # the lock, not a version, keeps writers apart here
+
+    def replace(self, data: bytes, version: str | None) -> str | None:
+        tmp = self.directory / f".{self.path.name}.{os.getpid()}.tmp"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, _FILE_MODE)
+            with os.fdopen(fd, "wb") as file:
+                file.write(data)
+                file.flush()
+                os.fsync(file.fileno())
+            os.replace(tmp, self.path)
+            dir_fd = os.open(self.directory, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise self._unwritable(exc) from exc
+        return ""
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        try:
+            self.directory.mkdir(mode=_DIR_MODE, parents=True, exist_ok=True)
+            fd = os.open(self.directory / LOCK_FILE_NAME, os.O_RDWR | os.O_CREAT, _FILE_MODE)
+        except OSError as exc:
+            raise self._unwritable(exc) from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # closing releases the lock
+
+    def tidy(self) -> None:
+        for stale in self.directory.glob(f".{self.path.name}.*.tmp"):
+            with contextlib.suppress(OSError):
+                stale.unlink()
+
+    def _unwritable(self, exc: OSError) -> ConfigurationError:
+        return ConfigurationError(
+            f"cannot write the state location {self.directory}: {exc.strerror or exc}.",
+            fix="give the query's user write access there, or pass another state location",
+        )
+
+
+# -- S3 ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class S3Storage:
+    """An object in S3, replaced by conditional writes (S3 swaps whole objects atomically)."""
+
+    bucket: str
+    key: str
+    options: Mapping[str, Any] = field(default_factory=dict, repr=False)
+    conditional = True
+
+    @classmethod
+    def at(cls, location: str, file_name: str, options: Mapping[str, Any]) -> S3Storage:
+        unknown = set(options) - S3_OPTIONS
+        if unknown:
+            raise ConfigurationError(f"unknown S3 state options {sorted(unknown)}.",
+                                     fix=f"use only {', '.join(sorted(S3_OPTIONS))}")
+        bucket, _, prefix = location.split("://", 1)[1].partition("/")
+        if not bucket:
+            raise ConfigurationError(f"the state location {location!r} names no bucket.",
+                                     fix="pass state_location='s3://bucket/prefix'")
+        return cls(bucket, join(prefix, file_name).lstrip("/"), dict(options))
+
+    @property
+    def location(self) -> str:
+        return f"s3://{self.bucket}/{self.key}"
+
+    def read(self) -> Versioned | None:
+        client, errors = _s3_client(self.options)
+        try:
+            reply = client.get_object(Bucket=self.bucket, Key=self.key)
+            return Versioned(reply["Body"].read(), reply["ETag"])
+        except errors as exc:
+            if _code(exc) in ("NoSuchKey", "404"):
+                return None
+            raise self._failed("read", exc) from exc
+
+    def replace(self, data: bytes, version: str | None) -> str | None:
+        condition = {"IfMatch": version} if version else {"IfNoneMatch": "*"}
+        client, errors = _s3_client(self.options)
+        try:
+            reply = client.put_object(Bucket=self.bucket, Key=self.key, Body=data,
+                                      ContentType="application/json", **condition)
+        except errors as exc:
+            if _code(exc) in ("PreconditionFailed", "ConditionalRequestConflict", "NoSuchKey"):
+                log.info("state %s changed while it was being updated: applying the change "
+                         "again", self.location)
+                return None
+            raise self._failed("write", exc) from exc
+        etag: str = reply["ETag"]
+        return etag
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        yield  # conditional writes keep writers apart
+
+    def tidy(self) -> None:
+        """Nothing: an S3 write is whole or absent."""
+
+    def _failed(self, what: str, exc: BaseException) -> Exception:
+        code = _code(exc) or type(exc).__name__
+        if code in _REFUSED:
+            return ConfigurationError(
+                f"cannot {what} the state {self.location}: {code}.",
+                fix="create the bucket and grant the query's credentials s3:GetObject and "
+                "s3:PutObject on the state prefix (state options or boto3's chain)")
+        return RetryableError(f"cannot {what} the state {self.location}: {code} ({exc}).",
+                              fix="retried automatically; if it persists, check the endpoint, "
+                              "the network and the credentials")
+
+
+def _code(exc: BaseException) -> str | None:
+    response: Any = getattr(exc, "response", None)
+    if not isinstance(response, dict):
+        return None
+    code = response.get("Error", {}).get("Code")
+    return str(code) if code is not None else None
+
+
+S3Errors = tuple[type[BaseException], ...]
+_clients: dict[tuple[int, tuple[tuple[str, Any], ...]], tuple[Any, S3Errors]] = {}
+_clients_lock = threading.Lock()
+
+
+def _s3_client(options: Mapping[str, Any]) -> tuple[Any, S3Errors]:
+    """This process's boto3 client for ``options`` (thread-safe), and botocore's errors."""
+    key = (os.getpid(), tuple(sorted(options.items())))
+    with _clients_lock:
+        if key not in _clients:
+            _clients[key] = _new_s3_client(options)
+        return _clients[key]
+
+
+def _new_s3_client(options: Mapping[str, Any]) -> tuple[Any, S3Errors]:
+    try:
+        import boto3  # noqa: PLC0415 - only a state on S3 needs it
+        from botocore.config import Config  # noqa: PLC0415
+        from botocore.exceptions import BotoCoreError, ClientError  # noqa: PLC0415
+    except ImportError as exc:
+        raise ConfigurationError("a state on S3 needs boto3, which is not installed.",
+                                 fix="pip install 'twophase[s3]'") from exc
+    config = Config(
+        s3={"addressing_style": "path" if options.get("path_style") else "auto"},
+        retries={"max_attempts": S3_MAX_ATTEMPTS, "mode": "standard"},
+        connect_timeout=S3_TIMEOUT_S, read_timeout=S3_TIMEOUT_S)
+    client = boto3.session.Session().client(
+        "s3", endpoint_url=options.get("endpoint_url"), region_name=options.get("region"),
+        aws_access_key_id=options.get("access_key_id"),
+        aws_secret_access_key=options.get("secret_access_key"),
+        aws_session_token=options.get("session_token"), config=config)
+    return client, (ClientError, BotoCoreError)

@@ -1,0 +1,721 @@
+"""Model-based tests of the protocol: hypothesis generates crash schedules, any sink is judged.
+
+A :class:`~hypothesis.stateful.RuleBasedStateMachine` drives the real protocol (the
+:class:`~twophase._coordinator.Coordinator`, the state file, the executors' ``write_partition``
+and the cleanup task) over a real sink, one fresh external system per example, and applies
+these steps in any order hypothesis chooses:
+
+========================================  ==================================================
+rule                                      what it simulates
+========================================  ==================================================
+``driver_starts(tasks_read_state)``       a run starts as ``twophase.spark`` starts one: new
+                                          epoch, recover, sweep (tasks can or cannot read
+                                          the state, as in local mode or on a cluster)
+``task_runs(partition, how)``             a task attempt of a partition that has not
+                                          succeeded yet: ``pre_commits``,
+                                          ``fails_mid_write`` (discarded),
+                                          ``executor_killed_mid_write`` (no discard, no
+                                          pre-commit, its process state lost) or
+                                          ``executor_killed_after_pre_commit`` (the handle
+                                          never reaches the driver); retries carry Spark's
+                                          attempt number
+``driver_commits_batch(crash)``           Spark's ``commit``: decide the batch and commit,
+``batch_runs(crash)``                     (``batch_runs``: after the missing partitions
+                                          pre-commit) or die (every in-memory object lost)
+                                          at a crash point of ``twophase._crash``, or after
+                                          the commit but before Spark's commit log; or the
+                                          sink fails after the decision and Spark aborts the
+                                          batch (foreachBatch does), the query stops
+``spark_aborts_batch``                    tasks failed for good: Spark aborts, query stops
+``driver_killed``                         kill -9 of the driver between steps
+``newer_run_takes_over``                  a second run starts; the older lives on, a zombie
+``newer_run_takes_over_mid_commit``       the takeover happens while the older run is
+                                          inside ``commit_batch`` at a crash point; it goes on
+``zombie_*``                              a zombie's tasks run, it commits its batch, aborts
+                                          it, recovers, or finally dies
+``cleanup_runs``                          ``twophase.cleanup.clean`` on the state and sink
+========================================  ==================================================
+
+Spark's side is modelled as Spark behaves: a restarted run replays the batch whose commit is
+missing from Spark's checkpoint, with new task attempts; every partition of a batch has a
+fixed number of rows; a batch is committed only when every partition has a successful attempt.
+Every transaction's rows get event ids of their own, so what is visible tells exactly which
+transactions were committed.
+
+Invariants: after every step, each visible row belongs to a decided batch's decision, none is
+visible twice, and no row of a batch is visible while a decided row of an earlier batch is not
+(batches become visible in order); right after every start and at the end of every example
+(a final restart), what is visible is exactly the rows of the decided batches, nothing of the
+query is in doubt in the sink, and the state file has nothing pending. A decided transaction
+reported lost, or a zombie run not fenced, is a violation too. A failure is an
+:class:`ExactlyOnceError`, shrunk by hypothesis to a short schedule of named steps (each step
+also ``note()`` s what it did).
+
+Running it over a sink takes a target factory: a callable returning, per example, an object
+with two methods over a *fresh, empty* external system whose rows have
+:data:`~twophase.testing.contract.ORDER_COLUMNS`::
+
+    from twophase.testing.model import run_model
+
+    class MyTarget:
+        def __init__(self, directory):
+            self.directory = directory
+        def build(self):                    # a new sink object over this example's system
+            return MySink(self.directory)   # (called again after every simulated crash)
+        def visible(self):                  # the event_id of every row a reader sees
+            return [...]                    # (repeats included: they are duplicates)
+
+    def test_my_sink_model(tmp_path):
+        examples = itertools.count()
+        stats = run_model(lambda: MyTarget(tmp_path / str(next(examples))))
+
+Settings: profile ``twophase-ci`` (derandomized, bounded) unless the environment variable
+``TWOPHASE_HYPOTHESIS_PROFILE=long`` selects ``twophase-long``; ``run_model`` takes
+``max_examples`` and further hypothesis settings. Crashes are simulated in the test process by
+dropping objects (the crash suite of :mod:`twophase.testing.crash` kills real processes). The
+model imports ``twophase._spark``, so it needs pyspark (but starts no Spark).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import itertools
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+from unittest import mock
+
+from hypothesis import HealthCheck, note, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from twophase import _coordinator, _spark, _task
+from twophase._coordinator import Coordinator
+from twophase._crash import (
+    AFTER_DECISION,
+    AFTER_PRE_COMMIT,
+    BEFORE_DECISION,
+    BEFORE_DONE,
+    MID_COMMIT,
+)
+from twophase._handle import Handle, TxnId
+from twophase._retry import RetryPolicy
+from twophase._spark import RunConfig, write_partition
+from twophase._state import StateStore
+from twophase.cleanup import Report, Target, clean
+from twophase.errors import FatalError, FencedError, TransactionLostError, TwoPhaseError
+from twophase.sink import TwoPhaseCommitSink
+from twophase.testing.contract import ORDER_COLUMNS, orders
+
+#: Namespaces are per example (a server shared by examples lists only its own).
+NAMESPACE_PREFIX = "model"
+#: Partitions of every batch (Spark keeps the count across restarts here).
+PARTITIONS = 2
+MAX_ZOMBIES = 2
+PROFILE_ENV = "TWOPHASE_HYPOTHESIS_PROFILE"
+CI_PROFILE = "twophase-ci"
+LONG_PROFILE = "twophase-long"
+FAST_RETRY = RetryPolicy(max_attempts=3, initial_backoff_s=0.01, max_backoff_s=0.05)
+#: Where Spark's commit log is written: a crash there leaves a committed batch to replay.
+BEFORE_SPARK_COMMIT_LOG = "before_spark_commit_log"
+NO_CRASH = "no_crash"
+#: Points at which a batch being committed is decided (its decision is durable).
+DECIDED_AT = (AFTER_DECISION, MID_COMMIT, BEFORE_DONE)
+#: The sink fails (an outage) at a point after the decision: Spark then aborts the batch.
+SINK_FAILS = "sink_fails_at_"
+DRIVER_CRASHES = (NO_CRASH, BEFORE_DECISION, *DECIDED_AT, BEFORE_SPARK_COMMIT_LOG,
+                  *(SINK_FAILS + point for point in DECIDED_AT))
+TAKEOVER_POINTS = (BEFORE_DECISION, *DECIDED_AT)
+#: What a task attempt does.
+PRE_COMMITS = "pre_commits"
+FAILS_MID_WRITE = "fails_mid_write"
+KILLED_MID_WRITE = "executor_killed_mid_write"
+KILLED_AFTER_PRE_COMMIT = "executor_killed_after_pre_commit"
+TASK_OUTCOMES = (PRE_COMMITS, FAILS_MID_WRITE, KILLED_MID_WRITE, KILLED_AFTER_PRE_COMMIT)
+
+_SETTINGS: dict[str, Any] = {
+    "deadline": None,
+    "suppress_health_check": [HealthCheck.too_slow, HealthCheck.filter_too_much,
+                              HealthCheck.data_too_large],
+    "report_multiple_bugs": False,
+}
+settings.register_profile(CI_PROFILE, max_examples=50, stateful_step_count=25,
+                          derandomize=True, database=None, **_SETTINGS)
+settings.register_profile(LONG_PROFILE, max_examples=1000, stateful_step_count=40,
+                          database=None, **_SETTINGS)
+
+
+def profile() -> settings:
+    """The profile selected by ``TWOPHASE_HYPOTHESIS_PROFILE`` (``ci`` by default, or ``long``)."""
+    chosen = os.environ.get(PROFILE_ENV, "ci")
+    if chosen not in ("ci", "long"):
+        raise ValueError(f"{PROFILE_ENV}={chosen!r}: use ci or long")
+    return settings.get_profile(LONG_PROFILE if chosen == "long" else CI_PROFILE)
+
+
+class ModelTarget(Protocol):
+    """One example's fresh, empty external system (see the module docstring)."""
+
+    def build(self) -> TwoPhaseCommitSink[Any]:
+        """A new sink object over this example's external system."""
+        ...
+
+    def visible(self) -> list[int]:
+        """The event_id of every row a reader of the system sees, repeats included."""
+        ...
+
+
+class ExactlyOnceError(AssertionError):
+    """What the external system shows is not exactly the rows of the decided batches."""
+
+
+class SimulatedCrash(BaseException):
+    """The process dies here: no handler of the code under test may run (hence BaseException)."""
+
+
+@dataclass
+class ModelStats:
+    """What a model run did: examples and steps run, faults injected by kind."""
+
+    examples: int = 0
+    steps: int = 0
+    faults: Counter[str] = field(default_factory=Counter)
+    seconds: float = 0.0
+    #: How many examples decided how many batches (a check that the model gets far enough).
+    decided_batches: Counter[int] = field(default_factory=Counter)
+
+
+def rows_in(batch: int, partition: int) -> int:
+    """Spark replays a batch with the same rows: the count is fixed per batch and partition."""
+    return (2 * batch + partition) % 4
+
+
+@dataclass
+class _Task:
+    """What ``write_partition`` reads of Spark's ``TaskContext``."""
+
+    partition: int
+    attempt: int  # Spark's task attempt id, unique within a run
+    number: int  # Spark's attempt number: how many attempts of the partition failed before
+
+    def partitionId(self) -> int:  # noqa: N802 - Spark's name
+        return self.partition
+
+    def attemptNumber(self) -> int:  # noqa: N802 - Spark's name
+        return self.number
+
+    def taskAttemptId(self) -> int:  # noqa: N802 - Spark's name
+        return self.attempt
+
+
+#: Armed traps: (crash point, batch) -> what happens there (once).
+_TRAPS: dict[tuple[str, int], Callable[[], None]] = {}
+_CURRENT_TASK: list[_Task] = []
+
+
+def _crash_point(point: str, batch: int) -> None:
+    action = _TRAPS.pop((point, batch), None)
+    if action is not None:
+        action()
+
+
+def _current_task() -> _Task:
+    return _CURRENT_TASK[-1]
+
+
+@contextlib.contextmanager
+def _simulated_processes() -> Iterator[None]:
+    """Crash points as traps, Spark's TaskContext as a fake, no straggler wait."""
+    with (mock.patch.object(_coordinator, "crash_point", _crash_point),
+          mock.patch.object(_spark, "crash_point", _crash_point),
+          mock.patch.object(_spark, "_task", _current_task),
+          mock.patch.object(_coordinator, "STRAGGLER_GRACE_S", 0.0)):
+        yield
+
+
+def _crash() -> None:
+    raise SimulatedCrash
+
+
+class _SinkFailedError(FatalError):
+    pass
+
+
+def _sink_fails() -> None:
+    raise _SinkFailedError("the sink failed mid-commit", fix="(simulated)")
+
+
+class _TaskFailedError(FatalError):
+    pass
+
+
+def _no_discard(*_args: object) -> None:
+    """A killed executor runs no handler: its transaction is not discarded."""
+
+
+@dataclass
+class _Run:
+    """One run of the query (one epoch), alive in memory: the driver and its executors."""
+
+    epoch: int
+    sink: TwoPhaseCommitSink[Any]
+    coordinator: Coordinator
+    config: RunConfig
+    batch: int
+    #: Spark's task attempt ids: unique within the run.
+    attempt_ids: Iterator[int] = field(default_factory=itertools.count)
+    #: Failed attempts so far per partition of ``batch`` (Spark's attempt number).
+    failures: Counter[int] = field(default_factory=Counter)
+    #: The successful attempt's message per partition of ``batch``: a handle, or None
+    #: (nothing written). Without speculation, a partition succeeds once.
+    messages: dict[int, Handle | None] = field(default_factory=dict)
+
+    def complete(self) -> bool:
+        return len(self.messages) == PARTITIONS
+
+    def unfinished(self, partition: int) -> int | None:
+        """``partition``, or the next one without a successful attempt (None: all have one)."""
+        left = [p for p in range(PARTITIONS) if p not in self.messages]
+        return min(left, key=lambda p: (p - partition) % PARTITIONS) if left else None
+
+    def handles(self) -> list[Handle]:
+        return [handle for handle in self.messages.values() if handle is not None]
+
+    def next_batch(self) -> None:
+        self.batch += 1
+        self.failures, self.messages = Counter(), {}
+
+
+class ProtocolModel(RuleBasedStateMachine):
+    """The model; :func:`model_machine` binds it to a target factory and a protocol variant."""
+
+    new_target: Callable[[], ModelTarget]
+    coordinator_class: type[Coordinator] = Coordinator
+    store_class: type[StateStore] = StateStore
+    state_root: str | None = None
+    stats: ModelStats
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stats.examples += 1
+        self.target = self.new_target()
+        self.state_dir = Path(tempfile.mkdtemp(prefix="twophase-model-", dir=self.state_root))
+        self.store = self.store_class(self.state_dir / "state")
+        self.query_id = str(uuid.uuid4())
+        self.namespace = f"{NAMESPACE_PREFIX}{self.query_id[:8]}"
+        self.live: _Run | None = None
+        self.zombies: list[_Run] = []
+        self.spark_done = -1  # the last batch in Spark's commit log
+        self.started = False
+        self.decided: dict[int, list[int]] = {}
+        #: The event ids each task attempt wrote, by (epoch, batch, partition, attempt).
+        self.rows_of: dict[tuple[int, int, int, int], list[int]] = {}
+        self.next_event = 0
+        self.inspector = self.target.build()
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def say(self, what: str) -> None:
+        self.stats.steps += 1
+        note(what)
+
+    def fault(self, kind: str) -> None:
+        self.stats.faults[kind] += 1
+
+    def new_run(self, *, tasks_read_state: bool = True) -> _Run:
+        """A run starts as ``twophase.spark`` starts one: fence, recover, sweep."""
+        state = self.store.start_run(self.namespace, {})
+        sink = self.target.build()
+        sink.check_schema(ORDER_COLUMNS)
+        coordinator = self.coordinator_class(sink, self.store, namespace=self.namespace,
+                                             epoch=state.epoch, retry=FAST_RETRY)
+        config = RunConfig(sink=sink, state_location=self.store.location,
+                           namespace=self.namespace, epoch=state.epoch, columns=ORDER_COLUMNS,
+                           retry=FAST_RETRY, decided_through=state.last_decided_batch,
+                           tasks_read_state=tasks_read_state)
+        with _lost_is_a_violation():
+            coordinator.start(self.query_id if self.started else None)
+            coordinator.record_query(self.query_id)
+        self.started = True
+        run = _Run(state.epoch, sink, coordinator, config, batch=self.spark_done + 1)
+        self.say(f"run of epoch {run.epoch} started (recovered, swept; tasks "
+                 f"{'read' if tasks_read_state else 'cannot read'} the state); Spark replays "
+                 f"from batch {run.batch}")
+        self.check_settled(f"after the start of epoch {run.epoch}")
+        return run
+
+    def rows_for(self, batch: int, partition: int) -> list[tuple[Any, ...]]:
+        count = rows_in(batch, partition)
+        rows = orders(self.next_event, count)
+        self.next_event += count
+        return rows
+
+    def run_task(self, run: _Run, partition: int, how: str = PRE_COMMITS) -> None:
+        """One task attempt of ``run`` through the executors' real ``write_partition``."""
+        rows = self.rows_for(run.batch, partition)
+        attempt = next(run.attempt_ids)
+        self.rows_of[(run.epoch, run.batch, partition, attempt)] = [row[0] for row in rows]
+
+        def deliver(sink: TwoPhaseCommitSink[Any], txn: Any) -> None:
+            sink.write(txn, rows)
+            if how == FAILS_MID_WRITE:
+                raise _TaskFailedError("the task failed after writing", fix="(simulated)")
+            if how == KILLED_MID_WRITE:
+                raise SimulatedCrash
+
+        _CURRENT_TASK.append(_Task(partition, attempt, run.failures[partition]))
+        patches = contextlib.ExitStack()
+        if how == KILLED_MID_WRITE:
+            patches.enter_context(mock.patch.object(_task, "_discard_quietly", _no_discard))
+        if how == KILLED_AFTER_PRE_COMMIT:
+            _TRAPS[(AFTER_PRE_COMMIT, run.batch)] = _crash
+        try:
+            with patches:
+                message = write_partition(run.config, deliver, batch=run.batch,
+                                          query_id=self.query_id)
+        except (SimulatedCrash, _TaskFailedError):
+            run.failures[partition] += 1
+            return
+        finally:
+            _CURRENT_TASK.pop()
+            _TRAPS.clear()
+            gc.collect()  # a killed executor's connections close, as the OS closes them
+        run.messages[partition] = Handle.loads(message.handle) if message.handle else None
+
+    def task(self, run: _Run, partition: int, how: str) -> None:
+        chosen = run.unfinished(partition)
+        if chosen is None:
+            return
+        who = "zombie " if run is not self.live else ""
+        self.say(f"{who}epoch {run.epoch}: task attempt {run.failures[chosen]} of batch "
+                 f"{run.batch} partition {chosen} {how.replace('_', ' ')}")
+        if how != PRE_COMMITS:
+            self.fault("task failure" if how == FAILS_MID_WRITE else "executor kill")
+        self.run_task(run, chosen, how)
+        if chosen in run.messages:
+            handle = run.messages[chosen]
+            self.say(f"  it reports {handle.txn_id if handle else 'nothing'}")
+
+    def complete(self, run: _Run) -> None:
+        """Every partition of ``run``'s batch without a successful attempt gets one."""
+        while (partition := run.unfinished(0)) is not None:
+            self.task(run, partition, PRE_COMMITS)
+
+    def record_decision(self, batch: int, handles: Sequence[Handle]) -> None:
+        """The model's oracle: ``batch`` is decided with ``handles`` (unless it was already)."""
+        if batch in self.decided:
+            return
+        rows = [event for handle in handles for event in self.rows_of[_key(handle.txn_id)]]
+        expected = sum(rows_in(batch, p) for p in range(PARTITIONS))
+        if len(rows) != expected:
+            raise ExactlyOnceError(f"batch {batch} was decided with {len(rows)} of its "
+                                   f"{expected} rows")
+        self.decided[batch] = rows
+
+    def decided_rows(self) -> list[int]:
+        return sorted(event for rows in self.decided.values() for event in rows)
+
+    def check_settled(self, when: str) -> None:
+        """visible == the decided rows; nothing of the query in doubt; nothing pending."""
+        seen, expected = sorted(self.target.visible()), self.decided_rows()
+        if seen != expected:
+            missing = sorted((Counter(expected) - Counter(seen)).elements())
+            extra = sorted((Counter(seen) - Counter(expected)).elements())
+            raise ExactlyOnceError(f"{when}: missing rows {missing}, rows visible but not "
+                                   f"decided or visible twice {extra}")
+        in_doubt = [str(h.txn_id) for h in self.inspector.list_in_doubt(self.namespace)
+                    if h.txn_id.belongs_to(self.namespace, self.query_id)]
+        if in_doubt:
+            raise ExactlyOnceError(f"{when}: left in doubt {in_doubt}")
+        state = self.store.read()
+        if state is not None and state.pending:
+            raise ExactlyOnceError(
+                f"{when}: batches {[d.batch for d in state.pending]} still pending")
+
+    def commit(self, run: _Run, crash: str) -> None:
+        """Spark's commit of ``run``'s batch; ``crash``: where the driver dies or the sink
+        fails (then Spark aborts the batch and the query stops)."""
+        batch, handles = run.batch, run.handles()
+        outage = crash.startswith(SINK_FAILS)
+        point = crash.removeprefix(SINK_FAILS)
+        if point in (BEFORE_DECISION, *DECIDED_AT):
+            _TRAPS[(point, batch)] = _sink_fails if outage else _crash
+        self.say(f"epoch {run.epoch} commits batch {batch} with "
+                 f"{[str(h.txn_id) for h in handles]}"
+                 + ("" if crash == NO_CRASH else f", {crash.replace('_', ' ')}"))
+        try:
+            with _lost_is_a_violation():
+                run.coordinator.commit_batch(batch, self.query_id, handles)
+        except (SimulatedCrash, _SinkFailedError):
+            self.fault("commit failure" if outage else "driver kill")
+            if point in DECIDED_AT:
+                self.record_decision(batch, handles)
+            if outage:
+                with _lost_is_a_violation():
+                    run.coordinator.abort_batch(batch, self.query_id, handles)
+            self.live = None
+            return
+        finally:
+            _TRAPS.clear()
+        self.record_decision(batch, handles)
+        if crash == BEFORE_SPARK_COMMIT_LOG:
+            self.fault("driver kill")
+            self.live = None
+            return
+        self.spark_done = batch
+        run.next_batch()
+
+    # -- the driver --------------------------------------------------------------------------
+
+    @precondition(lambda self: self.live is None)
+    @rule(tasks_read_state=st.booleans())
+    def driver_starts(self, tasks_read_state: bool) -> None:
+        self.live = self.new_run(tasks_read_state=tasks_read_state)
+
+    @precondition(lambda self: self.live is not None)
+    @rule()
+    def driver_killed(self) -> None:
+        assert self.live is not None
+        self.say(f"driver of epoch {self.live.epoch} killed")
+        self.fault("driver kill")
+        self.live = None
+
+    @precondition(lambda self: self.live is not None and self.live.complete())
+    @rule(crash=st.sampled_from(DRIVER_CRASHES))
+    def driver_commits_batch(self, crash: str) -> None:
+        assert self.live is not None
+        self.commit(self.live, crash)
+
+    @precondition(lambda self: self.live is not None)
+    @rule(crash=st.one_of(st.just(NO_CRASH), st.sampled_from(DRIVER_CRASHES)))
+    def batch_runs(self, crash: str) -> None:
+        """Every partition without a successful attempt gets one, then Spark commits."""
+        run = self.live
+        assert run is not None
+        self.complete(run)
+        self.commit(run, crash)
+
+    @precondition(lambda self: self.live is not None)
+    @rule()
+    def spark_aborts_batch(self) -> None:
+        run = self.live
+        assert run is not None
+        self.say(f"Spark aborts batch {run.batch} of epoch {run.epoch} "
+                 f"({len(run.handles())} handles); the query stops")
+        with _lost_is_a_violation():
+            run.coordinator.abort_batch(run.batch, self.query_id, run.handles())
+        self.live = None
+
+    # -- tasks -------------------------------------------------------------------------------
+
+    @precondition(lambda self: self.live is not None and not self.live.complete())
+    @rule(partition=st.integers(0, PARTITIONS - 1), how=st.sampled_from(TASK_OUTCOMES))
+    def task_runs(self, partition: int, how: str) -> None:
+        assert self.live is not None
+        self.task(self.live, partition, how)
+
+    # -- zombies -----------------------------------------------------------------------------
+
+    @precondition(lambda self: self.live is not None and len(self.zombies) < MAX_ZOMBIES)
+    @rule()
+    def newer_run_takes_over(self) -> None:
+        assert self.live is not None
+        self.say(f"a newer run takes over; epoch {self.live.epoch} lives on as a zombie")
+        self.fault("zombie")
+        self.zombies.append(self.live)
+        self.live = None
+        self.live = self.new_run()
+
+    @precondition(lambda self: self.live is not None and len(self.zombies) < MAX_ZOMBIES)
+    @rule(point=st.sampled_from(TAKEOVER_POINTS))
+    def newer_run_takes_over_mid_commit(self, point: str) -> None:
+        old = self.live
+        assert old is not None
+        self.complete(old)
+        batch, handles = old.batch, old.handles()
+
+        def takeover() -> None:
+            self.fault("zombie")
+            if point in DECIDED_AT:
+                self.record_decision(batch, handles)
+            self.zombies.append(old)
+            self.live = self.new_run()
+
+        _TRAPS[(point, batch)] = takeover
+        self.say(f"epoch {old.epoch} commits batch {batch}; at {point} a newer run takes "
+                 "over, the older one goes on")
+        try:
+            with _lost_is_a_violation():
+                old.coordinator.commit_batch(batch, self.query_id, handles)
+        except FencedError:
+            self.say(f"epoch {old.epoch} was fenced")
+            return
+        finally:
+            _TRAPS.clear()
+        if old is self.live:  # a replay: it never reached the point, nobody took over
+            self.say(f"  batch {batch} was a replay: committed without reaching {point}")
+            self.record_decision(batch, handles)
+            self.spark_done = batch
+        elif point == BEFORE_DECISION:
+            raise ExactlyOnceError(f"epoch {old.epoch} committed batch {batch} after a newer "
+                                   "run took over, before its decision")
+        old.next_batch()
+
+    def zombie(self, which: int) -> _Run:
+        return self.zombies[which % len(self.zombies)]
+
+    @precondition(lambda self: bool(self.zombies))
+    @rule(which=st.integers(0, MAX_ZOMBIES - 1), partition=st.integers(0, PARTITIONS - 1),
+          how=st.sampled_from(TASK_OUTCOMES))
+    def zombie_task_runs(self, which: int, partition: int, how: str) -> None:
+        self.task(self.zombie(which), partition, how)
+
+    @precondition(lambda self: bool(self.zombies))
+    @rule(which=st.integers(0, MAX_ZOMBIES - 1))
+    def zombie_commits_batch(self, which: int) -> None:
+        run = self.zombie(which)
+        self.complete(run)
+        batch, handles = run.batch, run.handles()
+        self.say(f"zombie epoch {run.epoch} commits batch {batch} with "
+                 f"{[str(h.txn_id) for h in handles]}")
+        try:
+            with _lost_is_a_violation():
+                run.coordinator.commit_batch(batch, self.query_id, handles)
+        except FencedError:
+            self.say(f"zombie epoch {run.epoch} was fenced")
+            return
+        except TwoPhaseError as exc:
+            raise ExactlyOnceError(f"zombie epoch {run.epoch} was not fenced: {exc}") from exc
+        raise ExactlyOnceError(f"zombie epoch {run.epoch} was not fenced: it committed batch "
+                               f"{batch}")
+
+    @precondition(lambda self: bool(self.zombies))
+    @rule(which=st.integers(0, MAX_ZOMBIES - 1))
+    def zombie_aborts_batch(self, which: int) -> None:
+        run = self.zombie(which)
+        self.say(f"zombie epoch {run.epoch} aborts batch {run.batch} "
+                 f"({len(run.handles())} handles)")
+        with _lost_is_a_violation():
+            run.coordinator.abort_batch(run.batch, self.query_id, run.handles())
+
+    @precondition(lambda self: bool(self.zombies))
+    @rule(which=st.integers(0, MAX_ZOMBIES - 1))
+    def zombie_recovers(self, which: int) -> None:
+        run = self.zombie(which)
+        self.say(f"zombie epoch {run.epoch} recovers decided batches")
+        with contextlib.suppress(FencedError), _lost_is_a_violation():
+            run.coordinator.recover()
+
+    @precondition(lambda self: bool(self.zombies))
+    @rule(which=st.integers(0, MAX_ZOMBIES - 1))
+    def zombie_dies(self, which: int) -> None:
+        run = self.zombie(which)
+        self.say(f"zombie epoch {run.epoch} dies")
+        self.zombies.remove(run)
+
+    # -- cleanup -----------------------------------------------------------------------------
+
+    @precondition(lambda self: self.started)
+    @rule()
+    def cleanup_runs(self) -> None:
+        report = Report()
+        clean(Target(sink=self.target.build(), states=(self.store,),
+                     namespace=self.namespace), report, dry_run=False)
+        done = [f"{a.action} {a.subject}" for a in report.actions if a.action != "purge"]
+        self.say(f"cleanup ran: {done or 'nothing to do'}")
+        failed = [f"{a.action} {a.subject}: {a.error}" for a in report.actions if a.error]
+        if failed or report.attention:
+            raise ExactlyOnceError(f"cleanup failed or needs attention: {failed}")
+
+    # -- invariants --------------------------------------------------------------------------
+
+    @invariant()
+    def only_decided_rows_are_visible_once_and_in_batch_order(self) -> None:
+        """visible ⊆ decided, nothing twice, no batch before a decided row of an earlier one
+        (one read of the system per step: reading it is the slow part over a remote store)."""
+        seen = Counter(self.target.visible())
+        twice = sorted(event for event, count in seen.items() if count > 1)
+        undecided = sorted((seen - Counter(self.decided_rows())).elements())
+        if twice or undecided:
+            raise ExactlyOnceError(f"visible twice {twice}; visible but not decided "
+                                   f"{undecided}")
+        shown = [batch for batch, rows in sorted(self.decided.items()) if seen.keys() & rows]
+        for batch in range(max(shown, default=-1)):
+            hidden = sorted(set(self.decided.get(batch, ())) - seen.keys())
+            if hidden:
+                raise ExactlyOnceError(f"rows of batch {max(shown)} are visible before rows "
+                                       f"{hidden} of batch {batch}")
+
+    def teardown(self) -> None:
+        self.stats.decided_batches[len(self.decided)] += 1
+        try:
+            if self.started:
+                self.say("every process dies; a last run starts")
+                self.live, self.zombies = None, []
+                self.new_run()
+        finally:
+            shutil.rmtree(self.state_dir, ignore_errors=True)
+
+
+def _key(txn_id: TxnId) -> tuple[int, int, int, int]:
+    """What names a task attempt's transaction within one query."""
+    return txn_id.epoch, txn_id.batch, txn_id.partition, txn_id.attempt
+
+
+@contextlib.contextmanager
+def _lost_is_a_violation() -> Iterator[None]:
+    try:
+        yield
+    except TransactionLostError as exc:
+        raise ExactlyOnceError(f"a decided transaction was lost: {exc.cause}") from exc
+
+
+def model_machine(new_target: Callable[[], ModelTarget], *,
+                  coordinator_class: type[Coordinator] = Coordinator,
+                  store_class: type[StateStore] = StateStore,
+                  state_root: str | None = None,
+                  stats: ModelStats | None = None) -> type[ProtocolModel]:
+    """The model bound to ``new_target`` (and a protocol variant, for tests of the model).
+
+    ``state_root``: where the examples' state directories go (default: the temp directory).
+    """
+    return type("ProtocolModel", (ProtocolModel,), {
+        "new_target": staticmethod(new_target), "coordinator_class": coordinator_class,
+        "store_class": store_class, "state_root": state_root, "stats": stats or ModelStats()})
+
+
+def run_model(new_target: Callable[[], ModelTarget], *, max_examples: int | None = None,
+              coordinator_class: type[Coordinator] = Coordinator,
+              store_class: type[StateStore] = StateStore,
+              state_root: str | None = None,
+              **overrides: Any) -> ModelStats:
+    """Run the model over fresh targets from ``new_target``; raise on the first violation.
+
+    ``max_examples`` overrides the profile's (the CI profile bounds it per sink); further
+    keyword arguments are hypothesis settings.
+    """
+    stats = ModelStats()
+    machine = model_machine(new_target, coordinator_class=coordinator_class,
+                            store_class=store_class, state_root=state_root, stats=stats)
+    chosen = profile()
+    if max_examples is not None:
+        overrides["max_examples"] = max_examples
+    started = time.monotonic()
+    with _simulated_processes():
+        run_state_machine_as_test(machine, settings=settings(chosen, **overrides))
+    stats.seconds = time.monotonic() - started
+    return stats
