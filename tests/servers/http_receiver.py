@@ -36,7 +36,7 @@ from typing import Any
 import pytest
 
 from sinks.http.protocol import WELL_KNOWN
-from tests.servers.ports import free_port
+from tests.servers.local import free_port, stop_process
 
 HOST = "127.0.0.1"
 TOKEN = "test-bearer-token"
@@ -110,12 +110,7 @@ class ReceiverProcess:
         self.start()
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        stop_process(self.process, STOP_TIMEOUT_S)
 
     def _secret_file(self, name: str, value: str) -> Path:
         path = self.workdir / name

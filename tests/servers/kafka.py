@@ -43,7 +43,7 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 from kafka.admin import NewTopic, TransactionState
 from kafka.structs import TopicPartition
 
-from tests.servers.ports import free_port
+from tests.servers.local import free_port, stop_process
 
 HOST = "127.0.0.1"
 REPO = Path(__file__).resolve().parents[2]
@@ -240,12 +240,7 @@ class KafkaBroker:
             self.process.wait()
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        stop_process(self.process, STOP_TIMEOUT_S)
 
     def restart(self, *, crash: bool = True) -> None:
         """Kill (or stop) the broker and start it again on the same ports and data."""

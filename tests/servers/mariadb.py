@@ -37,7 +37,7 @@ from typing import Any
 import pymysql
 import pytest
 
-from tests.servers.ports import free_port
+from tests.servers.local import free_port
 from twophase import Handle
 
 SERVER_BINARY = "mariadbd"

@@ -35,7 +35,7 @@ import boto3
 import pytest
 from botocore.config import Config
 
-from tests.servers.ports import free_port
+from tests.servers.local import free_port, stop_process
 
 HOST = "127.0.0.1"
 ACCESS_KEY_ID = "testing-access-key"
@@ -108,13 +108,7 @@ class MotoServer:
         return name
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_process(self.process, STOP_TIMEOUT_S)
 
 
 def _wait_ready(server: MotoServer, log: Path) -> None:
