@@ -36,6 +36,7 @@ from typing import Any
 
 from sinks.s3.connection import S3Settings
 from sinks.s3.errors import BOTO_ERRORS, NOT_FOUND_CODES, PRECONDITION_FAILED, classify, error_code
+from sinks.s3.upload import head
 from twophase import FatalError, Handle
 from twophase.kit import classified
 
@@ -149,14 +150,7 @@ class BatchLog:
                 args["ContinuationToken"] = reply["NextContinuationToken"]
 
     def _exists(self, key: str) -> bool:
-        with classified(classify, f"HeadObject of {self._where(key)}", BOTO_ERRORS):
-            try:
-                self.client.head_object(Bucket=self.settings.bucket, Key=key)
-            except BOTO_ERRORS as exc:
-                if error_code(exc) in NOT_FOUND_CODES:
-                    return False
-                raise
-        return True
+        return head(self.client, self.settings, key) is not None
 
     def _get(self, key: str) -> bytes | None:
         with classified(classify, f"GetObject of {self._where(key)}", BOTO_ERRORS):

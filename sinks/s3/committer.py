@@ -34,17 +34,15 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from sinks.s3.batchlog import BatchLog
-from sinks.s3.connection import S3Settings
 from sinks.s3.errors import (
     BOTO_ERRORS,
     NO_SUCH_UPLOAD,
-    NOT_FOUND_CODES,
     PRECONDITION_FAILED,
     classify,
     error_code,
     status,
 )
-from sinks.s3.upload import META_TXN, abort_upload, uploads_at
+from sinks.s3.upload import abort_upload, head, txn_of, uploads_at
 from twophase import AbortOutcome, CommitOutcome, Committer, Handle, TransactionLostError
 from twophase.kit import classified, transaction_lost
 
@@ -55,27 +53,6 @@ log = logging.getLogger(__name__)
 
 #: One attempt per request in the driver; twophase's retry policy does the rest.
 COMMITTER_MAX_ATTEMPTS = 1
-
-
-def head(client: Any, settings: S3Settings, key: str) -> dict[str, Any] | None:
-    """The object's HEAD reply, or None if there is no object at ``key``."""
-    with classified(classify, f"HeadObject of s3://{settings.bucket}/{key} ({settings.where})",
-                    BOTO_ERRORS):
-        try:
-            reply: dict[str, Any] = client.head_object(Bucket=settings.bucket, Key=key)
-        except BOTO_ERRORS as exc:
-            if error_code(exc) in NOT_FOUND_CODES:
-                return None
-            raise
-    return reply
-
-
-def txn_of(reply: dict[str, Any] | None) -> str | None:
-    """The transaction id an object's metadata names (None: no object, or not ours)."""
-    if reply is None:
-        return None
-    txn: str | None = reply.get("Metadata", {}).get(META_TXN)
-    return txn
 
 
 class S3Committer(Committer):

@@ -62,7 +62,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from botocore.exceptions import ClientError
 
 from sinks.s3.batchlog import DEFAULT_SCHEME as DEFAULT_LOG_SCHEME
-from sinks.s3.committer import S3Committer, head, txn_of
+from sinks.s3.committer import S3Committer
 from sinks.s3.connection import DEFAULT_MAX_ATTEMPTS, Checksums, S3Settings
 from sinks.s3.errors import BOTO_ERRORS, NO_LIFECYCLE, classify, error_code
 from sinks.s3.formats import (
@@ -76,7 +76,7 @@ from sinks.s3.formats import (
     unencodable,
 )
 from sinks.s3.keys import DEFAULT_KEY_TEMPLATE, KeyTemplate
-from sinks.s3.upload import PartUploader, uploads_at
+from sinks.s3.upload import PartUploader, head, txn_of, uploads_at
 from twophase import (
     Column,
     ConfigurationError,

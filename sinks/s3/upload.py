@@ -20,7 +20,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from sinks.s3.errors import BOTO_ERRORS, NO_SUCH_UPLOAD, classify, error_code
+from sinks.s3.connection import S3Settings
+from sinks.s3.errors import BOTO_ERRORS, NO_SUCH_UPLOAD, NOT_FOUND_CODES, classify, error_code
 from twophase import FatalError
 from twophase.kit import classified
 
@@ -186,3 +187,24 @@ def uploads_at(client: Any, bucket: str, prefix: str, where: str) -> list[tuple[
                 return found
             args["KeyMarker"] = reply["NextKeyMarker"]
             args["UploadIdMarker"] = reply["NextUploadIdMarker"]
+
+
+def head(client: Any, settings: S3Settings, key: str) -> dict[str, Any] | None:
+    """The object's HEAD reply, or None if there is no object at ``key``."""
+    with classified(classify, f"HeadObject of s3://{settings.bucket}/{key} ({settings.where})",
+                    BOTO_ERRORS):
+        try:
+            reply: dict[str, Any] = client.head_object(Bucket=settings.bucket, Key=key)
+        except BOTO_ERRORS as exc:
+            if error_code(exc) in NOT_FOUND_CODES:
+                return None
+            raise
+    return reply
+
+
+def txn_of(reply: dict[str, Any] | None) -> str | None:
+    """The transaction id an object's metadata names (None: no object, or not ours)."""
+    if reply is None:
+        return None
+    txn: str | None = reply.get("Metadata", {}).get(META_TXN)
+    return txn
