@@ -1,9 +1,13 @@
-"""Long crash scenarios, run on their own: ``scripts/chaos [--rounds N] ...``.
+"""The Spark chaos suite: ``scripts/chaos [--sinks sqlite,mysql,s3,kafka,http] [--runs N] ...``.
 
-Each round streams a fresh order feed into SQLite through a real Spark driver that is
-SIGKILLed many times at random named crash points (every point equally often, at random
-batches), alternating the Data Source and foreachBatch adapters, and judges SQLite's own view.
-The CI runs the short subset of this (tests/test_crash.py: each point once).
+For each sink, its real server is started behind a fault proxy (:mod:`chaos.systems`), and
+rounds (:mod:`chaos.scenario`) stream fresh feeds through real Spark drivers into fresh targets
+while drivers are SIGKILLed at random crash points, zombie drivers are thawed on the same state,
+the server is SIGKILLed and restarted and the network to it is cut, reset and slowed, until
+``--runs`` runs with a fault injected were made per sink. Prints a line per run and a table per
+sink (runs, crashes injected, rows in, rows visible, duplicates, missing, left in doubt, faults
+by kind); exits 1 on any loss, duplicate, row left in doubt or round that did not finish.
+The CI runs a short subset (tests/test_chaos.py).
 """
 
 from __future__ import annotations
@@ -11,60 +15,98 @@ from __future__ import annotations
 import argparse
 import logging
 import random
+import shutil
 import sys
 import tempfile
-import time
+from collections import Counter
 from pathlib import Path
 
-from twophase.demo import DriverError, Verdict, plan_crashes, run_scenario
+from chaos.scenario import Round, RoundResult
+from chaos.systems import SYSTEMS
 
 log = logging.getLogger("chaos")
+
+DEFAULT_RUNS = 60
+DEFAULT_BATCHES = 10
+DEFAULT_ROWS_PER_BATCH = 200
+#: Faulty runs per round: a round then ends with a few runs that have to finish the feed.
+DEFAULT_FAULTS_PER_ROUND = 8
+QUIET_LOGGERS = ("twophase", "sinks", "kafka", "botocore", "aiohttp")
+
+
+def chaos_sink(sink: str, *, runs: int, batches: int, rows_per_batch: int,
+               faults_per_round: int, rng: random.Random) -> list[RoundResult]:
+    """Rounds against one sink until ``runs`` runs had a fault injected (or a round failed)."""
+    results: list[RoundResult] = []
+    with tempfile.TemporaryDirectory(prefix=f"twophase-chaos-{sink}-") as scratch, \
+            SYSTEMS[sink](Path(scratch)).running() as system:
+        while sum(r.crash_runs for r in results) < runs:
+            number = len(results)
+            log.info("%s round %d", sink, number)
+            result = Round(system, Path(scratch) / f"round-{number}", rng, batches,
+                           rows_per_batch, faults_per_round).play()
+            results.append(result)
+            log.info("%s", summary([result]))
+            if not result.exactly_once:
+                keep = Path(tempfile.mkdtemp(prefix=f"twophase-chaos-{sink}-failed-"))
+                log.error("%s round %d FAILED; its files are copied to %s", sink, number, keep)
+                _keep(Path(scratch) / f"round-{number}", keep)
+                break
+    return results
+
+
+def _keep(source: Path, destination: Path) -> None:
+    shutil.copytree(source, destination, dirs_exist_ok=True,
+                    ignore=shutil.ignore_patterns("feed", "tmp", "blockmgr-*"))
+
+
+def summary(results: list[RoundResult]) -> str:
+    """A table per sink: totals over its rounds, and the faults by kind."""
+    lines = ["| sink | rounds | runs | runs with faults | driver kills | zombies (fenced) | "
+             "server kills | network cut / reset / slowed | rows in | visible | duplicates | "
+             "missing | in doubt | verdict |", "|" + "---|" * 14]
+    for sink in dict.fromkeys(r.sink for r in results):
+        mine = [r for r in results if r.sink == sink]
+        faults: Counter[str] = sum((r.faults for r in mine), Counter())
+        total = {name: sum(getattr(r, name) for r in mine) for name in (
+            "runs", "crash_runs", "zombies_fenced", "rows_in", "visible", "duplicates",
+            "missing", "in_doubt")}
+        verdict = "exactly once" if all(r.exactly_once for r in mine) else "FAILED"
+        lines.append(
+            f"| {sink} | {len(mine)} | {total['runs']} | {total['crash_runs']} | "
+            f"{faults['driver kill']} | {faults['zombie driver']} ({total['zombies_fenced']}) | "
+            f"{faults['server kill']} | {faults['network cut']} / {faults['network reset']} / "
+            f"{faults['network slowed']} | {total['rows_in']} | {total['visible']} | "
+            f"{total['duplicates']} | {total['missing']} | {total['in_doubt']} | {verdict} |")
+    return "\n".join(lines)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=4)
-    parser.add_argument("--batches", type=int, default=40)
-    parser.add_argument("--rows-per-batch", type=int, default=1_000)
-    parser.add_argument("--crashes", type=int, default=10, help="crashes per round")
+    parser.add_argument("--sinks", default=",".join(SYSTEMS),
+                        help="comma-separated: " + ", ".join(SYSTEMS))
+    parser.add_argument("--runs", type=int, default=DEFAULT_RUNS,
+                        help="runs with a fault injected, per sink")
+    parser.add_argument("--batches", type=int, default=DEFAULT_BATCHES, help="per round")
+    parser.add_argument("--rows-per-batch", type=int, default=DEFAULT_ROWS_PER_BATCH)
+    parser.add_argument("--faults-per-round", type=int, default=DEFAULT_FAULTS_PER_ROUND)
     parser.add_argument("--seed", type=int, default=random.SystemRandom().randrange(10**6))
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, stream=sys.stdout, format="%(message)s")
-    log.setLevel(logging.INFO)
+    logging.getLogger("chaos").setLevel(logging.INFO)
+    for noisy in QUIET_LOGGERS:
+        logging.getLogger(noisy).setLevel(logging.CRITICAL)
     rng = random.Random(args.seed)
-    rows: list[tuple[int, str, Verdict | str, float]] = []
-    for number in range(args.rounds):
-        adapter = "foreachBatch" if number % 2 else "data source"
-        crashes = plan_crashes(args.batches, rng, count=args.crashes)
-        log.info("round %d (%s): crashes at %s", number, adapter,
-                 ", ".join(f"{point}@{batch}" for point, batch in crashes))
-        started = time.monotonic()
-        with tempfile.TemporaryDirectory(prefix="twophase-chaos-") as workdir:
-            try:
-                outcome: Verdict | str = run_scenario(
-                    Path(workdir), batches=args.batches, rows_per_batch=args.rows_per_batch,
-                    crashes=crashes, seed=rng.randrange(10**6),
-                    foreach_batch=adapter == "foreachBatch")
-            except DriverError as exc:
-                outcome = str(exc)
-        rows.append((number, adapter, outcome, time.monotonic() - started))
-    log.info("\nseed %d\n%s", args.seed, summary(rows))
-    return 0 if all(isinstance(o, Verdict) and o.exactly_once for _, _, o, _ in rows) else 1
-
-
-def summary(rows: list[tuple[int, str, Verdict | str, float]]) -> str:
-    lines = ["| round | adapter | crashes | rows in | visible | dup | missing | in doubt | "
-             "verdict | time |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for number, adapter, outcome, seconds in rows:
-        if isinstance(outcome, str):
-            lines.append(f"| {number} | {adapter} | | | | | | | DRIVER FAILED: {outcome} | |")
-            continue
-        verdict = "exactly once" if outcome.exactly_once else "FAILED"
-        lines.append(f"| {number} | {adapter} | {outcome.crashes} | {outcome.rows_in} | "
-                     f"{outcome.visible} | {outcome.duplicates} | {outcome.missing} | "
-                     f"{outcome.in_doubt} | {verdict} | {seconds:.0f}s |")
-    return "\n".join(lines)
+    results: list[RoundResult] = []
+    for sink in args.sinks.split(","):
+        if sink not in SYSTEMS:
+            parser.error(f"unknown sink {sink!r}; known: {', '.join(SYSTEMS)}")
+        results += chaos_sink(sink, runs=args.runs, batches=args.batches,
+                              rows_per_batch=args.rows_per_batch,
+                              faults_per_round=args.faults_per_round, rng=rng)
+    log.info("\nseed %d\n%s", args.seed, summary(results))
+    return 0 if results and all(r.exactly_once for r in results) else 1
 
 
 if __name__ == "__main__":

@@ -117,12 +117,17 @@ class S3Target:
                                               "prefix": "orders", "format": "parquet"})
 
     def visible(self, target: SinkTarget) -> list[int]:
-        client, bucket = self.server.client(), target.options["bucket"]
-        keys = [item["Key"] for item in client.list_objects_v2(
-            Bucket=bucket, Prefix="orders/").get("Contents", ())]
-        return sorted(event_id for key in keys for event_id in pq.read_table(
-            io.BytesIO(client.get_object(Bucket=bucket, Key=key)["Body"].read()),
-            columns=["event_id"]).column("event_id").to_pylist())
+        return s3_visible(self.server, target)
+
+
+def s3_visible(server: MotoServer, target: SinkTarget) -> list[int]:
+    """The sorted event_id of every row of every Parquet object under the target's prefix."""
+    client, bucket = server.client(), target.options["bucket"]
+    keys = [item["Key"] for item in client.list_objects_v2(
+        Bucket=bucket, Prefix=f"{target.options['prefix']}/").get("Contents", ())]
+    return sorted(event_id for key in keys for event_id in pq.read_table(
+        io.BytesIO(client.get_object(Bucket=bucket, Key=key)["Body"].read()),
+        columns=["event_id"]).column("event_id").to_pylist())
 
 
 class TestS3Crashes(S3Target, CrashSuite):

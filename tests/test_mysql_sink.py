@@ -33,7 +33,7 @@ import pytest
 
 from sinks.mysql import MARKER_TABLE_DDL, MySQLBranch, MySQLXASink, encode_tsv, xa
 from sinks.mysql.arrow import ArrowChunk, chunks_of, encode_batch
-from sinks.mysql.connection import Server
+from sinks.mysql.connection import WRITER_IDLE_TIMEOUT_S, Server
 from sinks.mysql.errors import classify
 from tests.conftest import MYSQL_ORDERS_DDL
 from tests.servers.mariadb import ConnectionParams, Db, MariaDBServer
@@ -530,6 +530,23 @@ def test_coordinator_recovers_across_driver_and_server_kill(
     assert final is not None and final.pending == () and final.last_done_batch == 2
     recovered = next(r for r in final.history if r.batch == 1)
     assert recovered.already_committed == (1 if crash_at == "mid_commit" else 0)
+
+
+def test_a_writer_session_ends_on_the_server_after_its_idle_timeout(
+        sink: MySQLXASink, db: Db) -> None:
+    """A writer whose host vanished leaves a half-open connection the server never hears
+    closed: the session's own wait_timeout ends it (and rolls its branch back)."""
+    txn_id = TxnId.open(namespace=NAMESPACE, query_id=new_query_id(), epoch=1, batch=0,
+                        partition=0, attempt=0)
+    txn = sink.begin_transaction(TransactionContext(txn_id, COLUMNS))
+    try:
+        assert txn.conn is not None
+        with txn.conn.cursor() as cursor:
+            cursor.execute("SELECT @@SESSION.wait_timeout")
+            assert cursor.fetchone() == (WRITER_IDLE_TIMEOUT_S,)
+    finally:
+        sink.discard(txn)
+    assert db.xa_recover() == []
 
 
 def test_lost_connection_before_prepare_is_retryable_and_leaves_nothing(

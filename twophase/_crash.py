@@ -111,12 +111,18 @@ def _kill_session() -> None:
 
 def kill_session(session: int, *, last: int | None = None) -> None:
     """SIGKILL every process of ``session``; ``last`` (this process, say) after all others."""
+    signal_session(session, signal.SIGKILL, last=last)
+
+
+def signal_session(session: int, signum: int, *, last: int | None = None) -> None:
+    """Send ``signum`` to every process of ``session`` (Spark's Python daemons run in process
+    groups of their own, so a group signal misses them); ``last`` after all others."""
     for pid in _session_members(session):
         if pid != last:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+                os.kill(pid, signum)
     if last is not None:
-        os.kill(last, signal.SIGKILL)
+        os.kill(last, signum)
 
 
 def _session_members(session: int) -> Iterator[int]:

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from twophase.errors import ConfigurationError, RetryableError
+from twophase.kit import split_s3_location
 
 log = logging.getLogger(__name__)
 
@@ -215,10 +216,8 @@ class S3Storage:
         if unknown:
             raise ConfigurationError(f"unknown S3 state options {sorted(unknown)}.",
                                      fix=f"use only {', '.join(sorted(S3_OPTIONS))}")
-        bucket, _, prefix = location.split("://", 1)[1].partition("/")
-        if not bucket:
-            raise ConfigurationError(f"the state location {location!r} names no bucket.",
-                                     fix="pass state_location='s3://bucket/prefix'")
+        bucket, prefix = split_s3_location(location, named="the state location",
+                                           fix="pass state_location='s3://bucket/prefix'")
         return cls(bucket, join(prefix, file_name).lstrip("/"), dict(options))
 
     @property

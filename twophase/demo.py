@@ -61,12 +61,10 @@ class Progress:
 CrashPlan = list[tuple[str, int]]
 
 
-def plan_crashes(batches: int, rng: random.Random, *, count: int = len(CRASH_POINTS)
-                 ) -> CrashPlan:
-    """``count`` crashes at increasing random batches; every named point once per five."""
-    points = [point for _ in range(count // len(CRASH_POINTS) + 1)
-              for point in rng.sample(CRASH_POINTS, len(CRASH_POINTS))][:count]
-    at = sorted(rng.sample(range(1, batches - 1), count))
+def plan_crashes(batches: int, rng: random.Random) -> CrashPlan:
+    """One crash at every named point, in random order, at increasing random batches."""
+    points = rng.sample(CRASH_POINTS, len(CRASH_POINTS))
+    at = sorted(rng.sample(range(1, batches - 1), len(points)))
     return list(zip(points, at, strict=True))
 
 
@@ -105,7 +103,7 @@ class DriverError(RuntimeError):
 
 
 def run_scenario(workdir: Path, *, batches: int, rows_per_batch: int, crashes: CrashPlan,
-                 seed: int, foreach_batch: bool = False) -> Verdict:
+                 seed: int) -> Verdict:
     """Stream the feed into SQLite, SIGKILLing the driver as planned; judge the result."""
     database = workdir / "orders.db"
     with sqlite3.connect(database) as connection:
@@ -113,8 +111,7 @@ def run_scenario(workdir: Path, *, batches: int, rows_per_batch: int, crashes: C
     rows_in = generate_feed(workdir / "feed", files=batches, rows_per_file=rows_per_batch,
                             seed=seed)
     spec = DriverSpec(input_dir=str(workdir / "feed"), checkpoint=str(workdir / "checkpoint"),
-                      sink_factory=DEMO_SINK, sink_kwargs=_sink_options(database),
-                      foreach_batch=foreach_batch)
+                      sink_factory=DEMO_SINK, sink_kwargs=_sink_options(database))
     progress = Progress(StateStore.for_checkpoint(spec.checkpoint))
     log.info("%d order events in %d micro-batches -> %s:%s", rows_in, batches, database, TABLE)
     for point, batch in [*crashes, (None, None)]:

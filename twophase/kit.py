@@ -48,6 +48,7 @@ __all__ = [
     "chunks",
     "classified",
     "namespace_from",
+    "split_s3_location",
     "transaction_id_reused",
     "transaction_lost",
     "validate_chunk_size",
@@ -169,6 +170,15 @@ def as_utc(moment: datetime) -> datetime:
     if moment.utcoffset() is None:
         return moment.replace(tzinfo=UTC)
     return moment.astimezone(UTC)
+
+
+def split_s3_location(location: str, *, named: str, fix: str) -> tuple[str, str]:
+    """The bucket and the rest (the key or prefix, as given) of ``s3://bucket/rest`` (or
+    ``s3a://``); a location without a bucket is a ConfigurationError naming it as ``named``."""
+    bucket, _, rest = location.split("://", 1)[1].partition("/")
+    if not bucket:
+        raise ConfigurationError(f"{named} {location!r} names no bucket.", fix=fix)
+    return bucket, rest
 
 
 class CommitsViaCommitter:

@@ -40,6 +40,7 @@ from sinks.http.staging import (
 from sinks.s3.connection import S3Settings
 from sinks.s3.errors import BOTO_ERRORS, NOT_FOUND_CODES, classify, error_code
 from twophase import ConfigurationError, TxnId
+from twophase.kit import split_s3_location
 
 log = logging.getLogger(__name__)
 
@@ -63,10 +64,8 @@ class S3Staging:
         if unknown:
             raise ConfigurationError(f"HttpSink: unknown staging_options {sorted(unknown)}.",
                                      fix=f"use only {', '.join(sorted(STAGING_OPTIONS))}")
-        bucket, _, prefix = location.split("://", 1)[1].partition("/")
-        if not bucket:
-            raise ConfigurationError(f"HttpSink: staging={location!r} names no bucket.",
-                                     fix="pass staging='s3://bucket/prefix'")
+        bucket, prefix = split_s3_location(location, named="HttpSink: staging",
+                                           fix="pass staging='s3://bucket/prefix'")
         prefix = prefix.strip("/")
         return cls(S3Settings(bucket=bucket, **options), f"{prefix}/" if prefix else "")
 

@@ -33,6 +33,10 @@ Connection = Any  # pymysql.connections.Connection; PyMySQL ships no type hints
 DEFAULT_PORT = 3306
 DEFAULT_CONNECT_TIMEOUT_S = 10
 DEFAULT_READ_TIMEOUT_S = 600
+#: A writer's session ends on the server after this long without a statement: the branch of a
+#: writer whose host vanished (a half-open connection) is rolled back and its row locks freed,
+#: instead of after the server's ``wait_timeout`` (8 hours by default).
+WRITER_IDLE_TIMEOUT_S = 600
 CHARSET = "utf8mb4"
 STRICT_SQL_MODE = ("SESSION sql_mode = CONCAT_WS(',', NULLIF(@@SESSION.sql_mode, ''), "
                    "'STRICT_TRANS_TABLES')")

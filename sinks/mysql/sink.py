@@ -57,7 +57,9 @@ the batch's commit) or cleanup aborts it. A retried task that writes the same ke
 a unique key) waits for those locks, fails with 1205 (retryable) after
 ``lock_wait_timeout_s`` and is retried by Spark; if the orphan outlives Spark's task retries the
 query fails and the next run's sweep clears it. Tables whose keys never repeat across attempts
-(an auto-increment key) are not affected.
+(an auto-increment key) are not affected. A writer whose host vanished mid-write (its
+connection half-open: the server never learns) holds its not yet prepared branch, and the
+branch's locks, until its session has been idle for ``WRITER_IDLE_TIMEOUT_S`` (10 minutes).
 
 Privileges: INSERT (+UPDATE for upsert) on the table; SELECT, INSERT, UPDATE, DELETE on the
 marker and fence tables (CREATE once, or create them from ``MARKER_TABLE_DDL``); MySQL 8 also
@@ -84,6 +86,7 @@ from sinks.mysql.connection import (
     DEFAULT_PORT,
     DEFAULT_READ_TIMEOUT_S,
     RESERVED_CONNECT_ARGS,
+    WRITER_IDLE_TIMEOUT_S,
     Connection,
     Server,
     close_quietly,
@@ -241,7 +244,7 @@ class MySQLXASink(CommitsViaCommitter, TwoPhaseCommitSink[MySQLBranch]):
     def begin_transaction(self, ctx: TransactionContext) -> MySQLBranch:
         xid = Xid.of(ctx.txn_id)
         loads = self.mode == "insert" and self.bulk != "insert"
-        conn = self.server.connect(local_infile=loads)
+        conn = self.server.connect(local_infile=loads, idle_timeout_s=WRITER_IDLE_TIMEOUT_S)
         branch = MySQLBranch(ctx.txn_id, xid, ctx.column_names, conn, use_load_data=loads)
         with self._guard(branch, "starting"):
             xa(conn, "START", xid)

@@ -315,29 +315,39 @@ class KafkaBroker:
                 for tid, description in described.items()}
 
     def new_topic(self, prefix: str = "twophase", partitions: int = TOPIC_PARTITIONS) -> str:
+        """A new topic, once the broker lists it (its metadata lags the controller's commit:
+        a sink checking the topic right after ``create_topics`` could miss it)."""
         name = f"{prefix}-{os.getpid()}-{next(_topics)}"
         admin = self.admin()
         try:
             admin.create_topics([NewTopic(name, partitions, 1)])
+            deadline = time.monotonic() + READY_TIMEOUT_S
+            while name not in admin.list_topics():
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"topic {name} not listed {READY_TIMEOUT_S}s after "
+                                       "its creation")
+                time.sleep(0.05)
         finally:
             admin.close()
         return name
 
 
 @contextlib.contextmanager
-def private_broker(home: Path, **settings: str) -> Iterator[KafkaBroker]:
-    """Format and start a broker in ``home``, wait until it serves, stop it on exit.
+def private_broker(home: Path, settings: dict[str, str] | None = None, *,
+                   port: int | None = None) -> Iterator[KafkaBroker]:
+    """Format and start a broker in ``home`` (on ``port``, or a free one), wait until it
+    serves, stop it on exit.
 
     ``settings`` override ``server.properties`` (dots as in Kafka's names), e.g.
-    ``private_broker(home, **{"transaction.max.timeout.ms": "5000"})``.
+    ``private_broker(home, {"transaction.max.timeout.ms": "5000"})``.
     """
     libs = libs_dir()
     home.mkdir(parents=True, exist_ok=True)
     controller_port = free_port(HOST)
-    broker = KafkaBroker(free_port(HOST), home, libs, settings=dict(settings))
+    broker = KafkaBroker(port or free_port(HOST), home, libs, settings=dict(settings or {}))
     (home / "log4j2.yaml").write_text(LOG4J2.format(log=broker.log))
     (home / "server.properties").write_text(
-        _properties(broker.port, controller_port, home / "data", settings))
+        _properties(broker.port, controller_port, home / "data", broker.settings))
     broker.format()
     try:
         broker.start()
@@ -362,5 +372,5 @@ def kafka_short_timeout_broker(tmp_path_factory: pytest.TempPathFactory,
                                ) -> Iterator[KafkaBroker]:
     """A second broker that times transactions out after :data:`SHORT_MAX_TIMEOUT_MS`."""
     with private_broker(tmp_path_factory.mktemp("kafka-short"),
-                        **{"transaction.max.timeout.ms": str(SHORT_MAX_TIMEOUT_MS)}) as broker:
+                        {"transaction.max.timeout.ms": str(SHORT_MAX_TIMEOUT_MS)}) as broker:
         yield broker

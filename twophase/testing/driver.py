@@ -127,12 +127,14 @@ class RunResult:
 
 def launch(spec: DriverSpec, *, workdir: Path, crash_at: str | None = None,
            timeout_s: float = DRIVER_TIMEOUT_S,
-           while_running: Callable[[], None] | None = None) -> RunResult:
+           while_running: Callable[[], None] | None = None,
+           on_start: Callable[[int], None] | None = None) -> RunResult:
     """Run one driver to its end (or its crash point) in a session of its own.
 
     The driver runs in ``workdir`` and keeps its local files there (its temporary directory
     and Spark's ``spark.local.dir``): as if on a host of its own. ``while_running`` is called
-    about every ``POLL_INTERVAL_S`` until the driver exits.
+    about every ``POLL_INTERVAL_S`` until the driver exits; ``on_start`` with the driver's pid
+    (its session's and process group's id) once it is started.
     """
     workdir.mkdir(parents=True, exist_ok=True)
     spec_path = workdir / "driver-spec.json"
@@ -155,6 +157,8 @@ def launch(spec: DriverSpec, *, workdir: Path, crash_at: str | None = None,
             env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
         )
         try:
+            if on_start is not None:
+                on_start(process.pid)
             returncode = _wait(process, timeout_s, while_running)
         finally:
             kill_session(process.pid)  # what is left: a JVM whose Python parent died, say
