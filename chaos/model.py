@@ -64,8 +64,8 @@ def targets(sink: str, scratch: Path) -> Iterator[Callable[[], ModelTarget]]:
             db = mariadb.Db(server)
             yield lambda: MySQLTarget(server, db)
     elif sink == "kafka":
-        with kafka.private_broker(scratch / "kafka") as broker:
-            yield lambda: KafkaTarget(broker)
+        with kafka.private_broker(scratch / "kafka") as broker, broker.reader() as reader:
+            yield lambda: KafkaTarget(broker, reader)
     elif sink == "http":
         with http_receiver.started(scratch / "receiver") as receiver:
             yield lambda: HttpTarget(receiver, scratch / f"staging-{next(numbers)}")

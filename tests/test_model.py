@@ -35,7 +35,7 @@ from sinks.s3 import S3Sink
 from sinks.sqlite import SQLiteSink
 from tests.conftest import MYSQL_ORDERS_DDL, ORDERS_DDL
 from tests.servers.http_receiver import ReceiverProcess, new_path
-from tests.servers.kafka import KafkaBroker
+from tests.servers.kafka import KafkaBroker, TopicReader
 from tests.servers.mariadb import Db, MariaDBServer
 from tests.servers.moto import MotoServer
 from twophase import Handle
@@ -51,7 +51,7 @@ from twophase.testing.model import (
 )
 
 #: Examples per sink in the CI profile (the long profile ignores these).
-CI_EXAMPLES = {"sqlite": 40, "mysql": 12, "s3": 10, "kafka": 6, "http": 30}
+CI_EXAMPLES = {"sqlite": 40, "mysql": 12, "s3": 10, "kafka": 10, "http": 30}
 MEMORY_FS = Path("/dev/shm")
 #: The broken variants must be caught within this many examples (over SQLite), found but not
 #: shrunk (shrinking a schedule takes minutes; a real failure of the model is shrunk).
@@ -120,10 +120,11 @@ class S3Target:
 
 
 class KafkaTarget:
-    """A fresh topic (and pool of transactional ids) per example, read read_committed."""
+    """A fresh topic (and pool of transactional ids) per example, read read_committed by the
+    run's one ``reader``."""
 
-    def __init__(self, broker: KafkaBroker) -> None:
-        self.broker, self.topic = broker, broker.new_topic("model")
+    def __init__(self, broker: KafkaBroker, reader: TopicReader) -> None:
+        self.broker, self.reader, self.topic = broker, reader, broker.new_topic("model")
 
     def build(self) -> KafkaSink:
         sink = KafkaSink(**self.broker.options(), topic=self.topic, key="order_id",
@@ -133,7 +134,7 @@ class KafkaTarget:
         return sink
 
     def visible(self) -> list[int]:
-        return self.broker.event_ids(self.topic)
+        return self.reader.event_ids(self.topic)
 
 
 class HttpTarget:
@@ -197,8 +198,9 @@ def test_model_over_s3(moto_server: MotoServer, s3_bucket: str, scratch: Path) -
 
 
 def test_model_over_kafka(kafka_broker: KafkaBroker, scratch: Path) -> None:
-    stats = run_model(lambda: KafkaTarget(kafka_broker), max_examples=ci_examples("kafka"),
-                      state_root=str(scratch))
+    with kafka_broker.reader() as reader:
+        stats = run_model(lambda: KafkaTarget(kafka_broker, reader),
+                          max_examples=ci_examples("kafka"), state_root=str(scratch))
     report("kafka", stats)
     assert stats.examples >= 1
 

@@ -56,6 +56,8 @@ HEAP = "-Xmx512m"
 READY_TIMEOUT_S = 90.0
 READ_TIMEOUT_S = 30.0
 POLL_MS = 200
+#: The broker answers a read's fetch at once when it has data; without data, after this.
+READ_FETCH_WAIT_MS = 10
 STOP_TIMEOUT_S = 20.0
 TOPIC_PARTITIONS = 3
 #: The ``transaction.max.timeout.ms`` of ``kafka_short_timeout_broker``.
@@ -150,6 +152,57 @@ def _properties(port: int, controller_port: int, data: Path, overrides: dict[str
         **overrides,
     }
     return "".join(f"{key}={value}\n" for key, value in settings.items())
+
+
+class TopicReader:
+    """Reads whole topics as a reader of them sees them, through one consumer reused by every
+    read (a model checks what is visible after every step: a consumer per read would cost a
+    connection and a metadata round trip each time). Close it, or use it as a context manager.
+    """
+
+    def __init__(self, bootstrap_servers: str, isolation: str = "read_committed") -> None:
+        self._consumer = KafkaConsumer(bootstrap_servers=bootstrap_servers,
+                                       isolation_level=isolation, enable_auto_commit=False,
+                                       fetch_max_wait_ms=READ_FETCH_WAIT_MS)
+        self._partitions: dict[str, list[TopicPartition]] = {}
+
+    def read(self, topic: str) -> list[Any]:
+        """Every record of ``topic`` from the beginning to the end offsets (with read_committed:
+        the last stable offset)."""
+        partitions = self._partitions_of(topic)
+        consumer = self._consumer
+        consumer.assign(partitions)
+        consumer.seek_to_beginning(*partitions)
+        ends = consumer.end_offsets(partitions)
+        records: list[Any] = []
+        deadline = time.monotonic() + READ_TIMEOUT_S
+        while any(consumer.position(tp) < ends[tp] for tp in partitions):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"could not read {topic} to {ends} in {READ_TIMEOUT_S}s")
+            for batch in consumer.poll(timeout_ms=POLL_MS).values():
+                records.extend(batch)
+        return records
+
+    def event_ids(self, topic: str) -> list[int]:
+        """The sorted ``event_id`` of every JSON record of ``topic``."""
+        return sorted(json.loads(record.value)["event_id"] for record in self.read(topic))
+
+    def _partitions_of(self, topic: str) -> list[TopicPartition]:
+        if topic not in self._partitions:
+            found = self._consumer.partitions_for_topic(topic)
+            if not found:
+                raise LookupError(f"the broker does not list topic {topic}")
+            self._partitions[topic] = [TopicPartition(topic, p) for p in sorted(found)]
+        return self._partitions[topic]
+
+    def close(self) -> None:
+        self._consumer.close()
+
+    def __enter__(self) -> TopicReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 @dataclass
@@ -253,33 +306,19 @@ class KafkaBroker:
     def admin(self) -> KafkaAdminClient:
         return KafkaAdminClient(bootstrap_servers=self.bootstrap_servers)
 
+    def reader(self, isolation: str = "read_committed") -> TopicReader:
+        """A reader of whole topics (one consumer, reused by every read until closed)."""
+        return TopicReader(self.bootstrap_servers, isolation)
+
     def read(self, topic: str, isolation: str = "read_committed") -> list[Any]:
-        """Every record a fresh consumer reads from ``topic``: from the beginning to the end
-        offsets (with read_committed: the last stable offset), as a reader of the topic sees it.
-        """
-        consumer = KafkaConsumer(bootstrap_servers=self.bootstrap_servers,
-                                 isolation_level=isolation, enable_auto_commit=False)
-        try:
-            partitions = [TopicPartition(topic, p)
-                          for p in sorted(consumer.partitions_for_topic(topic) or ())]
-            consumer.assign(partitions)
-            consumer.seek_to_beginning(*partitions)
-            ends = consumer.end_offsets(partitions)
-            records: list[Any] = []
-            deadline = time.monotonic() + READ_TIMEOUT_S
-            while any(consumer.position(tp) < ends[tp] for tp in partitions):
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"could not read {topic} to {ends} in {READ_TIMEOUT_S}s")
-                for batch in consumer.poll(timeout_ms=POLL_MS).values():
-                    records.extend(batch)
-            return records
-        finally:
-            consumer.close()
+        """Every record a fresh consumer reads from ``topic`` (see :meth:`TopicReader.read`)."""
+        with self.reader(isolation) as reader:
+            return reader.read(topic)
 
     def event_ids(self, topic: str, isolation: str = "read_committed") -> list[int]:
-        """The sorted ``event_id`` of every JSON record a reader of ``topic`` sees."""
-        return sorted(json.loads(record.value)["event_id"]
-                      for record in self.read(topic, isolation))
+        """The sorted ``event_id`` of every JSON record a fresh reader of ``topic`` sees."""
+        with self.reader(isolation) as reader:
+            return reader.event_ids(topic)
 
     def produce_feed(self, topic: str, feed_dir: Path, key: str | None = None) -> int:
         """Every line of the feed's files (:func:`~twophase.testing.driver.generate_feed`), in
