@@ -84,6 +84,27 @@ def test_records_are_keyed_json_rows_and_hidden_from_read_committed_until_commit
     assert list(first.headers) == [("status", b"paid")]
 
 
+def test_a_commit_or_abort_returns_only_once_readers_see_its_outcome(
+        kafka_broker: KafkaBroker, kafka_topic: str) -> None:
+    """EndTxn answers when the coordinator has logged the outcome; it writes the markers after.
+    The committer waits for them, so a reader that reads right after sees the batch, and an
+    aborted orphan no longer holds back a partition's last stable offset."""
+    sink = make_sink(kafka_broker, kafka_topic)
+    expected: list[int] = []
+    with kafka_broker.reader() as reader:
+        for batch in range(6):
+            orphan = prepare(sink, orders(100 * batch, 5), batch=batch, partition=0)
+            kept = prepare(sink, orders(100 * batch + 50, 5), batch=batch, partition=1)
+            assert abort(sink, orphan) is AbortOutcome.ABORTED
+            assert commit(sink, kept) is CommitOutcome.COMMITTED
+            states = describe(sink.settings.admin(), [str(orphan.data["transactional_id"]),
+                                                      str(kept.data["transactional_id"])])
+            assert sorted(d.state.value for d in states.values()) == [
+                "CompleteAbort", "CompleteCommit"]
+            expected += range(100 * batch + 50, 100 * batch + 55)
+            assert reader.event_ids(kafka_topic) == expected
+
+
 def test_a_value_column_is_sent_as_is_and_the_topic_may_come_from_a_column(
         kafka_broker: KafkaBroker) -> None:
     first, second = kafka_broker.new_topic(), kafka_broker.new_topic()

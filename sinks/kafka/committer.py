@@ -14,6 +14,12 @@ finishes writing after any crash).
 Anything else that is not the handle's open transaction (aborted, a newer epoch: the id was
 taken over or the broker timed the transaction out, the id expired) is a lost transaction,
 reported with its deadline, never success.
+
+EndTxn answers once the coordinator has logged the decision; it writes the markers into the
+topic's partitions afterwards, and only then do ``read_committed`` readers see a commit (and
+the partitions' last stable offsets stop waiting on an abort). A commit or abort therefore
+returns only once the coordinator reports the transaction complete (:func:`await_markers`),
+so a batch is visible when the driver marks it done, before the next batch commits.
 """
 
 from __future__ import annotations
@@ -65,6 +71,14 @@ ADMIN_MAX_IN_FLIGHT = 4
 _ADMIN_SLOTS = threading.BoundedSemaphore(ADMIN_MAX_IN_FLIGHT)
 LOOKUP_ATTEMPTS = 5
 LOOKUP_BACKOFF_S = 0.05
+#: How long a commit or abort waits for the coordinator to finish writing its markers (then it
+#: is retried: the decision is logged, so the retry finds it and waits again).
+MARKERS_TIMEOUT_S = 30.0
+MARKERS_FIRST_BACKOFF_S = 0.005
+MARKERS_MAX_BACKOFF_S = 0.2
+#: The coordinator has logged how the transaction ends and is writing the markers.
+ENDING = frozenset({TransactionState.PREPARE_COMMIT, TransactionState.PREPARE_ABORT,
+                    TransactionState.PREPARE_EPOCH_FENCE})
 
 
 def identity_of(handle: Handle) -> ProducerIdentity:
@@ -134,10 +148,13 @@ def commit(admin: KafkaAdminClient, handle: Handle, *, where: str) -> CommitOutc
         if _is_handles(description, identity):
             assert description is not None
             if description.state in COMMIT_LOGGED:
+                if description.state in ENDING:
+                    await_markers(admin, identity, what)
                 return CommitOutcome.ALREADY_COMMITTED
             if description.state == TransactionState.ONGOING:
                 code = end_transaction(admin, identity, commit=True)
                 if code == NONE:
+                    await_markers(admin, identity, what)
                     return CommitOutcome.COMMITTED
                 raise _refused(admin, handle, code, what, where=where)
         raise _lost(handle, where=where, why=f"its coordinator {_state(description)}")
@@ -155,14 +172,40 @@ def abort(admin: KafkaAdminClient, handle: Handle) -> AbortOutcome:
         if not _is_handles(description, identity):
             return AbortOutcome.NOT_FOUND
         assert description is not None
-        if description.state != TransactionState.ONGOING:  # aborting or ended already
+        if description.state != TransactionState.ONGOING:  # ending or ended already
+            if description.state in ENDING:
+                await_markers(admin, identity, what)
             return AbortOutcome.NOT_FOUND
         code = end_transaction(admin, identity, commit=False)
         if code == NONE:
+            await_markers(admin, identity, what)
             return AbortOutcome.ABORTED
         if code_name(code) in GONE:
             return AbortOutcome.NOT_FOUND
         raise _refused(admin, handle, code, what, where="")
+
+
+def await_markers(admin: KafkaAdminClient, identity: ProducerIdentity, what: str) -> None:
+    """Return once the coordinator has written the markers of the transaction it ended (it no
+    longer reports the producer's transaction in a Prepare* state); retryable after
+    :data:`MARKERS_TIMEOUT_S`."""
+    deadline = time.monotonic() + MARKERS_TIMEOUT_S
+    backoff = MARKERS_FIRST_BACKOFF_S
+    while _is_ending(describe(admin, [identity.transactional_id]).get(
+            identity.transactional_id), identity):
+        if time.monotonic() >= deadline:
+            raise RetryableError(
+                f"KafkaSink: {what}: the coordinator has logged the outcome but not finished "
+                f"writing its markers within {MARKERS_TIMEOUT_S:.0f}s.",
+                fix="retried automatically; if it persists, check the brokers that lead the "
+                    "topic's partitions")
+        time.sleep(backoff)
+        backoff = min(backoff * 2, MARKERS_MAX_BACKOFF_S)
+
+
+def _is_ending(description: TransactionDescription | None, identity: ProducerIdentity) -> bool:
+    return description is not None and description.producer_id == identity.producer_id \
+        and description.state in ENDING
 
 
 def _refused(admin: KafkaAdminClient, handle: Handle, code: int, what: str, *,
