@@ -24,6 +24,7 @@ from twophase import (
     CommitOutcome,
     ConfigurationError,
     FatalError,
+    FencedError,
     Handle,
     RetryableError,
     SchemaMismatchError,
@@ -207,6 +208,20 @@ def test_a_concurrent_attempt_never_takes_over_a_pre_committed_transaction(
 
 
 # -- bad input ---------------------------------------------------------------------------------
+
+
+def test_a_zombie_runs_task_is_fenced_and_never_erases_a_newer_runs_commit(
+        kafka_broker: KafkaBroker, kafka_topic: str) -> None:
+    """The driver proves a commit by the coordinator's record of the transactional id; a task
+    of an older run re-using the id (its pool slot) would erase that record while the newer
+    run's batch is committed but not yet marked done. The registry names the newer epoch."""
+    sink = make_sink(kafka_broker, kafka_topic)
+    newer = prepare(sink, orders(0, 3), epoch=3)
+    assert commit(sink, newer) is CommitOutcome.COMMITTED
+    with pytest.raises(FencedError, match=r"newer run \(epoch 3\).*zombie.*Fix: keep one run"):
+        prepare(sink, orders(10, 3), epoch=2)
+    assert commit(sink, newer) is CommitOutcome.ALREADY_COMMITTED  # the record survived
+    assert kafka_broker.event_ids(kafka_topic) == [0, 1, 2]
 
 
 def test_an_unknown_topic_is_refused_at_start_with_the_fix(kafka_broker: KafkaBroker) -> None:

@@ -20,6 +20,11 @@ open transaction of an older batch or epoch there is an orphan (no decision can 
 more): taking the id over aborts it, which is what it needs anyway. When every slot is held,
 ``begin_transaction`` raises :class:`RetryableError` (retried with backoff).
 
+A task that finds, on any of its ids, a transaction registered by a newer run (a higher
+epoch) of its own query belongs to a zombie run and is fenced (:class:`FencedError`): re-using
+the id would erase the coordinator's record of the newer run's transaction, which may be
+committed but not yet proven by the driver (the driver's proof of a commit is that record).
+
 The look and the init are not one atomic step: two attempts of one partition whose attempt
 numbers are equal modulo ``attempt_slots`` and that start within the few milliseconds between
 one's look and its init could still meet on one id. The later init then fences the earlier
@@ -36,7 +41,7 @@ from collections.abc import Mapping, Sequence
 from kafka.admin import TransactionDescription, TransactionState
 
 from sinks.kafka.registry import Entry
-from twophase import RetryableError, TxnId
+from twophase import FencedError, RetryableError, TxnId
 from twophase.kit import transaction_id_reused
 
 #: Default slots per partition and batch parity: attempts of one task that may overlap.
@@ -89,13 +94,24 @@ def choose(txn: TxnId, ids: Sequence[str],
     """The first of ``ids`` that ``txn`` may initialise (see the module docstring).
 
     Raises the reuse error if ``txn`` was committed before under one of them (a state file
-    restored from a backup), :class:`RetryableError` if every one is held.
+    restored from a backup), :class:`FencedError` if a newer run of the query registered one
+    of them, :class:`RetryableError` if every one is held.
     """
     for tid in ids:
         description = descriptions.get(tid)
-        if (owner(description, registry.get(tid)) == txn and description is not None
-                and description.state in COMMIT_LOGGED):
+        holder = owner(description, registry.get(tid))
+        if holder is None or description is None:
+            continue
+        if holder == txn and description.state in COMMIT_LOGGED:
             raise transaction_id_reused(txn, where=f"Kafka (transactional id {tid})")
+        if holder.query == txn.query and holder.epoch > txn.epoch:
+            raise FencedError(
+                f"KafkaSink: transaction {txn} belongs to run epoch {txn.epoch}, but a newer run "
+                f"(epoch {holder.epoch}) of the query has written through transactional id "
+                f"{tid}: this task is a zombie's.",
+                fix="keep one run per query (the newer one delivers the batches); if no other "
+                    "run is alive, the state file was replaced by an older copy: put the newest "
+                    "one back")
     for tid in ids:
         if not _held(txn, descriptions.get(tid), registry.get(tid)):
             return tid

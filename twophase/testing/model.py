@@ -390,6 +390,12 @@ class ProtocolModel(RuleBasedStateMachine):
         except (SimulatedCrash, _TaskFailedError):
             run.failures[partition] += 1
             return
+        except FencedError:
+            if run is self.live:
+                raise  # only a zombie's task may be fenced
+            self.say("  fenced: a newer run has written here")
+            run.failures[partition] += 1
+            return
         finally:
             _CURRENT_TASK.pop()
             _TRAPS.clear()
