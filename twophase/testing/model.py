@@ -283,6 +283,8 @@ class _Run:
     #: The successful attempt's message per partition of ``batch``: a handle, or None
     #: (nothing written). Without speculation, a partition succeeds once.
     messages: dict[int, Handle | None] = field(default_factory=dict)
+    #: A task was fenced: Spark fails the job, and this (zombie) run's query stops.
+    stopped: bool = False
 
     def complete(self) -> bool:
         return len(self.messages) == PARTITIONS
@@ -393,8 +395,9 @@ class ProtocolModel(RuleBasedStateMachine):
         except FencedError:
             if run is self.live:
                 raise  # only a zombie's task may be fenced
-            self.say("  fenced: a newer run has written here")
-            run.failures[partition] += 1
+            self.say("  fenced: a newer run has written here; the zombie's query stops")
+            run.stopped = True
+            self.zombies = [zombie for zombie in self.zombies if zombie is not run]
             return
         finally:
             _CURRENT_TASK.pop()
@@ -418,7 +421,7 @@ class ProtocolModel(RuleBasedStateMachine):
 
     def complete(self, run: _Run) -> None:
         """Every partition of ``run``'s batch without a successful attempt gets one."""
-        while (partition := run.unfinished(0)) is not None:
+        while not run.stopped and (partition := run.unfinished(0)) is not None:
             self.task(run, partition, PRE_COMMITS)
 
     def record_decision(self, batch: int, handles: Sequence[Handle]) -> None:
@@ -595,6 +598,8 @@ class ProtocolModel(RuleBasedStateMachine):
     def zombie_commits_batch(self, which: int) -> None:
         run = self.zombie(which)
         self.complete(run)
+        if run.stopped:
+            return
         batch, handles = run.batch, run.handles()
         self.say(f"zombie epoch {run.epoch} commits batch {batch} with "
                  f"{[str(h.txn_id) for h in handles]}")
