@@ -50,7 +50,7 @@ from sinks.kafka.errors import (
     classify_code,
     code_name,
 )
-from sinks.kafka.pool import COMMIT_LOGGED
+from sinks.kafka.pool import COMMIT_LOGGED, ENDING
 from twophase import AbortOutcome, CommitOutcome, Committer, Handle, RetryableError
 from twophase.errors import TransactionLostError
 from twophase.kit import classified, transaction_lost
@@ -76,9 +76,6 @@ LOOKUP_BACKOFF_S = 0.05
 MARKERS_TIMEOUT_S = 30.0
 MARKERS_FIRST_BACKOFF_S = 0.005
 MARKERS_MAX_BACKOFF_S = 0.2
-#: The coordinator has logged how the transaction ends and is writing the markers.
-ENDING = frozenset({TransactionState.PREPARE_COMMIT, TransactionState.PREPARE_ABORT,
-                    TransactionState.PREPARE_EPOCH_FENCE})
 
 
 def identity_of(handle: Handle) -> ProducerIdentity:

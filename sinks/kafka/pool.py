@@ -47,9 +47,11 @@ from twophase.kit import transaction_id_reused
 #: Default slots per partition and batch parity: attempts of one task that may overlap.
 DEFAULT_ATTEMPT_SLOTS = 4
 PARITIES = 2
+#: The coordinator has logged how the transaction ends and is writing its markers.
+ENDING = frozenset({TransactionState.PREPARE_COMMIT, TransactionState.PREPARE_ABORT,
+                    TransactionState.PREPARE_EPOCH_FENCE})
 #: States in which a transaction still holds its id (and pins the topic's last stable offset).
-OPEN_STATES = frozenset({TransactionState.ONGOING, TransactionState.PREPARE_COMMIT,
-                         TransactionState.PREPARE_ABORT, TransactionState.PREPARE_EPOCH_FENCE})
+OPEN_STATES = ENDING | {TransactionState.ONGOING}
 #: The coordinator has logged the commit of the transaction (PrepareCommit: it is writing the
 #: markers; the log makes it finish them after any crash): it is committed.
 COMMIT_LOGGED = frozenset({TransactionState.PREPARE_COMMIT, TransactionState.COMPLETE_COMMIT})
