@@ -49,10 +49,14 @@ from pyspark.sql.datasource import (
 from pyspark.sql.streaming.query import StreamingQuery
 
 from bench.mysql_xa import COLUMNS, TABLE, TABLE_DDL, count_rows, paired_ratio, server_cpu_s
-from sinks.mysql import DEFAULT_CHUNK_SIZE, MySQLBranch, MySQLXASink, load_tsv, open_connection
+from sinks.mysql import MySQLXASink
 from sinks.mysql.arrow import ArrowChunk, chunks_of
+from sinks.mysql.bulk import load_tsv
+from sinks.mysql.connection import open_connection
+from sinks.mysql.sink import MySQLBranch
 from tests.servers.mariadb import MariaDBServer, private_server
 from twophase import TwoPhaseCommitSink
+from twophase.kit import DEFAULT_CHUNK_SIZE
 from twophase.spark import write_stream
 from twophase.testing.driver import local_session
 

@@ -19,7 +19,7 @@ server's from ``/proc``): unlike wall time they do not depend on that other work
 * ``sink, Arrow``: the same, the rows handed over as Arrow record batches of 10,000 rows (as
   Spark's data source path does) to ``write_arrow``, which encodes them without per-row Python.
 * ``at-least-once``: the same partitions, each one plain transaction through the same bulk
-  function (``sinks.mysql.load_tsv`` of ``encode_tsv`` text, same chunk size). What a non-2PC
+  function (``sinks.mysql.bulk.load_tsv`` of ``encode_tsv`` text, same chunk size). What a non-2PC
   sink would do.
 * ``raw``: every row in one plain transaction and a single ``LOAD DATA LOCAL INFILE``: the
   fastest bulk load we know from Python, the ceiling.
@@ -44,17 +44,13 @@ from typing import Any
 
 import pyarrow as pa
 
-from sinks.mysql import (
-    DEFAULT_CHUNK_SIZE,
-    MySQLXASink,
-    encode_tsv,
-    insert_rows,
-    load_tsv,
-    open_connection,
-)
+from sinks.mysql import MySQLXASink
+from sinks.mysql.bulk import insert_rows, load_tsv
+from sinks.mysql.connection import open_connection
+from sinks.mysql.encoding import encode_tsv
 from tests.servers.mariadb import MariaDBServer, private_server
 from twophase import Column, TransactionContext, TxnId
-from twophase.kit import chunks
+from twophase.kit import DEFAULT_CHUNK_SIZE, chunks
 
 TABLE = "bench_rows"
 TABLE_DDL = (f"CREATE TABLE {TABLE} (id BIGINT NOT NULL PRIMARY KEY, name VARCHAR(64) NOT NULL, "

@@ -7,7 +7,11 @@ the same sink with ``write_arrow`` left at the contract's default (record batche
 rows, then ``write``), as a sink that only implements ``write`` runs. Each is run ``--rounds``
 times alternately on a warm session; the best round of each counts.
 
-    .venv/bin/python bench/sqlite_stream.py [--batches 20] [--rows-per-batch 10000]
+``--metrics`` instead compares the Arrow path with ``metrics_port`` on (its endpoint scraped
+every ``SCRAPE_INTERVAL_S``, more often than Prometheus would) against off, alternating, and
+prints the best and the median round of each.
+
+    .venv/bin/python bench/sqlite_stream.py [--batches 20] [--rows-per-batch 10000] [--metrics]
 """
 
 from __future__ import annotations
@@ -18,7 +22,9 @@ import sqlite3
 import statistics
 import sys
 import tempfile
+import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -42,10 +48,13 @@ class RowPathSQLiteSink(SQLiteSink):
     write_arrow = TwoPhaseCommitSink.write_arrow
 
 
-SINKS = {"arrow": SQLiteSink, "rows": RowPathSQLiteSink}
+SINKS = {"arrow": SQLiteSink, "rows": RowPathSQLiteSink, "metrics": SQLiteSink}
 MODES = ("plain", "rows", "arrow")
+METRICS_MODES = ("arrow", "metrics")
 LABELS = {"plain": "plain append (at-least-once)", "rows": "SQLiteSink, Row path",
-          "arrow": "SQLiteSink, Arrow path"}
+          "arrow": "SQLiteSink, Arrow path", "metrics": "Arrow path, metrics_port scraped"}
+METRICS_PORT = 19464
+SCRAPE_INTERVAL_S = 1.0
 
 
 class PlainAppend(DataSource):
@@ -94,18 +103,31 @@ def run(spark: SparkSession, feed: DataFrame, mode: str, workdir: Path) -> tuple
     fresh_database(database)
     shutil.rmtree(checkpoint, ignore_errors=True)
     started = time.monotonic()
+    scraping = threading.Event()
     if mode in SINKS:
+        port = METRICS_PORT if mode == "metrics" else None
         query = write_stream(feed, SINKS[mode](database, "orders"),
-                             checkpoint_location=str(checkpoint), trigger={"availableNow": True})
+                             checkpoint_location=str(checkpoint), trigger={"availableNow": True},
+                             metrics_port=port and f"127.0.0.1:{port}")
+        if port:
+            threading.Thread(target=scrape, args=(port, scraping), daemon=True).start()
     else:
         query = (feed.writeStream.format(PlainAppend.name()).option("path", str(database))
                  .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True)
                  .start())
     query.awaitTermination()
     elapsed = time.monotonic() - started
+    scraping.set()
     with sqlite3.connect(database) as connection:
         (rows,) = connection.execute("SELECT count(*) FROM orders").fetchone()
     return elapsed, rows
+
+
+def scrape(port: int, done: threading.Event) -> None:
+    """Read the metrics endpoint every SCRAPE_INTERVAL_S until ``done``."""
+    while not done.wait(SCRAPE_INTERVAL_S):
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+            reply.read()
 
 
 def main() -> int:
@@ -113,7 +135,10 @@ def main() -> int:
     parser.add_argument("--batches", type=int, default=20)
     parser.add_argument("--rows-per-batch", type=int, default=10_000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--metrics", action="store_true",
+                        help="compare metrics_port on against off instead")
     args = parser.parse_args()
+    modes = METRICS_MODES if args.metrics else MODES
     spark = local_session("twophase-bench")
     spark.dataSource.register(PlainAppend)
     with tempfile.TemporaryDirectory(prefix="twophase-bench-") as tmp:
@@ -121,17 +146,21 @@ def main() -> int:
         expected = generate_feed(workdir / "feed", files=args.batches,
                                  rows_per_file=args.rows_per_batch)
         feed = read_feed(spark, workdir / "feed")
-        for mode in MODES:
+        for mode in modes:
             run(spark, feed, mode, workdir)  # warm the JVM and the Python workers
-        best: dict[str, float] = {}
-        for _ in range(args.rounds):
-            for mode in MODES:
+        rounds: dict[str, list[float]] = {mode: [] for mode in modes}
+        for number in range(args.rounds):
+            for mode in modes if number % 2 == 0 else modes[::-1]:
                 elapsed, rows = run(spark, feed, mode, workdir)
                 if rows != expected:
                     raise SystemExit(f"{mode}: {rows} rows written, {expected} expected")
-                best[mode] = min(best.get(mode, elapsed), elapsed)
+                rounds[mode].append(elapsed)
         state = StateStore(workdir / "arrow-ckpt" / "twophase").read()
     spark.stop()
+    if args.metrics:
+        print_metrics_cost(args, expected, rounds)
+        return 0
+    best = {mode: min(times) for mode, times in rounds.items()}
     assert state is not None
     decision = statistics.median(r.decision_ms for r in state.history)
     commit = statistics.median(r.commit_ms for r in state.history)
@@ -146,6 +175,19 @@ def main() -> int:
     print(f"per-batch framework overhead (median): decision write {decision:.1f} ms, "
           f"commit fan-out {commit:.1f} ms, total {decision + commit:.1f} ms")
     return 0
+
+
+def print_metrics_cost(args: argparse.Namespace, rows: int,
+                       rounds: dict[str, list[float]]) -> None:
+    print(f"SQLite, {args.batches} batches x {args.rows_per_batch} rows, 2 partitions, "
+          f"{args.rounds} alternating rounds")
+    print(f"{'path':<34}{'best rows/s':>12}{'median rows/s':>15}")
+    for mode in METRICS_MODES:
+        print(f"{LABELS[mode]:<34}{rows / min(rounds[mode]):>12.0f}"
+              f"{rows / statistics.median(rounds[mode]):>15.0f}")
+    best = min(rounds["arrow"]) / min(rounds["metrics"])
+    median = statistics.median(rounds["arrow"]) / statistics.median(rounds["metrics"])
+    print(f"ratio metrics on / off: best {best:.3f}, median {median:.3f}")
 
 
 if __name__ == "__main__":

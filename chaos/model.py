@@ -24,13 +24,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.servers import http_receiver, kafka, mariadb, moto
+from tests.servers import http_receiver, kafka, mariadb, moto, postgres
 from tests.test_model import HttpTarget, KafkaTarget, MySQLTarget, S3Target, SQLiteTarget
 from twophase.testing.model import PROFILE_ENV, ExactlyOnceError, ModelStats, ModelTarget, run_model
 
 log = logging.getLogger("chaos.model")
 
-SINKS = ("sqlite", "mysql", "s3", "kafka", "http")
+SINKS = ("sqlite", "mysql", "postgres", "s3", "kafka", "http")
 QUIET_LOGGERS = ("twophase", "sinks")
 
 
@@ -63,6 +63,10 @@ def targets(sink: str, scratch: Path) -> Iterator[Callable[[], ModelTarget]]:
         with mariadb.private_server() as server:
             db = mariadb.Db(server)
             yield lambda: MySQLTarget(server, db)
+    elif sink == "postgres":
+        with postgres.private_server() as pg_server:
+            view = postgres.PgView(pg_server)
+            yield lambda: postgres.PgTarget.fresh(view)
     elif sink == "kafka":
         with kafka.private_broker(scratch / "kafka") as broker, broker.reader() as reader:
             yield lambda: KafkaTarget(broker, reader)

@@ -1,10 +1,10 @@
 """The sinks' systems as a chaos scenario drives them: started here, behind a fault proxy.
 
-A :class:`System` starts the sink's real server (MariaDB, moto S3, a Kafka broker, the HTTP
-receiver; SQLite has none) and a :class:`~chaos.proxy.FaultProxy` in front of it, builds fresh
-targets whose sink reaches the server through the proxy, reads what a reader of a target sees
-(straight from the server), and kills and restarts the server. Adding a sink to the chaos suite
-is one subclass here and one line in :data:`SYSTEMS`.
+A :class:`System` starts the sink's real server (MariaDB, PostgreSQL, moto S3, a Kafka
+broker, the HTTP receiver; SQLite has none) and a :class:`~chaos.proxy.FaultProxy` in front of
+it, builds fresh targets whose sink reaches the server through the proxy, reads what a reader
+of a target sees (straight from the server), and kills and restarts the server. Adding a sink
+to the chaos suite is one subclass here and one line in :data:`SYSTEMS`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 
 from chaos.proxy import HOST, FaultProxy
 from tests.conftest import MYSQL_ORDERS_DDL, ORDERS_DDL
-from tests.servers import http_receiver, kafka, mariadb, moto
+from tests.servers import http_receiver, kafka, mariadb, moto, postgres
 from tests.servers.local import free_port
 from tests.test_crash import s3_visible, sqlite_visible
 from twophase.testing.crash import SinkTarget
@@ -116,6 +116,31 @@ class MySQLSystem(System):
             self.server.start()
 
 
+class PostgresSystem(System):
+    name = "postgres"
+    server_faults = (SERVER_KILL, *NETWORK_FAULTS)
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[System]:
+        with postgres.private_server() as self.server, self._proxied(self.server.port):
+            self.view = postgres.PgView(self.server)
+            yield self
+
+    def new_target(self) -> SinkTarget:
+        assert self.proxy is not None
+        target = postgres.PgTarget.fresh(self.view, port=self.proxy.port)
+        return SinkTarget(target.FACTORY, target.options())
+
+    def visible(self, target: SinkTarget) -> list[int]:
+        return self.view.event_ids(target.options["table"])
+
+    def kill_server(self) -> None:
+        self.server.kill()
+
+    def start_server(self) -> None:
+        self.server.start()
+
+
 class S3System(System):
     """moto keeps its objects in memory: its "kill" would lose them, which no S3 does, so
     the object store fails here by the network only (cut, reset, slowed)."""
@@ -204,7 +229,8 @@ class HttpSystem(System):
 
 SYSTEMS: dict[str, Callable[[Path], System]] = {
     system.name: system
-    for system in (SQLiteSystem, MySQLSystem, S3System, KafkaSystem, HttpSystem)}
+    for system in (SQLiteSystem, MySQLSystem, PostgresSystem, S3System, KafkaSystem,
+                   HttpSystem)}
 
 
 def in_doubt(target: SinkTarget, namespace: str) -> list[Any]:

@@ -72,7 +72,9 @@ from twophase.kit import (
     DEFAULT_CHUNK_SIZE,
     ErrorTable,
     Mode,
+    TableColumn,
     as_utc,
+    check_columns,
     chunks,
     classified,
     namespace_from,
@@ -152,20 +154,16 @@ class SQLiteSink(TwoPhaseCommitSink[SQLiteTransaction]):
     # -- driver: before the first write ----------------------------------------------------
 
     def check_schema(self, columns: Sequence[Column]) -> None:
+        """The kit's column checks (:func:`twophase.kit.check_columns`) on the table."""
         with self._reading("schema check") as connection:
-            target = self._columns(connection, self.table)
-            if not target:
-                raise SchemaMismatchError(f"table {self.table!r} does not exist in {self.path}.",
-                                          fix="create it before starting the query")
-            missing = [c.name for c in columns if c.name not in target]
-            if missing:
-                raise SchemaMismatchError(
-                    f"column(s) {missing} of the rows are not in table {self.table!r} of "
-                    f"{self.path} (its columns: {target}).",
-                    fix="add the columns to the table, or select/rename them in the DataFrame",
-                )
-            if self.mode == "upsert":
-                self._require_unique_key(connection)
+            catalog = [TableColumn(name, required=bool(not_null) and default is None
+                                   and not primary_key)
+                       for _cid, name, _type, not_null, default, primary_key
+                       in connection.execute(f"PRAGMA table_info({quote(self.table)})")]
+            unique_keys = self._unique_keys(connection) if self.mode == "upsert" else []
+        check_columns(self.where, catalog, columns,
+                      upsert_key=self.key if self.mode == "upsert" else None,
+                      unique_keys=unique_keys)
 
     # -- executor --------------------------------------------------------------------------
 
@@ -367,19 +365,14 @@ class SQLiteSink(TwoPhaseCommitSink[SQLiteTransaction]):
     def _columns(connection: sqlite3.Connection, table: str) -> list[str]:
         return [row[1] for row in connection.execute(f"PRAGMA table_info({quote(table)})")]
 
-    def _require_unique_key(self, connection: sqlite3.Connection) -> None:
+    def _unique_keys(self, connection: sqlite3.Connection) -> list[tuple[str, ...]]:
         table = quote(self.table)
         primary_key = tuple(row[1] for row in connection.execute(f"PRAGMA table_info({table})")
                             if row[5])
-        unique_keys = [primary_key] + [
+        return [primary_key] + [
             tuple(row[2] for row in connection.execute(f"PRAGMA index_info({quote(index[1])})"))
             for index in connection.execute(f"PRAGMA index_list({table})") if index[2]
         ]
-        if not any(set(keys) == set(self.key) for keys in unique_keys):
-            raise SchemaMismatchError(
-                f"upsert key {list(self.key)} is not a primary or unique key of {self.table!r}.",
-                fix=f"create a unique index on {list(self.key)} or pass the table's key",
-            )
 
     def _guarded(self, what: str) -> contextlib.AbstractContextManager[None]:
         return classified(_classify, f"{what} on {self.path}", sqlite3.Error)

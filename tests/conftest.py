@@ -11,8 +11,9 @@ import pytest
 from sinks.sqlite import SQLiteSink
 
 pytest_plugins = ["tests.servers.mariadb", "tests.servers.moto", "tests.servers.spark",
-                  "tests.servers.spark_cluster",
-                  "tests.servers.http_receiver", "tests.servers.kafka"]
+                  "tests.servers.spark_cluster", "tests.servers.connect",
+                  "tests.servers.http_receiver", "tests.servers.kafka", "tests.servers.postgres",
+                  "tests.servers.prometheus"]
 
 ORDERS_DDL = (
     "CREATE TABLE orders (event_id INTEGER NOT NULL, order_id INTEGER NOT NULL, "

@@ -2,8 +2,9 @@
 
 The fault proxy against a real TCP server, then one chaos round per fault family through real
 Spark drivers: a zombie driver thawed on the same state after its successor took the query over
-(SQLite), the server SIGKILLed mid-batch and the network to it cut (MariaDB), the network to a
-Kafka broker cut (the broker advertises the proxy), the HTTP receiver SIGKILLed mid-batch. Each
+(SQLite), the server SIGKILLed mid-batch and the network to it cut (MariaDB), the server
+SIGKILLed mid-batch (PostgreSQL), the network to a Kafka broker cut (the broker advertises the
+proxy), the HTTP receiver SIGKILLed mid-batch. Each
 round ends with every row visible exactly once and nothing in doubt.
 """
 
@@ -118,6 +119,7 @@ def test_a_client_that_dies_ends_its_connection_to_the_server(echo_port: int) ->
 @pytest.mark.parametrize(("sink", "kinds", "budget"), [
     ("sqlite", (ZOMBIE,), 1),
     ("mysql", (SERVER_KILL, NETWORK_CUT), 2),
+    ("postgres", (SERVER_KILL,), 1),
     ("kafka", (NETWORK_CUT,), 1),
     ("http", (SERVER_KILL,), 1),
 ])

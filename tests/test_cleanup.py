@@ -6,16 +6,28 @@ import json
 import sqlite3
 import subprocess
 import sys
+import urllib.request
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from sinks.sqlite import SQLiteSink
+from tests.servers.local import free_port
 from tests.servers.moto import MotoServer
 from twophase import cleanup
+from twophase._handle import query_key
 from twophase._state import Decision, StateStore
-from twophase.testing.contract import OPENED_AT, OTHER_QUERY_ID, QUERY_ID, orders, prepare
+from twophase._task import rows_delivery, run_transaction
+from twophase.testing.contract import (
+    OPENED_AT,
+    OTHER_QUERY_ID,
+    QUERY_ID,
+    context,
+    orders,
+    prepare,
+)
 
 HOUR = 3600.0
 
@@ -227,3 +239,110 @@ def test_status_and_cleanup_read_a_state_on_s3(sqlite_sink: SQLiteSink, orders_d
     assert state is not None and (state.pending, state.last_done_batch) == ((), 0)
     with sqlite3.connect(orders_db) as reader:
         assert reader.execute("SELECT count(*) FROM orders").fetchone() == (2,)
+
+
+def metric_samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """The samples of a Prometheus text exposition: (name, labels) -> value."""
+    return {(sample.name, frozenset(sample.labels.items())): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples}
+
+
+def cleanup_with_facts(sqlite_sink: SQLiteSink, orders_db: Path,
+                       tmp_path: Path) -> tuple[list[str], StateStore]:
+    """A state with a decided batch pending, an orphan of an earlier run, and an old
+    transaction of a query cleanup does not know: the cleanup command line for it."""
+    store = running_query(tmp_path, epoch_bumps=2)
+    decided = prepare(sqlite_sink, orders(0, 3), epoch=2, batch=0)
+    store.update(lambda s: replace(s, pending=(Decision(0, 2, OPENED_AT, (decided,)),)),
+                 epoch=None)
+    prepare(sqlite_sink, orders(3, 1), epoch=1)
+    stranger = context(query_id=OTHER_QUERY_ID)
+    an_hour_old = replace(stranger.txn_id, created=int(OPENED_AT - HOUR))
+    run_transaction(sqlite_sink, replace(stranger, txn_id=an_hour_old), rows_delivery(orders(4, 1)))
+    return ["--sink", "sinks.sqlite:SQLiteSink", "--options",
+            json.dumps({"path": str(orders_db), "table": "orders"}),
+            "--state", str(store.location)], store
+
+
+def test_cleanup_writes_its_facts_and_the_query_metrics_as_a_textfile(
+    sqlite_sink: SQLiteSink, orders_db: Path, tmp_path: Path
+) -> None:
+    argv, _ = cleanup_with_facts(sqlite_sink, orders_db, tmp_path)
+    textfile = tmp_path / "textfile" / "twophase.prom"
+    textfile.parent.mkdir()
+
+    assert cleanup.main([*argv, "--metrics-file", str(textfile)]) == cleanup.EXIT_ATTENTION
+
+    seen = metric_samples(textfile.read_text())
+    assert [p.name for p in textfile.parent.iterdir()] == ["twophase.prom"]  # replaced whole
+    target = {("namespace", "orders"), ("sink", "sqlite")}
+    query = frozenset({("query", QUERY_ID), *target})
+    assert seen[("twophase_cleanup_exit_code", frozenset())] == cleanup.EXIT_ATTENTION
+    for action, outcome in (("roll_forward", "done"), ("abort_orphan", "done"),
+                            ("keep_unknown", "skipped"), ("purge", "done")):
+        labels = frozenset({("namespace", "orders"), ("action", action), ("outcome", outcome)})
+        assert seen[("twophase_cleanup_actions", labels)] == 1, action
+    assert seen[("twophase_cleanup_in_doubt_transactions", frozenset(target))] == 1  # unknown
+    oldest = seen[("twophase_cleanup_oldest_in_doubt_age_seconds", frozenset(target))]
+    assert oldest > seen[("twophase_cleanup_orphan_age_limit_seconds", frozenset(target))]
+    assert seen[("twophase_batches_committed_total", query)] == 1  # rolled forward by cleanup
+    assert seen[("twophase_rows_committed_total", query)] == 3
+    assert seen[("twophase_batches_pending", query)] == 0
+    assert seen[("twophase_cleanup_last_run_timestamp_seconds", frozenset())] > OPENED_AT
+
+
+def test_cleanup_pushes_the_same_facts_to_a_pushgateway(
+    sqlite_sink: SQLiteSink, orders_db: Path, tmp_path: Path, pushgateway: str
+) -> None:
+    argv, _ = cleanup_with_facts(sqlite_sink, orders_db, tmp_path)
+
+    assert cleanup.main([*argv, "--pushgateway", pushgateway]) == cleanup.EXIT_ATTENTION
+
+    with urllib.request.urlopen(f"{pushgateway}/metrics", timeout=10) as response:
+        seen = metric_samples(response.read().decode())
+    pushed = {("job", "twophase_cleanup"), ("instance", "")}
+    assert seen[("twophase_cleanup_exit_code", frozenset(pushed))] == cleanup.EXIT_ATTENTION
+    query = frozenset({("query", QUERY_ID), ("namespace", "orders"), ("sink", "sqlite"), *pushed})
+    assert seen[("twophase_batches_committed_total", query)] == 1
+
+
+def test_an_unreachable_pushgateway_fails_the_run_with_the_cause(
+    sqlite_sink: SQLiteSink, orders_db: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = running_query(tmp_path)
+    argv = ["--sink", "sinks.sqlite:SQLiteSink", "--options",
+            json.dumps({"path": str(orders_db), "table": "orders"}), "--state",
+            str(store.location)]
+    assert cleanup.main([*argv, "--pushgateway", f"http://127.0.0.1:{free_port()}"]) == \
+        cleanup.EXIT_FAILED
+    assert "metrics not exported" in caplog.text
+
+
+def test_settle_finishes_decided_batches_and_aborts_every_undecided_transaction(
+    sqlite_sink: SQLiteSink, orders_db: Path, sqlite_reader: sqlite3.Connection,
+    tmp_path: Path
+) -> None:
+    """Before a migration: also the crashed current run's undecided transaction, however
+    young (cleanup would keep it: a live run might still decide it); the stranger stays."""
+    argv, store = cleanup_with_facts(sqlite_sink, orders_db, tmp_path)
+    young = prepare(sqlite_sink, orders(5, 1), epoch=2, batch=1)
+    status = subprocess.run([sys.executable, "-m", "twophase.status", str(store.location),
+                             *argv[:4]], capture_output=True, text=True, check=True)
+    assert f"undecided  {young.txn_id}" in status.stdout
+    assert "hold its locks" in status.stdout
+    assert "python -m twophase.cleanup --settle --sink MODULE:CLASS" in status.stdout
+
+    assert cleanup.main([*argv, "--settle"]) == cleanup.EXIT_OK
+
+    assert sqlite_reader.execute("SELECT count(*) FROM orders").fetchone() == (3,)
+    assert {h.txn_id.query for h in sqlite_sink.list_in_doubt("orders")} == {
+        query_key(OTHER_QUERY_ID)}
+    state = store.read()
+    assert state is not None and (state.pending, state.epoch, state.last_done_batch) == ((), 3, 0)
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("500 ms", 0.5), ("30s", 30.0), ("10m", 600.0),
+                                               ("2 hours", 7200.0), ("10 seconds", 10.0),
+                                               ("7d", 604_800.0), ("3 mins", 180.0)])
+def test_durations_are_read_in_their_unit(text: str, seconds: float) -> None:
+    assert cleanup.parse_duration(text) == seconds

@@ -1,16 +1,42 @@
-"""The framework knows no external system: nothing under twophase/ imports a sink or a test."""
+"""The layers, enforced both ways.
+
+``twophase/`` is at the bottom and knows no sink and no test; ``sinks/`` stand on twophase's
+public face only; ``tests/``, ``chaos/`` and ``bench/`` sit on top and never import each other
+in a circle. The public face of twophase, for a sink:
+
+================================  ==============================================================
+module                            what a sink takes from it
+================================  ==============================================================
+``twophase``                      the contract (``TwoPhaseCommitSink``, ``Committer``,
+                                  ``Handle``, ``TxnId``, outcomes) and the errors
+``twophase.kit``                  what every sink repeats (see its docstring)
+``twophase.errors``               the error taxonomy (also re-exported by ``twophase``)
+================================  ==============================================================
+
+Tests also take ``twophase.testing`` (the suites) and, for now, private modules: they test
+the framework's insides. Everything else under ``twophase._*`` is internal.
+"""
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterable
 from pathlib import Path
 
 import twophase
 
-FORBIDDEN = ("sinks", "tests")
+REPO = Path(twophase.__file__).resolve().parents[1]
+FORBIDDEN_IN_FRAMEWORK = ("sinks", "tests", "chaos", "bench")
+PUBLIC_FOR_SINKS = frozenset({"twophase", "twophase.kit", "twophase.errors"})
+TOP = ("bench", "chaos", "tests")
+#: chaos/ modules that still import tests/ (issue 21 part 3 moves the test setups they take to
+#: one place both may import). The list may only shrink: a new chaos->tests import fails this
+#: module, and so does a listed module that no longer imports tests (remove it here then).
+CHAOS_STILL_IMPORTING_TESTS = frozenset({"chaos/model.py", "chaos/systems.py"})
 
 
 def imported_modules(path: Path) -> set[str]:
+    """Every absolute module a file imports (``from x import y`` counts as ``x``)."""
     tree = ast.parse(path.read_text(), filename=str(path))
     names: set[str] = set()
     for node in ast.walk(tree):
@@ -21,18 +47,90 @@ def imported_modules(path: Path) -> set[str]:
     return names
 
 
-def test_the_framework_imports_no_sink_and_no_test() -> None:
-    package = Path(twophase.__file__).parent
-    offenders = {
-        f"{path.relative_to(package.parent)}: {name}"
-        for path in package.rglob("*.py")
-        for name in imported_modules(path)
-        if name.split(".")[0] in FORBIDDEN
-    }
-    assert offenders == set()
+def _files(package: str) -> list[Path]:
+    return sorted((REPO / package).rglob("*.py"))
 
 
-def test_the_rule_would_catch_an_offender(tmp_path: Path) -> None:
+def _relative(path: Path) -> str:
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
+
+
+def framework_offenders(paths: Iterable[Path]) -> set[str]:
+    return {f"{_relative(path)}: {name}" for path in paths for name in imported_modules(path)
+            if name.split(".")[0] in FORBIDDEN_IN_FRAMEWORK}
+
+
+def sink_offenders(paths: Iterable[Path]) -> set[str]:
+    """Imports of twophase beyond its public face for sinks, and of tests, chaos or bench."""
+    return {f"{_relative(path)}: {name}" for path in paths for name in imported_modules(path)
+            if (name.split(".")[0] == "twophase" and name not in PUBLIC_FOR_SINKS)
+            or name.split(".")[0] in TOP}
+
+
+def importers_of(paths: Iterable[Path], package: str) -> set[str]:
+    return {_relative(path) for path in paths
+            if any(name.split(".")[0] == package for name in imported_modules(path))}
+
+
+def package_graph(files: dict[str, list[Path]], *, ignore: frozenset[str] = frozenset()
+                  ) -> dict[str, set[str]]:
+    """Which of ``files``' packages import which others (files in ``ignore`` left out)."""
+    return {package: {name.split(".")[0] for path in paths if _relative(path) not in ignore
+                      for name in imported_modules(path)
+                      if name.split(".")[0] in files and name.split(".")[0] != package}
+            for package, paths in files.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every cycle of ``graph``, each from its smallest node (a graph of a few nodes)."""
+    found: list[list[str]] = []
+
+    def walk(path: list[str]) -> None:
+        for successor in sorted(graph.get(path[-1], ())):
+            if successor == path[0]:
+                found.append(path)
+            elif successor not in path and successor > path[0]:
+                walk([*path, successor])
+
+    for start in sorted(graph):
+        walk([start])
+    return found
+
+
+# -- the tree as it is ---------------------------------------------------------------------------
+
+def test_the_framework_imports_no_sink_test_chaos_or_bench() -> None:
+    assert framework_offenders(_files("twophase")) == set()
+
+
+def test_sinks_import_only_the_public_face_of_twophase() -> None:
+    assert sink_offenders(_files("sinks")) == set()
+
+
+def test_chaos_imports_tests_only_where_it_still_has_to() -> None:
+    assert importers_of(_files("chaos"), "tests") == CHAOS_STILL_IMPORTING_TESTS
+
+
+def test_bench_chaos_and_tests_import_each_other_in_no_circle() -> None:
+    graph = package_graph({package: _files(package) for package in TOP},
+                          ignore=CHAOS_STILL_IMPORTING_TESTS)
+    assert cycles(graph) == []
+
+
+# -- the rules catch offenders --------------------------------------------------------------------
+
+def test_the_rules_catch_each_kind_of_offender(tmp_path: Path) -> None:
     module = tmp_path / "m.py"
-    module.write_text("import os\nfrom sinks.sqlite import SQLiteSink\nimport tests.x as t\n")
-    assert {"sinks.sqlite", "tests.x"} <= imported_modules(module)
+    module.write_text("import os\nfrom sinks.sqlite import SQLiteSink\nimport tests.x as t\n"
+                      "from twophase._rows import rows_of\nfrom twophase.kit import chunks\n"
+                      "from . import sibling\n")
+    assert imported_modules(module) == {"os", "sinks.sqlite", "tests.x", "twophase._rows",
+                                        "twophase.kit"}
+    names = {entry.split(": ")[1] for entry in sink_offenders([module])}
+    assert names == {"tests.x", "twophase._rows"}
+    assert cycles({"bench": {"tests"}, "chaos": {"tests"}, "tests": {"chaos"}}) == [
+        ["chaos", "tests"]]
+    assert cycles({"bench": {"chaos"}, "chaos": {"tests"}, "tests": {"bench"}}) == [
+        ["bench", "chaos", "tests"]]
+    assert cycles({"bench": {"tests"}, "chaos": {"tests"}, "tests": set()}) == []
+

@@ -38,6 +38,7 @@ from tests.servers.http_receiver import ReceiverProcess, new_path
 from tests.servers.kafka import KafkaBroker, TopicReader
 from tests.servers.mariadb import Db, MariaDBServer
 from tests.servers.moto import MotoServer
+from tests.servers.postgres import PgTarget, PgView
 from twophase import Handle
 from twophase._coordinator import Coordinator
 from twophase._state import Decision, State, StateStore
@@ -51,7 +52,7 @@ from twophase.testing.model import (
 )
 
 #: Examples per sink in the CI profile (the long profile ignores these).
-CI_EXAMPLES = {"sqlite": 40, "mysql": 12, "s3": 10, "kafka": 10, "http": 30}
+CI_EXAMPLES = {"sqlite": 40, "mysql": 12, "s3": 10, "kafka": 10, "http": 30, "postgres": 12}
 MEMORY_FS = Path("/dev/shm")
 #: The broken variants must be caught within this many examples (over SQLite), found but not
 #: shrunk (shrinking a schedule takes minutes; a real failure of the model is shrunk).
@@ -186,6 +187,13 @@ def test_model_over_mysql_xa(mariadb: MariaDBServer, db: Db, scratch: Path) -> N
     stats = run_model(lambda: MySQLTarget(mariadb, db), max_examples=ci_examples("mysql"),
                       state_root=str(scratch))
     report("mysql", stats)
+    assert stats.examples >= 1
+
+
+def test_model_over_postgres(pg: PgView, scratch: Path) -> None:
+    stats = run_model(lambda: PgTarget.fresh(pg), max_examples=ci_examples("postgres"),
+                      state_root=str(scratch))
+    report("postgres", stats)
     assert stats.examples >= 1
 
 

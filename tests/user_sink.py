@@ -3,25 +3,37 @@
 It imports only the documented API (``twophase`` and ``twophase.kit``), and the shared contract
 and crash suites prove it (tests/test_user_sink.py): that is the claim that a user can.
 
-==========  =====================================  =========================================
-phase       what it does                           a crash here leaves
-==========  =====================================  =========================================
-begin       opens ``.staging/<txn>.jsonl``         a staging file: in doubt, aborted by the
-                                                   next sweep or cleanup
-write       appends one JSON line per row          as above
-pre-commit  fsyncs it, renames it to               a prepared file: durable, invisible
-            ``.prepared/<txn>.jsonl``
-commit      renames it to ``<txn>.jsonl`` (the     nothing or everything; the visible file is
-            visible data, and the proof of commit) the proof that a second commit is a no-op
-abort       deletes the staging or prepared file   nothing left
-==========  =====================================  =========================================
+==========  =================  ==================  =================  =========================
+phase       what it does       a crash here        resolved by        raises
+                               leaves
+==========  =================  ==================  =================  =========================
+begin       opens              a staging file      listed in doubt,   RetryableError,
+            ``.staging/<txn>   (it outlives the    aborted by the     ConfigurationError (the
+            .jsonl``           writer)             next sweep or      directory), FatalError
+                                                   cleanup            (disk full)
+write       appends one JSON   as above            as above           as begin; SchemaMismatch-
+            line per row                                              Error (a value JSON
+                                                                      cannot hold)
+pre-commit  fsyncs it, renames a prepared file:    the driver's       FatalError (the id was
+            it to ``.prepared  durable, invisible  decision           committed once), as begin
+            /<txn>.jsonl``
+commit      renames it to      nothing or          a repeated commit  TransactionLostError
+            ``<txn>.jsonl``    everything          finds the visible  (neither file), as begin
+            (visible: also                         file: ALREADY_
+            the proof)                             COMMITTED
+abort       deletes the        nothing left        NOT_FOUND when     FatalError (committed)
+            staging or                             repeated
+            prepared file
+==========  =================  ==================  =================  =========================
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from collections.abc import Iterable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import date, datetime
 from decimal import Decimal
@@ -35,13 +47,37 @@ from twophase import (
     FatalError,
     Handle,
     RetryableError,
+    SchemaMismatchError,
     TransactionContext,
     TwoPhaseCommitSink,
+    TwoPhaseError,
     TxnId,
 )
-from twophase.kit import namespace_from, transaction_id_reused, transaction_lost
+from twophase.kit import (
+    ErrorTable,
+    as_utc,
+    classified,
+    namespace_from,
+    transaction_id_reused,
+    transaction_lost,
+)
 
 SUFFIX = ".jsonl"
+#: The file system's errors by errno name; anything else is retried (a passing I/O hiccup).
+ERRORS = ErrorTable("JsonLinesSink", default=(RetryableError, "retried; check the disk"), rules={
+    "ENOSPC": (FatalError, "free disk space under the directory, then restart"),
+    "EDQUOT": (FatalError, "raise the quota of the directory, then restart"),
+    "EACCES": (ConfigurationError, "make the directory writable by the job"),
+    "EROFS": (ConfigurationError, "point the sink at a writable file system"),
+    "ENOTDIR": (ConfigurationError, "point the sink at a directory"),
+})
+
+
+def _classify(exc: BaseException, what: str) -> TwoPhaseError:
+    if isinstance(exc, TypeError):  # json.dumps of a value it cannot hold
+        return SchemaMismatchError(f"{what}: {exc}.", fix="cast the column to a plain type")
+    code = errno.errorcode.get(getattr(exc, "errno", None) or 0, "")
+    return ERRORS.error(code, what, str(exc))
 
 
 @dataclass
@@ -67,33 +103,34 @@ class JsonLinesSink(TwoPhaseCommitSink[FileTransaction]):
     def _path(self, area: str, txn_id: TxnId) -> Path:
         return self.directory / area / f"{txn_id}{SUFFIX}"
 
-    def _visible(self, txn_id: TxnId) -> Path:
-        return self.directory / f"{txn_id}{SUFFIX}"
+    def _guard(self, what: str, txn_id: TxnId) -> AbstractContextManager[None]:
+        return classified(_classify, f"{what} of {txn_id} in {self.directory}",
+                          (OSError, TypeError))
 
     def begin_transaction(self, ctx: TransactionContext) -> FileTransaction:
         staging = self._path(".staging", ctx.txn_id)
-        try:
+        with self._guard("begin", ctx.txn_id):
             staging.parent.mkdir(parents=True, exist_ok=True)
             return FileTransaction(ctx, staging.open("w"))
-        except OSError as exc:
-            raise RetryableError(f"cannot open {staging}: {exc}.", fix="check the disk") from exc
 
     def write(self, txn: FileTransaction, rows: Iterable[Sequence[Any]]) -> None:
         names = txn.ctx.column_names
-        for row in rows:
-            txn.file.write(json.dumps(dict(zip(names, row, strict=True)), default=_plain) + "\n")
-            txn.rows += 1
+        with self._guard("write", txn.ctx.txn_id):
+            for row in rows:
+                txn.file.write(json.dumps(dict(zip(names, row, strict=True)), default=_plain)
+                               + "\n")
+                txn.rows += 1
 
     def pre_commit(self, txn: FileTransaction) -> Handle:
         txn_id = txn.ctx.txn_id
-        if self._visible(txn_id).exists():
+        if self._path(".", txn_id).exists():
             raise transaction_id_reused(txn_id, where=str(self.directory))
-        txn.file.flush()
-        os.fsync(txn.file.fileno())
-        txn.file.close()
-        prepared = self._path(".prepared", txn_id)
-        prepared.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(self._path(".staging", txn_id), prepared)
+        with self._guard("pre-commit", txn_id):
+            txn.file.flush()
+            os.fsync(txn.file.fileno())
+            txn.file.close()
+            self._path(".prepared", txn_id).parent.mkdir(exist_ok=True)
+            os.replace(self._path(".staging", txn_id), self._path(".prepared", txn_id))
         return self.handle(txn_id, txn.rows)
 
     def discard(self, txn: FileTransaction) -> None:
@@ -101,35 +138,34 @@ class JsonLinesSink(TwoPhaseCommitSink[FileTransaction]):
         self._path(".staging", txn.ctx.txn_id).unlink(missing_ok=True)
 
     def commit(self, handle: Handle) -> CommitOutcome:
-        visible = self._visible(handle.txn_id)
-        try:
-            os.replace(self._path(".prepared", handle.txn_id), visible)
-        except FileNotFoundError:
-            if visible.exists():
-                return CommitOutcome.ALREADY_COMMITTED
-            raise transaction_lost(handle, where=str(self.directory),
-                                   why="its prepared file is gone") from None
+        visible = self._path(".", handle.txn_id)
+        with self._guard("commit", handle.txn_id):
+            try:
+                os.replace(self._path(".prepared", handle.txn_id), visible)
+            except FileNotFoundError:
+                if visible.exists():
+                    return CommitOutcome.ALREADY_COMMITTED
+                raise transaction_lost(handle, where=str(self.directory),
+                                       why="its prepared file is gone") from None
         return CommitOutcome.COMMITTED
 
     def abort(self, handle: Handle) -> AbortOutcome:
-        if self._visible(handle.txn_id).exists():
+        if self._path(".", handle.txn_id).exists():
             raise FatalError(f"refusing to abort committed transaction {handle.txn_id}.",
                              fix="a committed transaction was decided: report a bug")
-        removed = False
-        for area in (".prepared", ".staging"):
-            path = self._path(area, handle.txn_id)
-            removed |= path.exists()
-            path.unlink(missing_ok=True)
-        return AbortOutcome.ABORTED if removed else AbortOutcome.NOT_FOUND
+        held = [path for area in (".prepared", ".staging")
+                if (path := self._path(area, handle.txn_id)).exists()]
+        with self._guard("abort", handle.txn_id):
+            for path in held:
+                path.unlink(missing_ok=True)
+        return AbortOutcome.ABORTED if held else AbortOutcome.NOT_FOUND
 
     def list_in_doubt(self, namespace: str) -> list[Handle]:
-        found = {}
-        for area in (".staging", ".prepared"):
-            for path in (self.directory / area).glob(f"{namespace}.*{SUFFIX}"):
-                txn_id = TxnId.parse(path.name.removesuffix(SUFFIX))
-                if txn_id.namespace == namespace:
-                    found[txn_id] = self.handle(txn_id, 0)
-        return sorted(found.values(), key=lambda handle: handle.txn_id)
+        found = {TxnId.parse(path.name.removesuffix(SUFFIX))
+                 for area in (".staging", ".prepared")
+                 for path in (self.directory / area).glob(f"{namespace}.*{SUFFIX}")}
+        return [self.handle(txn_id, 0) for txn_id in sorted(found)
+                if txn_id.namespace == namespace]
 
     def rows(self) -> list[dict[str, Any]]:
         """Every visible row (for tests and readers)."""
@@ -138,8 +174,9 @@ class JsonLinesSink(TwoPhaseCommitSink[FileTransaction]):
 
 
 def _plain(value: Any) -> Any:
-    if isinstance(value, (datetime, date)):
-        return value.isoformat()
-    if isinstance(value, Decimal):
-        return str(value)
+    """An instant as UTC with its offset, a wall clock or date as is, a decimal as digits."""
+    if isinstance(value, datetime):
+        return (as_utc(value) if value.tzinfo else value).isoformat()
+    if isinstance(value, (date, Decimal)):
+        return str(value) if isinstance(value, Decimal) else value.isoformat()
     raise TypeError(f"cannot write {type(value).__name__} as JSON")

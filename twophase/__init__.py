@@ -2,7 +2,9 @@
 
 The public API lives here; Spark entry points are in :mod:`twophase.spark`, the pieces every
 sink reuses in :mod:`twophase.kit`, prebuilt sinks in the ``sinks`` package. Everything in
-modules whose names start with ``_`` is internal.
+modules whose names start with ``_`` is internal: a sink imports only ``twophase``,
+``twophase.kit`` and ``twophase.errors`` (its tests also ``twophase.testing``), which
+``tests/test_layering.py`` enforces.
 """
 
 from twophase._handle import TXN_ID_MAX_LENGTH, Handle, TxnId

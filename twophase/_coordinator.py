@@ -16,16 +16,22 @@ undecided, before its first task writes. Then, for every batch:
 
 A crash between 4 and 5 is finished by step 1 of the next run. Nothing ever aborts a
 transaction that a decision references.
+
+Each step counts what it did (decided, committed, orphans aborted, retries, ...) into the
+query's cumulative metrics in the state file, in the writes it makes anyway (see
+:mod:`twophase._metrics`); only rare events (a fenced run, a lost transaction, a given-up
+batch's sweeps) make a write of counts alone, at the end of the step.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from twophase._crash import (
     AFTER_DECISION,
@@ -35,18 +41,62 @@ from twophase._crash import (
     crash_point,
 )
 from twophase._handle import Handle, TxnId, query_key
+from twophase._metrics import (
+    BATCHES_COMMITTED,
+    BATCHES_DECIDED,
+    BATCHES_GIVEN_UP,
+    COMMIT_SECONDS,
+    DECISION_SECONDS,
+    ORPHANS_ABORTED,
+    ORPHANS_FOUND,
+    RETRIES,
+    ROWS_COMMITTED,
+    RUNS_FENCED,
+    TRANSACTIONS_COMMITTED,
+    TRANSACTIONS_LOST,
+    Counts,
+    Tally,
+    key,
+    observation,
+)
 from twophase._retry import RetryPolicy
 from twophase._state import HISTORY_LIMIT, BatchRecord, Decision, State, StateStore
-from twophase.errors import ConfigurationError, FatalError, FencedError, TwoPhaseError
+from twophase.errors import (
+    ConfigurationError,
+    FatalError,
+    FencedError,
+    TransactionLostError,
+    TwoPhaseError,
+)
 from twophase.sink import AbortOutcome, CommitOutcome, Committer, TwoPhaseCommitSink
 
 log = logging.getLogger(__name__)
 
 R = TypeVar("R")
+P = ParamSpec("P")
 
 #: How long a failed batch's abort waits before it sweeps a second time: longer than Spark
 #: takes to end a cancelled Python task (``spark.python.task.killTimeout``, 2 s by default).
 STRAGGLER_GRACE_S = 3.0
+
+
+Step = Callable[Concatenate["Coordinator", P], R]
+
+
+def _step(step: Step[P, R]) -> Step[P, R]:
+    """A driver-side step: a FencedError counts a fenced run; the step's counts that no
+    write took are written at its end."""
+
+    def counted(coordinator: Coordinator, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return step(coordinator, *args, **kwargs)
+        except FencedError:
+            coordinator.tally.add(RUNS_FENCED)
+            raise
+        finally:
+            coordinator.write_counts()
+
+    return functools.update_wrapper(counted, step)
 
 
 class Coordinator:
@@ -68,6 +118,8 @@ class Coordinator:
         self.retry = retry or RetryPolicy()
         self._committer: Committer | None = None  # opened on first use, closed by close()
         self._claimed: str | None = None  # the query the committer is fenced for
+        #: Counts of this process not written yet (see twophase._metrics).
+        self.tally = Tally()
 
     def __enter__(self) -> Coordinator:
         return self
@@ -89,6 +141,7 @@ class Coordinator:
 
     # -- the two entry points of a batch ---------------------------------------------------
 
+    @_step
     def commit_batch(self, batch: int, query_id: str, handles: Sequence[Handle]) -> None:
         """Decide ``batch`` with ``handles`` and make it visible (see the module docstring)."""
         state = self._owned_state(query_id)
@@ -110,6 +163,7 @@ class Coordinator:
         crash_point(AFTER_DECISION, batch)
         self._finish(decision, decision_ms=decision_ms)
 
+    @_step
     def abort_batch(self, batch: int, query_id: str | None, handles: Sequence[Handle]) -> None:
         """Spark gave up on ``batch``: discard its transactions unless it is decided.
 
@@ -126,9 +180,10 @@ class Coordinator:
         if state is None or state.epoch != self.epoch or query_id is None:
             return  # fenced or never started: sweeping is the owner's job
         try:
-            state = self.store.update(lambda current: _gave_up(current, batch, query_id),
-                                      epoch=self.epoch)
+            state = self._write(lambda current: _gave_up(current, batch, query_id),
+                                epoch=self.epoch)
         except FencedError:
+            self.tally.add(RUNS_FENCED)
             return
         self._claim(query_id)
         self._sweep(state, query_id, up_to_batch=batch, keep=())
@@ -136,8 +191,12 @@ class Coordinator:
         self._sweep(state, query_id, up_to_batch=batch, keep=())
         log.warning("batch %d failed and was aborted: none of its rows are visible", batch)
 
+    @_step
     def recover(self) -> None:
         """Finish every decided batch left pending by an earlier run, oldest first."""
+        self._recover()
+
+    def _recover(self) -> None:
         state = self.store.read_existing()
         if state.pending and state.query_id is not None:
             self._claim(state.query_id)
@@ -152,6 +211,7 @@ class Coordinator:
         self.store.update(lambda s: s if s.query_id else replace(s, query_id=query_id),
                           epoch=self.epoch)
 
+    @_step
     def start(self, query_id: str | None) -> None:
         """Begin a run: finish what earlier runs decided, abort what can never be decided.
 
@@ -162,13 +222,37 @@ class Coordinator:
         and is safe beside a live run (as cleanup is): a start that will refuse (a schema
         change) does it first, so that no lock of a crashed run blocks the change that fixes it.
         """
-        self.recover()
+        self._recover()
         if query_id is not None:
             self._claim(query_id)
             state = self.store.read_existing()
             self._sweep(state, query_id, up_to_batch=state.settled_batch, keep=())
 
+    def write_counts(self) -> None:
+        """Write the counts that no other write took; a failure loses counts, nothing else."""
+        counts = self.tally.snapshot()
+        if not counts:
+            return
+        try:
+            self.store.update(lambda state: state.counted(counts), epoch=None)
+        except TwoPhaseError as exc:
+            log.warning("could not record the metrics of query state %s: %s",
+                        self.store.path, exc)
+            return
+        self.tally.settle(counts)
+
     # -- steps -----------------------------------------------------------------------------
+
+    def _write(self, change: Callable[[State], State], *, epoch: int | None) -> State:
+        """``store.update`` that also writes the counts gathered so far."""
+        counts = self.tally.snapshot()
+        state = self.store.update(lambda current: change(current).counted(counts), epoch=epoch)
+        self.tally.settle(counts)
+        return state
+
+    def _retried(self, operation: str) -> Callable[[], None]:
+        """What counts one retry of ``operation``."""
+        return functools.partial(self.tally.add, key(RETRIES, operation))
 
     def _owned_state(self, query_id: str) -> State:
         state = self.store.read_existing()
@@ -185,7 +269,8 @@ class Coordinator:
         """Fence the sink for this run's epoch, once per process (see TwoPhaseCommitSink.fence)."""
         if self._claimed != query_id:
             self.retry.call(lambda: self.committer.fence(self.namespace, query_id, self.epoch),
-                            what=f"fencing query {query_id} at epoch {self.epoch}")
+                            what=f"fencing query {query_id} at epoch {self.epoch}",
+                            on_retry=self._retried("fence"))
             self._claimed = query_id
 
     def _finish_replay(self, state: State, batch: int, handles: Sequence[Handle]) -> None:
@@ -202,30 +287,36 @@ class Coordinator:
         """Abort this query's orphans: undecided, and from this or an earlier batch or run."""
         protected = state.decided_txns() | {handle.txn_id for handle in keep}
         in_doubt = self.retry.call(lambda: self.sink.list_in_doubt(self.namespace),
-                                   what=f"listing in-doubt transactions of {self.namespace}")
+                                   what=f"listing in-doubt transactions of {self.namespace}",
+                                   on_retry=self._retried("list_in_doubt"))
         orphans = [handle for handle in in_doubt
                    if handle.txn_id not in protected and is_orphan(
                        handle.txn_id, query_id=query_id, epoch=self.epoch,
                        up_to_batch=up_to_batch)]
         for orphan in orphans:
             log.info("aborting orphan transaction %s", orphan.txn_id)
-        self._abort_all(orphans)
+        aborted = self._abort_all(orphans)
+        self.tally.add_all({ORPHANS_FOUND: len(orphans),
+                            ORPHANS_ABORTED: sum(outcome is not None for outcome in aborted)})
 
     def _decide(self, batch: int, query_id: str, handles: Sequence[Handle]) -> Decision:
         decision = Decision(batch, self.epoch, time.time(), tuple(handles))
 
         def add(state: State) -> State:
-            return replace(state, query_id=query_id, pending=(*state.pending, decision))
+            return replace(state, query_id=query_id,
+                           pending=(*state.pending, decision)).counted({BATCHES_DECIDED: 1})
 
-        self.store.update(add, epoch=self.epoch)
+        self._write(add, epoch=self.epoch)
         return decision
 
-    def _finish(self, decision: Decision, *, decision_ms: float = 0.0) -> None:
+    def _finish(self, decision: Decision, *, decision_ms: float | None = None) -> None:
+        """Commit a decided batch and mark it done (``decision_ms``: if decided just now)."""
         started = time.monotonic()
         outcomes = self._commit_all(decision)
         self.retry.call(lambda: self.committer.finish_batch(self.namespace, decision.batch,
                                                             decision.handles),
-                        what=f"publishing batch {decision.batch}")
+                        what=f"publishing batch {decision.batch}",
+                        on_retry=self._retried("publish"))
         commit_ms = (time.monotonic() - started) * 1000
         crash_point(BEFORE_DONE, decision.batch)
         record = BatchRecord(
@@ -236,10 +327,15 @@ class Coordinator:
             already_committed=outcomes.count(CommitOutcome.ALREADY_COMMITTED),
             decided_at=decision.decided_at,
             done_at=time.time(),
-            decision_ms=decision_ms,
+            decision_ms=decision_ms or 0.0,
             commit_ms=commit_ms,
         )
-        self.store.update(lambda current: _mark_done(current, record), epoch=None)
+        counts = {BATCHES_COMMITTED: 1, ROWS_COMMITTED: record.rows,
+                  TRANSACTIONS_COMMITTED: record.txns,
+                  **observation(COMMIT_SECONDS, commit_ms / 1000)}
+        if decision_ms is not None:
+            counts.update(observation(DECISION_SECONDS, decision_ms / 1000))
+        self._write(lambda current: _mark_done(current, record, counts), epoch=None)
         log.info("batch %d committed: %d rows in %d transactions (%d already committed), "
                  "commit %.1f ms", record.batch, record.rows, record.txns,
                  record.already_committed, commit_ms)
@@ -256,8 +352,13 @@ class Coordinator:
 
     def _commit_one(self, handle: Handle) -> CommitOutcome:
         self.sink.require_own(handle)
-        return self.retry.call(lambda: self.committer.commit(handle),
-                               what=f"commit of transaction {handle.txn_id}")
+        try:
+            return self.retry.call(lambda: self.committer.commit(handle),
+                                   what=f"commit of transaction {handle.txn_id}",
+                                   on_retry=self._retried("commit"))
+        except TransactionLostError:
+            self.tally.add(TRANSACTIONS_LOST)
+            raise
 
     def abort_quietly(self, handle: Handle) -> AbortOutcome | None:
         """Abort an undecided transaction; a failure is logged, not raised.
@@ -267,14 +368,15 @@ class Coordinator:
         would stop a query whose data is fine.
         """
         try:
-            return abort_through(self.committer, self.sink, handle, self.retry)
+            return abort_through(self.committer, self.sink, handle, self.retry,
+                                 on_retry=self._retried("abort"))
         except TwoPhaseError as exc:
             log.warning("transaction %s stays in doubt (a later sweep or cleanup aborts it): %s",
                         handle.txn_id, exc)
             return None
 
-    def _abort_all(self, handles: Sequence[Handle]) -> None:
-        self._in_parallel(self.abort_quietly, handles)
+    def _abort_all(self, handles: Sequence[Handle]) -> list[AbortOutcome | None]:
+        return self._in_parallel(self.abort_quietly, handles)
 
     def _in_parallel(self, action: Callable[[Handle], R], items: Sequence[Handle]) -> list[R]:
         if len(items) <= 1 or self.sink.commit_parallelism <= 1:
@@ -297,29 +399,31 @@ def is_orphan(txn: TxnId, *, query_id: str, epoch: int, up_to_batch: int) -> boo
 
 
 def abort_through(committer: Committer, sink: TwoPhaseCommitSink[Any], handle: Handle,
-                  retry: RetryPolicy) -> AbortOutcome:
+                  retry: RetryPolicy, on_retry: Callable[[], None] | None = None) -> AbortOutcome:
     """Abort ``handle`` through ``committer``, retried; a handle of another sink is refused."""
     sink.require_own(handle)
-    return retry.call(lambda: committer.abort(handle), what=f"abort of transaction {handle.txn_id}")
+    return retry.call(lambda: committer.abort(handle), what=f"abort of transaction {handle.txn_id}",
+                      on_retry=on_retry)
 
 
 def _gave_up(current: State, batch: int, query_id: str) -> State:
     if current.is_decided(batch):
         return current  # cannot happen with Spark; a decision always wins
     return replace(current, query_id=current.query_id or query_id,
-                   aborted_batch=max(current.aborted_batch, batch))
+                   aborted_batch=max(current.aborted_batch, batch)).counted(
+                       {BATCHES_GIVEN_UP: 1} if batch > current.aborted_batch else {})
 
 
 def _oldest_first(decisions: Iterable[Decision]) -> list[Decision]:
     return sorted(decisions, key=lambda decision: decision.batch)
 
 
-def _mark_done(current: State, record: BatchRecord) -> State:
+def _mark_done(current: State, record: BatchRecord, counts: Counts) -> State:
     if current.decision(record.batch) is None and record.batch <= current.last_done_batch:
-        return current  # another process (a zombie, cleanup) finished it first
+        return current  # another process (a zombie, cleanup) finished it first: it counted
     return replace(
         current,
         pending=tuple(d for d in current.pending if d.batch != record.batch),
         last_done_batch=max(current.last_done_batch, record.batch),
         history=(*current.history, record)[-HISTORY_LIMIT:],
-    )
+    ).counted(counts)

@@ -36,3 +36,8 @@ def build_sink(reference: str, options: Mapping[str, Any]) -> TwoPhaseCommitSink
         raise ConfigurationError(f"{reference!r} did not build a TwoPhaseCommitSink.",
                                  fix="point at a sink class or a factory returning a sink")
     return built
+
+
+def sink_class_name(sink: TwoPhaseCommitSink[Any]) -> str:
+    """``module:Class`` of ``sink``, as :func:`build_sink` (and cleanup's ``--sink``) read it."""
+    return f"{type(sink).__module__}:{type(sink).__qualname__}"

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from pyspark.sql.streaming.listener import StreamingQueryListener
 
+from twophase._spark import is_connect
 from twophase._state import StateStore
 from twophase.errors import TwoPhaseError
 
@@ -37,14 +38,15 @@ def log_commits(spark: SparkSession, query_id: str, store: StateStore) -> None:
     with _REGISTRATION:
         listener = _LISTENERS.get(id(spark))
         if listener is None:
-            listener = _LISTENERS[id(spark)] = _CommitLog()
+            listener = _LISTENERS[id(spark)] = _CommitLog(spark)
             spark.streams.addListener(listener)
         listener.queries[query_id] = store
 
 
 class _CommitLog(StreamingQueryListener):
-    def __init__(self) -> None:
+    def __init__(self, spark: SparkSession) -> None:
         self.queries: dict[str, StateStore] = {}
+        self.session = spark
 
     def onQueryStarted(self, event: QueryStartedEvent) -> None:  # noqa: N802 - Spark's name
         """Nothing to say yet: the start is logged by write_stream."""
@@ -64,6 +66,22 @@ class _CommitLog(StreamingQueryListener):
             log.error("query %s stopped: %s (pending decided batches, if any, are finished "
                       "by its next start; see `python -m twophase.status %s`)",
                       event.id, event.exception.splitlines()[0], store.location)
+        if not self.queries and is_connect(self.session):
+            self._detach()
+
+    def _detach(self) -> None:
+        """Spark Connect delivers a client's events on a thread that is not a daemon: while
+        a listener is added, the client process cannot exit. Once none of its queries runs,
+        it is removed (from another thread: removing waits for the event thread, this one)."""
+        with _REGISTRATION:
+            if _LISTENERS.get(id(self.session)) is self:
+                del _LISTENERS[id(self.session)]
+        threading.Thread(target=self._remove, name="twophase-commit-log-removal",
+                         daemon=True).start()
+
+    def _remove(self) -> None:
+        if not getattr(self.session, "is_stopped", False):  # a stopped session has none
+            self.session.streams.removeListener(self)
 
 
 def log_batch(store: StateStore, batch: int) -> None:

@@ -37,11 +37,13 @@ class RetryPolicy:
         ceiling = min(self.max_backoff_s, self.initial_backoff_s * 2 ** (attempt - 1))
         return random.uniform(ceiling / 2, ceiling)  # noqa: S311 - jitter, not secrecy
 
-    def call(self, action: Callable[[], T], *, what: str) -> T:
+    def call(self, action: Callable[[], T], *, what: str,
+             on_retry: Callable[[], None] | None = None) -> T:
         """Run ``action``; retry it on RetryableError; after the last attempt raise FatalError.
 
         Errors that are not TwoPhaseErrors are the sink's unclassified failures: fatal, wrapped
-        with ``what`` so the operator knows which step failed.
+        with ``what`` so the operator knows which step failed. ``on_retry`` is called before
+        each retry (the coordinator counts them).
         """
         for attempt in range(1, self.max_attempts + 1):
             try:
@@ -52,6 +54,8 @@ class RetryPolicy:
                         f"{what} still failing after {attempt} attempts: {exc.cause}",
                         fix=exc.fix or "fix the cause named above and restart the query",
                     ) from exc
+                if on_retry is not None:
+                    on_retry()
                 pause = self.backoff_s(attempt)
                 log.warning("%s failed (attempt %d/%d), retrying in %.2fs: %s",
                             what, attempt, self.max_attempts, pause, exc)

@@ -4,18 +4,23 @@ Spark 4's Python Data Source API calls ``write(iterator)`` once per partition on
 ``commit(messages, batchId)`` / ``abort(messages, batchId)`` on the driver, in a fresh Python
 process each time, on a fresh writer. Nothing survives in memory between those calls, so all
 they share is a :class:`RunConfig` (pickled with the data source class) and the state file.
+
+On Spark Connect the caller is a client and the driver is the server: :func:`on_spark_side`
+runs the takeover in a task there, and :class:`ForeachBatchWriter` writes each batch through
+the batch data source writer (a Connect DataFrame has no RDD).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import pickle
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
-from pyspark import TaskContext
+from pyspark import TaskContext, cloudpickle
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceArrowWriter,
@@ -23,6 +28,7 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 
+from twophase import errors
 from twophase._coordinator import Coordinator
 from twophase._crash import AFTER_PRE_COMMIT, crash_point
 from twophase._handle import Handle, TxnId
@@ -31,12 +37,12 @@ from twophase._rows import INSTANT_TYPE, plain_rows, positions
 from twophase._state import NO_BATCH, State, StateStore
 from twophase._storage import FILE_SCHEME, local_path
 from twophase._task import Delivery, arrow_delivery, rows_delivery, run_transaction
-from twophase.errors import ConfigurationError, FatalError
+from twophase.errors import ConfigurationError, FatalError, TwoPhaseError
 from twophase.sink import Column, TransactionContext, TwoPhaseCommitSink
 
 if TYPE_CHECKING:
     import pyarrow as pa
-    from pyspark.sql import DataFrame, Row
+    from pyspark.sql import DataFrame, Row, SparkSession
     from pyspark.sql.types import StructType
 
 log = logging.getLogger(__name__)
@@ -44,6 +50,10 @@ log = logging.getLogger(__name__)
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
 SPARK_CHECKPOINT_METADATA = "metadata"  # Spark's checkpoint file holding {"id": query id}
+CONNECT_MODULE = "pyspark.sql.connect."  # where Spark Connect's client classes live
+SPARK_SIDE_SCHEMA = "outcome binary"  # the one column of on_spark_side's one row
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -325,12 +335,33 @@ def _instants_as_micros(df: DataFrame, instants: Sequence[int]) -> DataFrame:
 
 
 class ForeachBatchWriter:
-    """The ``foreachBatch`` adapter: same protocol, for Spark setups without pyarrow."""
+    """The ``foreachBatch`` adapter: same protocol, for Spark setups without pyarrow.
+
+    In classic Spark an RDD job writes the batch's partitions and this function, in the
+    driver, decides their handles. On Spark Connect it runs in a Python process of the server
+    (the driver's host), for the whole run, and ``batch_df`` is a Connect DataFrame without an
+    RDD: the batch goes through the batch data source writer, whose ``commit`` decides it in
+    the driver (one decision per batch; a replay of a decided batch writes nothing).
+    """
 
     def __init__(self, config: RunConfig) -> None:
         self.config = config
+        self._query_id: str | None = None  # on Connect: read once per run
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
+        if is_connect(batch_df):
+            self._write_through_data_source(batch_df, batch_id)
+        else:
+            self._write_through_rdd(batch_df, batch_id)
+
+    def _write_through_data_source(self, batch_df: DataFrame, batch_id: int) -> None:
+        """Connect: tasks cannot tell the query id (the write is not the stream's job)."""
+        if self._query_id is None:
+            self._query_id = stream_query_id(batch_df.sparkSession, self.config)
+        config = replace(self.config, query_id=self._query_id, batch=batch_id)
+        batch_df.write.format(register_data_source(batch_df, config)).mode("append").save()
+
+    def _write_through_rdd(self, batch_df: DataFrame, batch_id: int) -> None:
         config = self.config
         types = [column.type for column in config.columns]
         instants, structs = positions(types, INSTANT_TYPE), positions(types, "struct<")
@@ -349,3 +380,56 @@ class ForeachBatchWriter:
         except BaseException:
             abort_messages(config, messages, batch_id)
             raise
+
+
+def is_connect(spark_object: DataFrame | SparkSession) -> bool:
+    """Is this a Spark Connect DataFrame or session (its driver a server: no RDD, no py4j)?"""
+    return type(spark_object).__module__.startswith(CONNECT_MODULE)
+
+
+def stream_query_id(spark: SparkSession, config: RunConfig) -> str:
+    """The query id in Spark's checkpoint metadata: from the disk, or read through Spark
+    (a checkpoint on S3, HDFS...: wherever Spark itself keeps it)."""
+    if config.checkpoint is None:
+        raise FatalError("a stream's writer has no checkpoint location.",
+                         fix="report this as a twophase bug")
+    local = checkpoint_query_id(config.checkpoint)
+    if local is not None:
+        return local
+    metadata = f"{config.checkpoint.rstrip('/')}/{SPARK_CHECKPOINT_METADATA}"
+    first = spark.read.text(metadata).first()
+    if first is None:
+        raise FatalError(f"Spark's checkpoint metadata {metadata} is empty.",
+                         fix="point checkpoint_location at a Spark checkpoint")
+    return str(json.loads(first[0])["id"])
+
+
+def on_spark_side(spark: SparkSession, action: Callable[[], T]) -> T:
+    """``action()`` run in one Spark task of ``spark``; its result (or its TwoPhaseError,
+    raised again here) returned to the caller.
+
+    For a Spark Connect client that is the server's side: the task sees the checkpoint, the
+    state and the sink's servers as the driver and the executors do. A task may run again
+    after a failed attempt: ``action`` must allow that (a takeover does: the later attempt's
+    epoch fences the earlier one's, which no run uses).
+    """
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import pyarrow as pa  # noqa: PLC0415 - in the task's process
+
+        for _ in batches:
+            pass
+        try:
+            outcome: tuple[bool, Any] = (True, action())
+        except TwoPhaseError as exc:
+            outcome = (False, (type(exc).__name__, exc.cause, exc.fix))
+        pickled = cloudpickle.dumps(outcome)  # type: ignore[no-untyped-call]
+        yield pa.RecordBatch.from_pydict({"outcome": [pickled]})
+
+    rows = spark.range(1, numPartitions=1).mapInArrow(run, SPARK_SIDE_SCHEMA).collect()
+    succeeded, value = pickle.loads(rows[0][0])  # noqa: S301 - from our own task
+    if not succeeded:
+        name, cause, fix = value
+        raise getattr(errors, name, FatalError)(cause, fix=fix)
+    result: T = value
+    return result

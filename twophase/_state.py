@@ -3,7 +3,9 @@
 One JSON file per query, by default ``<checkpointLocation>/twophase/state.json``, so it moves with
 Spark's checkpoint, wherever that lives: a local (or mounted) file system, or S3. It holds the
 fencing epoch, the last batch whose transactions are all committed, every decided-but-not-done
-batch with its handles, and a bounded history (its size is bounded by the pending batches).
+batch with its handles, a bounded history (its size is bounded by the pending batches), and
+the query's cumulative metrics (counts merged into the writes above, see
+:mod:`twophase._metrics`; a write that lost races counts them itself).
 
 Durability and atomicity: every change is a read-modify-write that replaces the whole file
 only if nobody replaced it meanwhile (:mod:`twophase._storage`: ``flock`` and an fsynced rename
@@ -29,6 +31,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from twophase._handle import Handle, TxnId
+from twophase._metrics import STATE_WRITE_RACES, Counts, merged
 from twophase._storage import Versioned, join, storage_at
 from twophase.errors import (
     ConfigurationError,
@@ -108,6 +111,13 @@ class State:
     pending: tuple[Decision, ...] = ()
     history: tuple[BatchRecord, ...] = ()
     settings: dict[str, Any] = field(default_factory=dict)
+    #: The query's cumulative counts (see :mod:`twophase._metrics`): older versions ignore
+    #: them, so the format stays readable both ways.
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def counted(self, counts: Counts) -> State:
+        """This state with ``counts`` added to its metrics."""
+        return replace(self, metrics=merged(self.metrics, counts)) if counts else self
 
     def decision(self, batch: int) -> Decision | None:
         return next((d for d in self.pending if d.batch == batch), None)
@@ -140,6 +150,7 @@ class State:
             "pending": [d.to_json() for d in self.pending],
             "history": [vars(r) for r in self.history],
             "settings": self.settings,
+            "metrics": self.metrics,
         }
 
     @classmethod
@@ -153,6 +164,7 @@ class State:
             pending=tuple(Decision.from_json(d) for d in obj["pending"]),
             history=tuple(BatchRecord(**r) for r in obj["history"]),
             settings=dict(obj["settings"]),
+            metrics={name: float(value) for name, value in obj.get("metrics", {}).items()},
         )
 
 
@@ -284,7 +296,7 @@ class StateStore:
                 current = None if found is None else self._decode(found.data)
                 if epoch is not None and current is not None:
                     self.check_epoch(current, epoch)
-                new = change(current)
+                new = change(current).counted({STATE_WRITE_RACES: race} if race else {})
                 data = _encode(new)
                 version = self.storage.replace(data, None if found is None else found.version)
                 self._known = None if version is None else Versioned(data, version)
@@ -318,4 +330,6 @@ class StateStore:
 
 def _encode(state: State) -> bytes:
     body = state.to_json()
-    return json.dumps({"checksum": _checksum(body), "state": body}, indent=1).encode()
+    # One line, by json's C encoder: indent would take its pure-Python one, most of a batch's
+    # overhead with a full history (python -m twophase.status prints the state indented).
+    return json.dumps({"checksum": _checksum(body), "state": body}).encode()

@@ -15,6 +15,21 @@ stdout, a log line per action to stderr. Exit codes: 0 all well, 1 an action fai
 usage or configuration, 3 attention needed (a decided transaction is lost, or old in-doubt
 transactions of unknown queries are left).
 
+For monitoring (needs ``twophase[metrics]``): ``--metrics-file PATH`` writes the run's facts
+and every listed query's metrics (as :mod:`twophase.metrics` serves them) for node_exporter's
+textfile collector, atomically; ``--pushgateway URL`` pushes the same to a Pushgateway (job
+``twophase_cleanup``). The run's own: ``twophase_cleanup_last_run_timestamp_seconds``,
+``twophase_cleanup_exit_code``, ``twophase_cleanup_actions{action, outcome}`` (this run's),
+and per target ``twophase_cleanup_in_doubt_transactions`` left undecided after the run, the
+age of the oldest of them (``twophase_cleanup_oldest_in_doubt_age_seconds``) and the age from
+which cleanup aborts them (``twophase_cleanup_orphan_age_limit_seconds``).
+
+``--settle``, before a schema migration of the target (with the queries stopped): instead of
+the above, for each listed state, fence any run of its query still alive (as a start does),
+commit every decided batch and abort every undecided transaction of the query, whatever its
+age: nothing of the query then holds a lock on the target. The query is not started; its
+next start goes on from there.
+
 Config file (TOML), one ``[[target]]`` per sink; an option written ``{ env = "NAME" }`` is read
 from the environment (keep passwords out of the file)::
 
@@ -61,20 +76,29 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_ATTENTION = 0, 1, 2, 3
 DEFAULT_MIN_ORPHAN_AGE_S = 600.0
 DEFAULT_RETENTION_S = 7 * 86_400.0
 TRIGGER_INTERVALS_PER_ORPHAN_AGE = 2
+METRICS_PREFIX = "twophase_cleanup_"
+PUSH_JOB = "twophase_cleanup"
+_IN_DOUBT_GAUGES = (
+    ("in_doubt_transactions", "Undecided transactions left in doubt after the run."),
+    ("oldest_in_doubt_age_seconds", "Age of the oldest of them (0: none)."),
+    ("orphan_age_limit_seconds", "The age from which cleanup aborts an undecided transaction."),
+)
 
 _UNITS_S = {"ms": 0.001, "millisecond": 0.001, "s": 1.0, "sec": 1.0, "second": 1.0,
             "m": 60.0, "min": 60.0, "minute": 60.0, "h": 3600.0, "hour": 3600.0,
             "d": 86_400.0, "day": 86_400.0}
-_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]+?)s?\s*$")
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]+)\s*$")
 
 
 def parse_duration(text: str) -> float:
     """Seconds in ``"10m"``, ``"7d"``, ``"10 seconds"``, ``"500 ms"``."""
     match = _DURATION_RE.match(text.lower())
-    if not match or match.group(2) not in _UNITS_S:
+    unit = match.group(2) if match else ""
+    unit = unit if unit in _UNITS_S else unit.removesuffix("s")  # "seconds", not "ms"
+    if not match or unit not in _UNITS_S:
         raise ConfigurationError(f"cannot read {text!r} as a duration.",
                                  fix="write it like 30s, 10m, 2h or 7d")
-    return float(match.group(1)) * _UNITS_S[match.group(2)]
+    return float(match.group(1)) * _UNITS_S[unit]
 
 
 @dataclass(frozen=True)
@@ -99,10 +123,22 @@ class Action:
     error: str | None = None
 
 
+@dataclass(frozen=True)
+class InDoubt:
+    """A target's undecided transactions that cleanup left (young, or of unknown queries)."""
+
+    sink: str
+    count: int
+    oldest_age_s: float
+    age_limit_s: float
+
+
 @dataclass
 class Report:
     actions: list[Action] = field(default_factory=list)
     attention: bool = False
+    #: Per namespace, what is left in doubt after the run.
+    in_doubt: dict[str, InDoubt] = field(default_factory=dict)
 
     def add(self, action: Action) -> None:
         self.actions.append(action)
@@ -147,20 +183,30 @@ def _roll_forward(target: Target, store: StateStore, state: State, report: Repor
 def _abort_orphans(target: Target, states: list[State], report: Report, *, dry_run: bool,
                    now: float) -> None:
     decided = frozenset().union(*(state.decided_txns() for state in states))
+    left: list[Handle] = []
     with target.sink.committer() as committer:
         for handle in target.sink.list_in_doubt(target.namespace):
             if handle.txn_id in decided:
                 continue
             verdict = _orphan_verdict(target, states, handle, now)
             if verdict is None:
+                left.append(handle)
                 continue
             abort, reason = verdict
             if abort:
-                report.add(_abort(target, committer, handle, reason, dry_run=dry_run))
+                action = _abort(target, committer, handle, reason, dry_run=dry_run)
+                report.add(action)
+                if not action.done:
+                    left.append(handle)
             else:
                 report.attention = True
+                left.append(handle)
                 report.add(Action("keep_unknown", target.namespace, str(handle.txn_id), reason,
                                   done=False))
+    report.in_doubt[target.namespace] = InDoubt(
+        sink=target.sink.kind, count=len(left),
+        oldest_age_s=max((now - handle.txn_id.created for handle in left), default=0.0),
+        age_limit_s=max(_older_than(target, state) for state in [*states, None]))
 
 
 def _orphan_verdict(target: Target, states: list[State], handle: Handle,
@@ -225,6 +271,73 @@ def _purge(target: Target, report: Report, *, dry_run: bool, now: float) -> None
         except TwoPhaseError as exc:
             action.done, action.error = False, str(exc)
     report.add(action)
+
+
+def settle(target: Target, report: Report) -> None:
+    """Before a schema migration: finish every decided batch and abort every undecided
+    transaction of each listed query, fencing any run of it still alive (see the module)."""
+    for store in target.states:
+        action = Action("settle", target.namespace, store.path,
+                        "decided batches committed, undecided transactions aborted", True)
+        try:
+            state = store.read_existing()
+            epoch = store.start_run(state.namespace, state.settings).epoch
+            with Coordinator(target.sink, store, namespace=state.namespace,
+                             epoch=epoch) as coordinator:
+                coordinator.start(state.query_id)
+        except TwoPhaseError as exc:
+            action.done, action.error = False, str(exc)
+            report.attention |= isinstance(exc, TransactionLostError)
+        report.add(action)
+
+
+def export_metrics(report: Report, targets: list[Target], *, metrics_file: str | None,
+                   pushgateway: str | None, now: float) -> None:
+    """Write the run's facts and the queries' metrics to a textfile and/or a Pushgateway."""
+    if not (metrics_file or pushgateway):
+        return
+    try:
+        from prometheus_client import (  # noqa: PLC0415 - an extra, for these options only
+            CollectorRegistry,
+            Gauge,
+            push_to_gateway,
+            write_to_textfile,
+        )
+
+        from twophase.metrics import StateCollector  # noqa: PLC0415
+    except ImportError as exc:
+        raise ConfigurationError("--metrics-file and --pushgateway need prometheus_client.",
+                                 fix="pip install 'twophase[metrics]'") from exc
+    registry = CollectorRegistry()
+    queries = StateCollector()
+    for target in targets:
+        for store in target.states:
+            queries.watch(store, sink=target.sink.kind)
+    registry.register(queries)
+    Gauge(f"{METRICS_PREFIX}last_run_timestamp_seconds", "When the cleanup run ended.",
+          registry=registry).set(now)
+    Gauge(f"{METRICS_PREFIX}exit_code", "The cleanup run's exit code (0: all well).",
+          registry=registry).set(report.exit_code)
+    actions = Gauge(f"{METRICS_PREFIX}actions", "Actions of this cleanup run.",
+                    ["namespace", "action", "outcome"], registry=registry)
+    for action in report.actions:
+        actions.labels(action.namespace, action.action, _outcome(action)).inc()
+    left = {name: Gauge(f"{METRICS_PREFIX}{name}", doc, ["namespace", "sink"], registry=registry)
+            for name, doc in _IN_DOUBT_GAUGES}
+    for namespace, in_doubt in report.in_doubt.items():
+        for name, value in zip(left, (in_doubt.count, in_doubt.oldest_age_s,
+                                      in_doubt.age_limit_s), strict=True):
+            left[name].labels(namespace, in_doubt.sink).set(value)
+    if metrics_file:
+        write_to_textfile(metrics_file, registry)
+    if pushgateway:
+        push_to_gateway(pushgateway, job=PUSH_JOB, registry=registry)
+
+
+def _outcome(action: Action) -> str:
+    if action.error:
+        return "failed"
+    return "done" if action.done else "skipped"
 
 
 def forget_batch(store: StateStore, batch: int) -> None:
@@ -316,6 +429,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="report, change nothing")
     parser.add_argument("--forget-batch", type=int, metavar="N",
                         help="drop lost decided batch N of the one --state (after re-delivery)")
+    parser.add_argument("--settle", action="store_true",
+                        help="before a schema migration: finish decided batches and abort "
+                        "every undecided transaction of the (stopped) queries, then exit")
+    parser.add_argument("--metrics-file", help="write metrics for node_exporter's textfile "
+                        "collector here (atomically)")
+    parser.add_argument("--pushgateway", metavar="URL", help="push metrics to this Pushgateway")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -333,12 +452,21 @@ def main(argv: list[str] | None = None) -> int:
     report = Report()
     for target in targets:
         try:
-            clean(target, report, dry_run=args.dry_run)
+            if args.settle:
+                settle(target, report)
+            else:
+                clean(target, report, dry_run=args.dry_run)
         except TwoPhaseError as exc:
             report.add(Action("target", target.namespace, repr(target.sink), "cleanup stopped",
                               done=False, error=str(exc)))
     for action in report.actions:
         sys.stdout.write(json.dumps(asdict(action)) + "\n")
+    try:
+        export_metrics(report, targets, metrics_file=args.metrics_file,
+                       pushgateway=args.pushgateway, now=time.time())
+    except (ConfigurationError, OSError) as exc:
+        log.error("metrics not exported: %s", exc)
+        return EXIT_FAILED if report.exit_code == EXIT_OK else report.exit_code
     return report.exit_code
 
 

@@ -9,13 +9,23 @@ piece                          what it does
 :func:`validate_chunk_size`    the option check every chunking sink makes
 :func:`validate_mode`          ``mode="insert"`` / ``"upsert"`` and the ``key`` upsert needs
 :func:`namespace_from`         a default namespace from a target's name (table, topic, prefix)
-:class:`ErrorTable`            system error code -> retryable / fatal / config / schema + fix
+:class:`ErrorTable`            system error code -> retryable / fatal / config / schema + fix;
+                               by exact code, by condition (the message), by code class
 :func:`classified`             a context manager that raises the table's verdict
 :func:`transaction_lost`       the one wording of "a decided transaction is gone"
 :func:`transaction_id_reused`  the one wording of "this id was already committed"
 :func:`as_utc`                 an instant in UTC; a naive datetime is a wall clock, read as UTC
 :class:`CommitsViaCommitter`   ``commit``/``abort`` of one handle through a fresh committer,
                                for a sink whose :class:`~twophase.Committer` does the work
+:class:`ConnectionPool`        connections a committer's threads share (up to
+                               ``commit_parallelism`` of them), one thread at a time each
+:class:`PooledCommitter`       a :class:`~twophase.Committer` whose threads borrow pooled
+                               sessions, errors classified: a database sink's committer
+:func:`check_columns`          the column checks of ``check_schema`` in one wording: missing
+                               columns, NOT NULL without default, the upsert key, instants
+:func:`validate_namespace`     a namespace usable in transaction ids, else ConfigurationError
+:func:`query_key`              the part of a query id that goes into transaction ids
+:func:`rows_of`                Arrow record batches as rows of the types ``write`` gets
 =============================  ================================================================
 """
 
@@ -23,39 +33,60 @@ from __future__ import annotations
 
 import contextlib
 import re
+import threading
+import time
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from itertools import islice
-from typing import Literal, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
-from twophase._handle import NAMESPACE_MAX_LENGTH, Handle, TxnId
+from twophase._handle import NAMESPACE_MAX_LENGTH, Handle, TxnId, query_key, validate_namespace
+from twophase._rows import INSTANT_TYPE, rows_of
 from twophase.errors import (
     ConfigurationError,
     FatalError,
+    SchemaMismatchError,
     TransactionLostError,
     TwoPhaseError,
 )
-from twophase.sink import AbortOutcome, CommitOutcome, Committer
+from twophase.sink import (
+    DEFAULT_COMMIT_PARALLELISM,
+    AbortOutcome,
+    Column,
+    CommitOutcome,
+    Committer,
+)
 
 __all__ = [
     "DEFAULT_CHUNK_SIZE",
+    "DEFAULT_COMMIT_PARALLELISM",
+    "INSTANT_TYPE",
     "MODES",
     "CommitsViaCommitter",
+    "Condition",
+    "ConnectionPool",
     "ErrorTable",
     "Mode",
+    "PooledCommitter",
+    "TableColumn",
     "as_utc",
+    "check_columns",
     "chunks",
     "classified",
     "namespace_from",
+    "query_key",
+    "rows_of",
     "split_s3_location",
     "transaction_id_reused",
     "transaction_lost",
     "validate_chunk_size",
     "validate_mode",
+    "validate_namespace",
 ]
 
 T = TypeVar("T")
+C = TypeVar("C")
 
 #: Rows a sink writes per round trip unless told otherwise.
 DEFAULT_CHUNK_SIZE = 10_000
@@ -105,40 +136,86 @@ def namespace_from(name: str, fallback: str) -> str:
 
 
 @dataclass(frozen=True)
+class Condition:
+    """One meaning of a code that covers several: the verdict when the error's message
+    contains ``text`` (case-insensitive). PostgreSQL's 55000 is "prepared transaction is busy"
+    (retryable) and "prepared transactions are disabled" (a configuration error)."""
+
+    text: str
+    verdict: Verdict
+
+    def matches(self, message: str) -> bool:
+        return self.text.lower() in message.lower()
+
+
+@dataclass(frozen=True)
 class ErrorTable:
     """A system's error codes classified once, in one place (as Flink's ``XaFacade`` does).
 
-    ``rules`` maps a code (a server error number, an SQLite error name, an HTTP status) to the
-    kind of error and the fix; a code not in it gets ``default``: fatal, so that nothing is
-    retried blindly. :meth:`error` words the result the same way for every sink.
+    A code's verdict (the kind of error and the fix) is looked up in this order:
+
+    1. ``conditions[code]``: the first :class:`Condition` whose text the message contains;
+    2. ``rules[code]``: the code itself (a server error number, an SQLite error name, an HTTP
+       status, a SQLSTATE);
+    3. ``classes``: the longest key that the code's text starts with (a SQLSTATE class such
+       as ``"23"`` integrity or ``"08"`` connection);
+    4. ``default``: fatal, so that nothing is retried blindly.
+
+    :meth:`error` words the result the same way for every sink.
     """
 
     system: str
     rules: Mapping[Hashable, Verdict]
     default: Verdict = field(default=(FatalError, _FIX_UNCLASSIFIED))
+    classes: Mapping[str, Verdict] = field(default_factory=dict)
+    conditions: Mapping[Hashable, Sequence[Condition]] = field(default_factory=dict)
 
-    def verdict(self, code: Hashable) -> Verdict:
-        return self.rules.get(code, self.default)
+    def verdict(self, code: Hashable, message: str = "") -> Verdict:
+        for condition in self.conditions.get(code, ()):
+            if condition.matches(message):
+                return condition.verdict
+        if code in self.rules:
+            return self.rules[code]
+        text = str(code) if code is not None else ""
+        prefixes = [prefix for prefix in self.classes if prefix and text.startswith(prefix)]
+        if prefixes:
+            return self.classes[max(prefixes, key=len)]
+        return self.default
 
     def error(self, code: Hashable, what: str, detail: str) -> TwoPhaseError:
-        kind, fix = self.verdict(code)
-        return kind(f"{self.system}: {what} failed: {detail}.", fix=fix)
+        """The verdict for ``code`` (conditions read in ``detail``) as an error naming the
+        system, the step that failed and the system's own message."""
+        kind, fix = self.verdict(code, detail)
+        return kind(f"{self.system}: {what} failed: {_sentence(detail)}", fix=fix)
+
+
+def _sentence(detail: str) -> str:
+    """A driver's message as the end of a sentence: one period, none after a multi-line text
+    (which ends where the driver's own last line does)."""
+    text = detail.strip()
+    if not text or "\n" in text:
+        return text or "(no message)."
+    return text if text.endswith((".", "!", "?")) else f"{text}."
 
 
 @contextlib.contextmanager
 def classified(classify: Classify, what: str,
                errors: type[BaseException] | tuple[type[BaseException], ...] = Exception,
-               ) -> Iterator[None]:
+               *, on_error: Callable[[], object] | None = None) -> Iterator[None]:
     """Raise ``classify(exc, what)`` for a system error ``exc`` of ``errors`` in the block.
 
-    Errors of twophase's own taxonomy pass through unchanged.
+    Errors of twophase's own taxonomy pass through unchanged. ``on_error`` runs first on any
+    failure of the block (say, ``lambda: sink.discard(txn)``: a writer's transaction that
+    failed is never committed).
     """
     try:
         yield
-    except TwoPhaseError:
+    except BaseException as exc:
+        if on_error is not None:
+            on_error()
+        if isinstance(exc, errors) and not isinstance(exc, TwoPhaseError):
+            raise classify(exc, what) from exc
         raise
-    except errors as exc:
-        raise classify(exc, what) from exc
 
 
 def transaction_lost(handle: Handle, *, where: str, why: str) -> TransactionLostError:
@@ -196,3 +273,180 @@ class CommitsViaCommitter:
     def abort(self, handle: Handle) -> AbortOutcome:
         with self.committer() as committer:
             return committer.abort(handle)
+
+
+class ConnectionPool(Generic[C]):
+    """Connections that one committer's threads share: each is lent to one thread at a time.
+
+    The driver commits a batch's handles from up to ``commit_parallelism`` threads through one
+    committer; with a pool, a batch of N handles opens about ``min(N, commit_parallelism)``
+    connections instead of N. A connection goes back only if the block that borrowed it ended
+    without an error (an error may leave a transaction open or the connection broken: it is
+    closed), at most ``max_idle`` are kept, and none is lent again after ``max_idle_s`` idle
+    (the server may have ended it) or once ``usable`` says it is closed. Thread-safe::
+
+        pool = ConnectionPool(server.connect, close=close_quietly, usable=lambda c: not c.closed)
+        with pool.connection() as conn:
+            ...
+        pool.close()
+    """
+
+    def __init__(self, connect: Callable[[], C], *, close: Callable[[C], None],
+                 usable: Callable[[C], bool] = lambda _conn: True,
+                 max_idle: int = DEFAULT_COMMIT_PARALLELISM,
+                 max_idle_s: float | None = None) -> None:
+        self._connect, self._close_one, self._usable = connect, close, usable
+        self._max_idle, self._max_idle_s = max_idle, max_idle_s
+        self._idle: list[tuple[C, float]] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    @contextlib.contextmanager
+    def connection(self) -> Iterator[C]:
+        """A connection of the pool (or a new one) for the block; given back if it ends well."""
+        conn = self._take()
+        if conn is None:
+            conn = self._connect()
+        try:
+            yield conn
+        except BaseException:
+            self._close_one(conn)
+            raise
+        self._give_back(conn)
+
+    def close(self) -> None:
+        """Close every idle connection; connections lent now are closed when given back."""
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for conn, _since in idle:
+            self._close_one(conn)
+
+    def _take(self) -> C | None:
+        stale = []
+        try:
+            with self._lock:
+                while self._idle:
+                    conn, since = self._idle.pop()
+                    if self._usable(conn) and (self._max_idle_s is None
+                                               or time.monotonic() - since < self._max_idle_s):
+                        return conn
+                    stale.append(conn)
+            return None
+        finally:
+            for conn in stale:
+                self._close_one(conn)
+
+    def _give_back(self, conn: C) -> None:
+        with self._lock:
+            if not self._closed and len(self._idle) < self._max_idle and self._usable(conn):
+                self._idle.append((conn, time.monotonic()))
+                return
+        self._close_one(conn)
+
+
+class PooledCommitter(Committer, Generic[C]):
+    """A committer whose threads borrow sessions of one :class:`ConnectionPool`, any error in
+    a session classified by the sink's ``classify`` naming the step (``where(what)``)::
+
+        class MyCommitter(PooledCommitter[Connection]):
+            def __init__(self, sink):
+                super().__init__(sink, sink.server.pool(sink.commit_parallelism), classify,
+                                 driver.Error, sink.server.on)
+
+            def commit(self, handle):
+                with self.session(f"commit of {handle.txn_id}") as conn:
+                    ...
+    """
+
+    def __init__(self, sink: Any, pool: ConnectionPool[C], classify: Classify,
+                 errors: type[BaseException] | tuple[type[BaseException], ...],
+                 where: Callable[[str], str] = lambda what: what) -> None:
+        super().__init__(sink)
+        self._pool, self._classify, self._errors, self._where = pool, classify, errors, where
+
+    @contextlib.contextmanager
+    def session(self, what: str) -> Iterator[C]:
+        """A pooled session for one step; errors inside are classified."""
+        with classified(self._classify, self._where(what), self._errors), \
+                self._pool.connection() as conn:
+            yield conn
+
+    def close(self) -> None:
+        self._pool.close()
+
+
+@dataclass(frozen=True)
+class TableColumn:
+    """A column of the target as its catalog describes it, for :func:`check_columns`.
+
+    ``required``: NOT NULL without a default (nor generated, nor auto-increment): an insert
+    must write it. ``zoned``: whether the column keeps an instant's time zone (``timestamptz``)
+    or not (``timestamp``); None where it does not apply or the sink stores instants in UTC
+    wall-clock time by design.
+    """
+
+    name: str
+    required: bool = False
+    zoned: bool | None = None
+
+
+def check_columns(where: str, table: Sequence[TableColumn], written: Sequence[Column], *,
+                  upsert_key: Sequence[str] | None = None,
+                  unique_keys: Sequence[Sequence[str]] = (),
+                  case_sensitive: bool = True) -> None:
+    """The column checks of ``check_schema``, in one wording for every sink.
+
+    Refuses with :class:`SchemaMismatchError`: a target without columns (it does not exist),
+    a written column the target lacks, a required column (NOT NULL without default) the rows
+    lack, an instant (Spark ``TIMESTAMP``) written into a column that keeps no time zone, and,
+    when ``upsert_key`` is given (upsert mode), a key that is no unique key of the target.
+    ``upsert_key=()`` asks for any unique key made only of written columns (a sink that
+    updates on whichever key the target has). ``where`` names the target ("table x of ...").
+    """
+    def same(name: str) -> str:
+        return name if case_sensitive else name.lower()
+
+    if not table:
+        raise SchemaMismatchError(f"{where} does not exist.",
+                                  fix="create it before starting the query, or fix its name")
+    existing = {same(column.name): column for column in table}
+    if missing := [c.name for c in written if same(c.name) not in existing]:
+        raise SchemaMismatchError(
+            f"{where} has no column {', '.join(map(repr, missing))} (its columns: "
+            f"{', '.join(column.name for column in table)}).",
+            fix="ALTER TABLE ... ADD COLUMN the missing columns, or select/rename them in "
+            "the DataFrame")
+    given = {same(c.name) for c in written}
+    if required := [c.name for c in table if c.required and same(c.name) not in given]:
+        raise SchemaMismatchError(
+            f"{where} requires column {', '.join(map(repr, required))} (NOT NULL without "
+            "default), which the rows do not have.",
+            fix="add the column to the DataFrame, or give it a default in the table")
+    if naive := [c.name for c in written
+                 if c.type == INSTANT_TYPE and existing[same(c.name)].zoned is False]:
+        raise SchemaMismatchError(
+            f"{where}: column {', '.join(map(repr, naive))} keeps no time zone, but the rows "
+            "hold instants (Spark TIMESTAMP) there.",
+            fix="make the column zoned (PostgreSQL: timestamptz), or cast the values to "
+            "timestamp_ntz (wall-clock values) in the DataFrame")
+    if upsert_key is not None:
+        _check_upsert_key(where, [c.name for c in written], upsert_key, unique_keys, same)
+
+
+def _check_upsert_key(where: str, written: Sequence[str], upsert_key: Sequence[str],
+                      unique_keys: Sequence[Sequence[str]], same: Callable[[str], str]) -> None:
+    keys = [{same(name) for name in key} for key in unique_keys]
+    if upsert_key:
+        wanted = {same(name) for name in upsert_key}
+        if wanted in keys and wanted <= {same(name) for name in written}:
+            return
+        problem = f"the upsert key {list(upsert_key)} is not a PRIMARY or UNIQUE key"
+    elif any(key <= {same(name) for name in written} for key in keys):
+        return
+    else:
+        problem = "mode='upsert' needs a PRIMARY or UNIQUE key"
+    raise SchemaMismatchError(
+        f"{where}: {problem} made of written columns; its unique keys: "
+        f"{sorted(sorted(key) for key in keys) or 'none'}.",
+        fix="write the key columns, create a unique index on the key, or use mode='insert'")

@@ -69,21 +69,33 @@ The rules, as a sink author needs them:
   fatal, and so is a retryable error after the last attempt.
 * **commit and abort** run in the driver or any later process (recovery, cleanup), any number
   of times, after a crash of either side, and **concurrently on one sink object** (up to
-  ``commit_parallelism`` threads): keep no per-call state on ``self``. ``commit`` returns
+  ``commit_parallelism`` threads): keep no per-call state on ``self`` (a committer shares
+  connections between those threads through :class:`twophase.kit.ConnectionPool`; a sink
+  whose committer does the work takes ``commit``/``abort`` from
+  :class:`twophase.kit.CommitsViaCommitter`). ``commit`` returns
   COMMITTED or ALREADY_COMMITTED, and must *prove* the latter (a commit record, a marker row,
   object metadata, a replayed response); when it can prove neither it raises
   :class:`TransactionLostError`. ``abort`` of something unknown returns NOT_FOUND.
-* **list_in_doubt** returns every transaction of the namespace that is not resolved: the
-  pre-committed ones *and* those begun but never pre-committed that still hold anything
-  (staged rows, an open upload). Their handles carry the id and, where known, the row count
+* **list_in_doubt** returns every transaction of the namespace that the system still holds
+  and that is not resolved: the pre-committed ones *and* those begun but never pre-committed
+  that outlive their writer (staged rows, an open upload). A begun transaction that the system
+  itself ends with its writer's session (a database rolls back an unprepared transaction when
+  the connection ends: PostgreSQL, MySQL XA) is not listed, and neither is one the system
+  cannot name by id (PostgreSQL's ``application_name`` holds 63 bytes, an id up to 92): such a
+  sink bounds how long a writer's session can outlive its host (an idle timeout on the
+  session) and says so in its docstring. Handles carry the id and, where known, the row count
   (0 otherwise); ``abort`` must accept them.
 * **Orphans hold locks.** Until the driver's sweep (at the next batch, at the next start, or
   cleanup) aborts it, the transaction of a failed task attempt or a crashed run may hold row
   locks in a database: bound your lock waits (a lock-wait timeout raised as
   :class:`RetryableError`) so a writer blocked on one fails with a message, not a hang.
-* **Proofs of commit** that ``commit`` reads to answer ALREADY_COMMITTED must record the
-  transaction id and the commit time, so ``purge_commit_records`` can drop those older than
-  the cleanup's retention (by then every decided batch referencing them is done).
+* **Proofs of commit** that ``commit`` reads to answer ALREADY_COMMITTED name the transaction
+  id. ``purge_commit_records(ns, older_than)`` may drop a proof only if its transaction
+  *committed* before ``older_than`` (the cleanup's retention: by then every batch referencing
+  it is done). A proof written inside the transaction (a marker row) cannot know when it will
+  commit: stamp the commit time when ``commit`` (or a repeated commit that proved it) returns,
+  purge by that stamp, and never purge an unstamped one. Never purge by write time: a batch
+  may be decided long before it is committed (a driver down for a day).
 * **Optional methods.** ``check_schema``: implement it whenever the target has a schema.
   ``discard``: when ``begin_transaction`` acquires something (a connection, an upload).
   ``default_namespace``: derive it from the target (table, topic, prefix) so two sinks of one
@@ -133,7 +145,13 @@ class AbortOutcome(enum.Enum):
 
 @dataclass(frozen=True)
 class Column:
-    """A column of the rows given to ``write``: name, Spark SQL type string, nullability."""
+    """A column of the rows given to ``write``: name, type, nullability.
+
+    ``type`` is Spark's ``DataType.simpleString()``: ``boolean``, ``tinyint``, ``smallint``,
+    ``int``, ``bigint``, ``float``, ``double``, ``decimal(12,3)``, ``string``, ``binary``,
+    ``date``, ``timestamp`` (an instant; :data:`twophase.kit.INSTANT_TYPE`), ``timestamp_ntz``
+    (a wall clock), ``array<int>``, ``map<string,int>``, ``struct<a:int,b:string>``, ...
+    """
 
     name: str
     type: str
@@ -249,14 +267,17 @@ class TwoPhaseCommitSink(ABC, Generic[TxnT]):
 
     @abstractmethod
     def list_in_doubt(self, namespace: str) -> list[Handle]:
-        """Handles of every pre-committed, unresolved transaction whose id is in ``namespace``."""
+        """Handles of every unresolved transaction of ``namespace`` that the system holds:
+        pre-committed, or begun and outliving its writer (see "list_in_doubt" in the module
+        docstring for those a system ends with the writer's session)."""
 
     def committer(self) -> Committer:
         """What commits and aborts a batch's handles in one process (see :class:`Committer`)."""
         return Committer(self)
 
     def purge_commit_records(self, namespace: str, older_than: datetime) -> int:
-        """Forget proofs of commit older than ``older_than``; return how many (for cleanup)."""
+        """Forget proofs of transactions *committed* before ``older_than`` (never by the time
+        the proof was written; see "Proofs of commit" above); return how many."""
         return 0
 
     def handle(self, txn_id: TxnId, rows: int, **data: Any) -> Handle:

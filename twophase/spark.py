@@ -23,14 +23,17 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Mapping
-from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from functools import partial
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pyspark.errors import PySparkException
 
 from twophase._coordinator import Coordinator
 from twophase._handle import validate_namespace
+from twophase._loader import sink_class_name
+from twophase._metrics import serve_query_metrics
 from twophase._progress import log_commits
 from twophase._retry import RetryPolicy
 from twophase._spark import (
@@ -38,16 +41,18 @@ from twophase._spark import (
     RunConfig,
     checkpoint_query_id,
     columns_of,
+    is_connect,
     is_remote,
+    on_spark_side,
     register_data_source,
 )
 from twophase._state import State, StateStore
 from twophase._storage import is_s3, local_path
-from twophase.errors import ConfigurationError, SchemaMismatchError, TwoPhaseError
+from twophase.errors import ConfigurationError, FatalError, SchemaMismatchError, TwoPhaseError
 from twophase.sink import Column, TwoPhaseCommitSink
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
+    from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
     from pyspark.sql.streaming.readwriter import DataStreamWriter
 
@@ -55,8 +60,14 @@ __all__ = ["write", "write_stream"]
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 SPARK_OFFSETS_DIR = "offsets"  # Spark's log of started batches
 SPARK_COMMITS_DIR = "commits"  # Spark's log of finished batches
+#: The triggers whose value is an interval, and how the server measures one (NULL: none).
+INTERVAL_TRIGGERS = ("processingTime", "continuous", "realTime")
+INTERVAL_MICROS_SQL = ("SELECT unix_micros(TIMESTAMP'2000-01-01' + try_cast(:interval AS INTERVAL))"
+                       " - unix_micros(TIMESTAMP'2000-01-01')")
 
 
 def write_stream(
@@ -72,6 +83,7 @@ def write_stream(
     retry: RetryPolicy | None = None,
     foreach_batch: bool = False,
     accept_lost_state: bool = False,
+    metrics_port: int | str | None = None,
 ) -> StreamingQuery:
     """Start a streaming query that writes ``df`` into ``sink`` exactly once.
 
@@ -95,13 +107,17 @@ def write_stream(
         accept_lost_state: start although the checkpoint has batches the state file does not
             know (it was deleted, or restored from an older backup). A batch that was decided
             but not done may then be written twice: only for someone who accepts that.
+        metrics_port: serve Prometheus metrics of the query on this port (or ``"HOST:PORT"``)
+            from this process (see :mod:`twophase.metrics`; needs ``twophase[metrics]``).
 
     Everything that can be checked is checked before this run takes the query over from an
     earlier one (fencing it): the options, the trigger, the state against the checkpoint, and
     the rows' columns against the target. A failed check raises ConfigurationError or
     SchemaMismatchError and leaves a live run of the query untouched. Then decided batches of
     earlier runs are committed and their undecided transactions aborted (an unreachable server
-    is raised here), and the query starts.
+    is raised here), and the query starts. From a Spark Connect client the checks against the
+    checkpoint, the state and the target, and the takeover, run in a Spark task on the
+    server's side (the driver's), and their errors are raised here as in classic mode.
     """
     if not checkpoint_location:
         raise ConfigurationError("write_stream needs checkpoint_location.",
@@ -110,20 +126,17 @@ def write_stream(
     writer = _stream_writer(df, checkpoint_location, trigger=trigger, query_name=query_name)
     store = (StateStore(state_location, state_options) if state_location
              else StateStore.for_checkpoint(checkpoint_location, state_options))
-    query_id = _same_query(store, checkpoint_location, accept_lost_state=accept_lost_state)
-    _require_not_running(df, query_id)
-    config = _begin_run(df, sink, store, query_id=query_id, namespace=namespace, retry=retry,
-                        settings={"trigger": dict(trigger or {}), "kind": "stream"},
-                        checkpoint=checkpoint_location)
-    with config.coordinator() as coordinator:
-        coordinator.start(query_id)
+    takeover = _takeover(df, sink, store, namespace=namespace, retry=retry,
+                         settings={"trigger": dict(trigger or {}), "kind": "stream"},
+                         checkpoint=checkpoint_location, accept_lost_state=accept_lost_state)
+    config = replace(_where_the_driver_is(df, takeover.of_stream), sink=sink)
+    serve_query_metrics(metrics_port, store, sink.kind)
     if foreach_batch:
         writer = writer.foreachBatch(ForeachBatchWriter(config))
     else:
         writer = writer.format(register_data_source(df, config))
     query = _started(writer, config)
-    with config.coordinator() as coordinator:
-        coordinator.record_query(str(query.id))
+    _where_the_driver_is(df, partial(_record_query, config, str(query.id)))
     log_commits(df.sparkSession, str(query.id), store)
     log.info("started query %s into %r (namespace %s, epoch %d, state %s)",
              query.id, sink, config.namespace, config.epoch, store.path)
@@ -138,11 +151,13 @@ def write(
     state_options: Mapping[str, Any] | None = None,
     namespace: str | None = None,
     retry: RetryPolicy | None = None,
+    metrics_port: int | str | None = None,
 ) -> None:
     """Write a (batch) DataFrame into ``sink`` as one all-or-nothing transaction set.
 
     Each call is one batch of the "query" that ``state_location`` identifies: its transactions
     are decided together, and a later call first finishes a call that crashed after deciding.
+    ``metrics_port`` serves its metrics as for :func:`write_stream`, while this process runs.
     """
     if not state_location:
         raise ConfigurationError("write needs state_location (a directory or S3 prefix).",
@@ -152,13 +167,10 @@ def write(
         raise ConfigurationError("twophase.spark.write got a streaming DataFrame.",
                                  fix="use twophase.spark.write_stream for streams")
     store = StateStore(state_location, state_options)
-    existing = store.read()
-    config = _begin_run(df, sink, store, query_id=existing.query_id if existing else None,
-                        namespace=namespace, retry=retry, settings={"kind": "batch"})
-    state = store.update(_with_job_query_id, epoch=config.epoch)
-    with config.coordinator() as coordinator:
-        coordinator.start(state.query_id)
-    config = replace(config, query_id=state.query_id, batch=state.last_decided_batch + 1)
+    serve_query_metrics(metrics_port, store, sink.kind)
+    takeover = _takeover(df, sink, store, namespace=namespace, retry=retry,
+                         settings={"kind": "batch"})
+    config = replace(_where_the_driver_is(df, takeover.of_job), sink=sink)
     df.write.format(register_data_source(df, config)).mode("append").save()
 
 
@@ -178,6 +190,8 @@ def _stream_writer(df: DataFrame, checkpoint_location: str, *,
     if trigger:
         try:
             writer = writer.trigger(**trigger)
+            if is_connect(df):
+                _parse_intervals_on_server(df.sparkSession, trigger)
         except (TypeError, ValueError, PySparkException) as exc:
             raise ConfigurationError(
                 f"Spark refuses the trigger {dict(trigger)!r}: {exc}.",
@@ -192,17 +206,26 @@ def _stream_writer(df: DataFrame, checkpoint_location: str, *,
     return writer
 
 
-def _require_not_running(df: DataFrame, query_id: str | None) -> None:
+def _parse_intervals_on_server(spark: SparkSession, trigger: Mapping[str, Any]) -> None:
+    """A Spark Connect client sends a trigger's interval as text, which the server parses
+    only when the query starts, after the takeover: parse it there now, as Spark's trigger
+    does (an interval, not negative)."""
+    for key in INTERVAL_TRIGGERS:
+        value = trigger.get(key)
+        if isinstance(value, str):
+            row = spark.sql(INTERVAL_MICROS_SQL, args={"interval": value}).first()
+            if row is None or row[0] is None or row[0] < 0:
+                raise ValueError(f"{key}={value!r} is not an interval of zero or more")
+
+
+def _require_not_running(running: frozenset[str], query_id: str | None) -> None:
     """Refuse to take over a query that runs in this very Spark session (Spark would refuse
     to start it anyway, but only after the takeover had fenced the live run)."""
-    if query_id is None:
-        return
-    for active in df.sparkSession.streams.active:
-        if str(active.id) == query_id:
-            raise ConfigurationError(
-                f"query {query_id} of this checkpoint is already running in this Spark session.",
-                fix="stop it first (query.stop()), or give the new query its own checkpoint",
-            )
+    if query_id is not None and query_id in running:
+        raise ConfigurationError(
+            f"query {query_id} of this checkpoint is already running in this Spark session.",
+            fix="stop it first (query.stop()), or give the new query its own checkpoint",
+        )
 
 
 def _started(writer: DataStreamWriter, config: RunConfig) -> StreamingQuery:
@@ -216,28 +239,95 @@ def _started(writer: DataStreamWriter, config: RunConfig) -> StreamingQuery:
         ) from exc
 
 
-def _begin_run(
+def _takeover(
     df: DataFrame,
     sink: TwoPhaseCommitSink[Any],
     store: StateStore,
     *,
-    query_id: str | None,
     namespace: str | None,
     retry: RetryPolicy | None,
     settings: dict[str, Any],
     checkpoint: str | None = None,
-) -> RunConfig:
-    """Check the namespace and the rows' columns, then fence older runs; return the config."""
-    namespace = validate_namespace(namespace or sink.default_namespace())
+    accept_lost_state: bool = False,
+) -> _Takeover:
+    """What the caller's Spark session tells of the run (checked here), for the takeover."""
     _require_no_speculation(df)
-    retry = retry or RetryPolicy()
-    columns = columns_of(df.schema)
-    _check_schema(sink, columns, store, query_id=query_id, retry=retry)
-    state = store.start_run(namespace, settings)
-    return RunConfig(sink=sink, state_location=store.location, namespace=namespace,
-                     epoch=state.epoch, columns=columns, retry=retry, checkpoint=checkpoint,
-                     state_options=store.options, decided_through=state.last_decided_batch,
-                     tasks_read_state=_tasks_read_state(df, store))
+    running = (frozenset(str(query.id) for query in df.sparkSession.streams.active)
+               if checkpoint is not None else frozenset())
+    return _Takeover(sink=sink, state_location=store.location, state_options=store.options,
+                     namespace=namespace, retry=retry or RetryPolicy(),
+                     columns=columns_of(df.schema), settings=settings,
+                     tasks_read_state=_tasks_read_state(df, store), running=running,
+                     checkpoint=checkpoint, accept_lost_state=accept_lost_state)
+
+
+@dataclass(frozen=True)
+class _Takeover:
+    """A run's checks against the checkpoint, the state and the target, then its takeover of
+    the query (fencing earlier runs, finishing what they decided): all in one step, run where
+    the driver is (see :func:`_where_the_driver_is`), which sees the checkpoint, the state
+    and the sink's servers as the run's commits will."""
+
+    sink: TwoPhaseCommitSink[Any]
+    state_location: str
+    state_options: dict[str, Any]
+    namespace: str | None
+    retry: RetryPolicy
+    columns: tuple[Column, ...]
+    settings: dict[str, Any]
+    tasks_read_state: bool
+    #: The ids of the queries running in the caller's Spark session.
+    running: frozenset[str]
+    #: A stream's checkpoint location (None: a batch job).
+    checkpoint: str | None = None
+    accept_lost_state: bool = False
+
+    def of_stream(self) -> RunConfig:
+        if self.checkpoint is None:
+            raise FatalError("a stream's takeover has no checkpoint.",
+                             fix="report this as a twophase bug")
+        store = StateStore(self.state_location, self.state_options)
+        query_id = _same_query(store, self.checkpoint, accept_lost_state=self.accept_lost_state)
+        _require_not_running(self.running, query_id)
+        config = self._begin_run(store, query_id)
+        with config.coordinator() as coordinator:
+            coordinator.start(query_id)
+        return config
+
+    def of_job(self) -> RunConfig:
+        """A batch job: one batch of the "query" of its state location, with an id chosen here."""
+        store = StateStore(self.state_location, self.state_options)
+        existing = store.read()
+        config = self._begin_run(store, existing.query_id if existing else None)
+        state = store.update(_with_job_query_id, epoch=config.epoch)
+        with config.coordinator() as coordinator:
+            coordinator.start(state.query_id)
+        return replace(config, query_id=state.query_id, batch=state.last_decided_batch + 1)
+
+    def _begin_run(self, store: StateStore, query_id: str | None) -> RunConfig:
+        """Check the namespace and the rows' columns, then fence older runs."""
+        sink = self.sink
+        namespace = validate_namespace(self.namespace or sink.default_namespace())
+        _check_schema(sink, self.columns, store, query_id=query_id, retry=self.retry)
+        state = store.start_run(namespace, {**self.settings, "sink": sink.kind,
+                                            "sink_class": sink_class_name(sink)})
+        return RunConfig(sink=sink, state_location=store.location, namespace=namespace,
+                         epoch=state.epoch, columns=self.columns, retry=self.retry,
+                         checkpoint=self.checkpoint, state_options=store.options,
+                         decided_through=state.last_decided_batch,
+                         tasks_read_state=self.tasks_read_state)
+
+
+def _where_the_driver_is(df: DataFrame, action: Callable[[], T]) -> T:
+    """``action()`` in this process if it is the Spark driver; for a Spark Connect client,
+    in a task on the server's side, where the checkpoint, the state and the sink's servers
+    are as the driver sees them (the client may share neither disk nor network with it)."""
+    return on_spark_side(df.sparkSession, action) if is_connect(df) else action()
+
+
+def _record_query(config: RunConfig, query_id: str) -> None:
+    with config.coordinator() as coordinator:
+        coordinator.record_query(query_id)
 
 
 def _require_no_speculation(df: DataFrame) -> None:

@@ -4,6 +4,12 @@ LOCATION is a checkpoint location (its ``twophase/`` state directory is read) or
 directory. Shows the fencing epoch, the last completed batch, every decided batch still pending
 (with its transactions: these are the ones an operator may need), and recent batches.
 
+With ``--sink module:Class --options JSON`` (as cleanup takes them) it also lists the query's
+undecided transactions still in the target (a crashed or failed run's). Prepared transactions,
+decided or not, hold locks on the target that a schema change (``ALTER TABLE``) waits for:
+status names them and the command that releases them (``python -m twophase.cleanup
+--settle``, with the query stopped; see the README, "Changing the target's schema").
+
 ``--unverified`` shows what a file that cannot be trusted (a checksum mismatch, a torn or
 hand-edited file, an unknown format) holds, as JSON, with the reason it was refused: enough to
 decide between restoring a backup and re-delivering a batch. Nothing acts on it.
@@ -16,10 +22,13 @@ import json
 import sys
 import time
 
+from twophase._handle import Handle
+from twophase._loader import build_sink
 from twophase._state import State, StateStore
 from twophase.errors import TwoPhaseError
 
 RECENT_BATCHES = 10
+UNKNOWN_SINK = "MODULE:CLASS"
 
 
 def store_for(location: str) -> StateStore:
@@ -28,7 +37,15 @@ def store_for(location: str) -> StateStore:
     return nested if nested.exists() else StateStore(location)
 
 
-def describe(store: StateStore, state: State, now: float) -> str:
+def release_command(store: StateStore, state: State) -> str:
+    """The command that commits or aborts every prepared transaction of the query."""
+    sink = state.settings.get("sink_class", UNKNOWN_SINK)
+    return (f"python -m twophase.cleanup --settle --sink {sink} --options '<the sink options "
+            f"as JSON>' --state {store.location}")
+
+
+def describe(store: StateStore, state: State, now: float,
+             undecided: list[Handle] | None = None) -> str:
     lines = [
         f"state      {store.path}",
         f"namespace  {state.namespace}   query {state.query_id or '(none yet)'}   "
@@ -45,6 +62,12 @@ def describe(store: StateStore, state: State, now: float) -> str:
                      f"{sum(h.rows for h in decision.handles)} rows")
         lines.extend(f"             {handle.txn_id} ({handle.sink}, {handle.rows} rows)"
                      for handle in decision.handles)
+    lines.extend(f"undecided  {handle.txn_id} ({handle.sink}): left by a crashed or failed run"
+                 for handle in undecided or ())
+    if state.pending or undecided:
+        lines.append("locks      the transactions above are prepared in the target and hold its "
+                     "locks (a schema change waits for them); with the query stopped, release "
+                     f"them: {release_command(store, state)}")
     for record in state.history[-RECENT_BATCHES:]:
         lines.append(f"done       batch {record.batch}: {record.rows} rows in {record.txns} txns, "
                      f"decision {record.decision_ms:.1f} ms, commit {record.commit_ms:.1f} ms")
@@ -72,6 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print the state as JSON")
     parser.add_argument("--unverified", action="store_true",
                         help="show what a damaged state file holds, without trusting it")
+    parser.add_argument("--sink", help="module:Class of the query's sink, to list its "
+                        "undecided transactions in the target")
+    parser.add_argument("--options", default="{}", help="JSON keyword arguments of the sink")
     args = parser.parse_args(argv)
     store = store_for(args.location)
     if args.unverified:
@@ -84,10 +110,23 @@ def main(argv: list[str] | None = None) -> int:
     if state is None:
         sys.stderr.write(f"no state file at {store.path}\n")
         return 1
-    output = json.dumps(state.to_json(), indent=1) if args.json else describe(store, state,
-                                                                              time.time())
+    try:
+        undecided = _undecided(state, args.sink, json.loads(args.options)) if args.sink else None
+    except (TwoPhaseError, ValueError) as exc:
+        sys.stderr.write(f"cannot list the target's transactions: {exc}\n")
+        return 1
+    output = (json.dumps(state.to_json(), indent=1) if args.json
+              else describe(store, state, time.time(), undecided))
     sys.stdout.write(output + "\n")
     return 0
+
+
+def _undecided(state: State, sink_class: str, options: dict[str, object]) -> list[Handle]:
+    """The query's transactions in the target that no decision references."""
+    decided = state.decided_txns()
+    return [handle for handle in build_sink(sink_class, options).list_in_doubt(state.namespace)
+            if handle.txn_id not in decided and state.query_id is not None
+            and handle.txn_id.belongs_to(state.namespace, state.query_id)]
 
 
 if __name__ == "__main__":

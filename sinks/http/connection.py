@@ -20,7 +20,7 @@ from requests.adapters import HTTPAdapter
 
 from sinks.http.protocol import SIGNATURE
 from sinks.http.signing import sign
-from twophase.sink import DEFAULT_COMMIT_PARALLELISM
+from twophase.kit import DEFAULT_COMMIT_PARALLELISM
 
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
 DEFAULT_READ_TIMEOUT_S = 60.0

@@ -16,7 +16,9 @@ module          role
                 the coordinator's description of the transactional id
 ``pool``        the bounded pool of transactional ids, and which one an attempt may take
 ``registry``    the compacted topic naming the twophase transaction of each producer epoch
+``producer``    the executors' librdkafka transactional producer (never ``close()``: it aborts)
 ``records``     rows to records: topic, key, value (JSON by default), headers
+``arrow``       Arrow record batches to the same records, column-wise (no Python per row)
 ``adapter``     every use of kafka-python's private parts (and nothing else)
 ``errors``      every Kafka error and how it is classified: the one place
 ``connection``  settings (password hidden), one admin client per process

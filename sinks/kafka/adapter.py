@@ -1,27 +1,24 @@
 """Every use of kafka-python's private parts, here and nowhere else (see FLINK-40689).
 
-kafka-python (3.x) has no public API to (a) read the producer id and epoch of a transactional
-producer, or (b) send EndTxn for a transaction another process opened. Both are what a
-two-phase commit across processes needs, so this module reaches into:
+kafka-python (3.x) has no public API to send EndTxn for a transaction another process opened,
+which is what a two-phase commit across processes needs, so this module reaches into:
 
 =====================================================  ========================================
 private part                                           used for
 =====================================================  ========================================
-``KafkaProducer._transaction_manager``                 ``producer_id_and_epoch`` (``.producer_
-                                                       id``, ``.epoch``) after pre-commit;
-                                                       ``has_error()``, ``last_error()``: a
-                                                       send that failed the transaction
 ``KafkaAdminClient._find_coordinator_id(key,           the transaction coordinator of a
 key_type=CoordinatorType.TRANSACTION)``                transactional id (FindCoordinator)
 ``KafkaAdminClient._manager.send(request, node_id=)``  EndTxn to that coordinator
 and ``._manager.run(coroutine)``
-``EndTxnRequest(..., max_version=3)``                  the request kafka-python's own producer
-                                                       sends (v3: transaction version 1, whose
-                                                       epoch stays fixed for the transaction)
+``EndTxnRequest(..., max_version=3)``                  transaction version 1 (v3), whose epoch
+                                                       stays fixed for the transaction, as the
+                                                       executors' librdkafka producer speaks it
 =====================================================  ========================================
 
-``tests/test_kafka_adapter.py`` fails loudly when an upgrade of kafka-python moves any of them;
-:data:`KAFKA_PYTHON_TESTED` names the version this was written against.
+The producer id and epoch come from the coordinator (DescribeTransactions), not from a
+client's internals (:mod:`~sinks.kafka.producer`). ``tests/test_kafka_adapter.py`` fails
+loudly when an upgrade of kafka-python moves any of them; :data:`KAFKA_PYTHON_TESTED` names the
+version this was written against.
 """
 
 from __future__ import annotations
@@ -29,12 +26,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from kafka import KafkaAdminClient, KafkaProducer
+from kafka import KafkaAdminClient
 from kafka.protocol.metadata import CoordinatorType
 from kafka.protocol.producer.transaction import EndTxnRequest
 
 KAFKA_PYTHON_TESTED = "3.0.12"
-#: The EndTxn version kafka-python's own producer sends (it speaks transaction version 1).
+#: The highest EndTxn version of transaction version 1 (librdkafka sends v0-1: the same).
 END_TXN_MAX_VERSION = 3
 
 
@@ -45,12 +42,6 @@ class ProducerIdentity:
     transactional_id: str
     producer_id: int
     epoch: int
-
-
-def producer_identity(producer: KafkaProducer, transactional_id: str) -> ProducerIdentity:
-    """The producer id and epoch of a transactional producer after ``init_transactions``."""
-    current = producer._transaction_manager.producer_id_and_epoch
-    return ProducerIdentity(transactional_id, int(current.producer_id), int(current.epoch))
 
 
 def end_transaction(admin: KafkaAdminClient, identity: ProducerIdentity, *,
@@ -74,17 +65,3 @@ def forget_coordinator(admin: KafkaAdminClient, transactional_id: str) -> None:
     """Drop the cached coordinator of ``transactional_id`` (after NOT_COORDINATOR)."""
     admin._manager.cluster._coordinators.pop(
         (CoordinatorType.TRANSACTION, transactional_id), None)
-
-
-def transaction_error(producer: KafkaProducer) -> BaseException | None:
-    """The error that put the producer's open transaction in an error state, if any.
-
-    kafka-python records a failed send there (the record's future fails) instead of raising
-    from ``flush``; without it a pre-commit could hand over a transaction the broker will
-    refuse to commit.
-    """
-    manager = producer._transaction_manager
-    if manager.has_error():
-        error: BaseException | None = manager.last_error()
-        return error
-    return None

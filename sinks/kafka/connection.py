@@ -1,4 +1,4 @@
-"""How the sink reaches the cluster: :class:`KafkaSettings`, and kafka-python clients.
+"""How the sink reaches the cluster: :class:`KafkaSettings`, kafka-python and librdkafka clients.
 
 The sink holds only settings (they are pickled to executors); clients are made where they are
 used. The driver's admin client (EndTxn, listing, describing) is made at most once per process
@@ -6,7 +6,8 @@ and settings: kafka-python's admin client is safe to call from several threads. 
 (TLS, SASL) pass through unchanged; ``repr`` never shows the password, and nothing logs it:
 kafka-python's admin client logs its whole configuration at DEBUG, so that one record is
 dropped (:class:`_HideClientConfigs`). TLS verifies the broker's certificate and host name
-unless told otherwise.
+unless told otherwise. The executor's producer is librdkafka's (:mod:`~sinks.kafka.producer`):
+:meth:`KafkaSettings.librdkafka_configs` translates the same settings to its property names.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
+from kafka import KafkaAdminClient, KafkaConsumer
 
 DEFAULT_REQUEST_TIMEOUT_MS = 30_000
 #: How long a client tries to reach the cluster at all before it gives up.
@@ -88,8 +89,26 @@ class KafkaSettings:
         return {key: value for key, value in configs.items() if value is not None} | dict(
             self.extra)
 
-    def producer(self, **configs: Any) -> KafkaProducer:
-        return KafkaProducer(**self.client_configs(), max_block_ms=self.max_block_ms, **configs)
+    def librdkafka_configs(self) -> dict[str, Any]:
+        """The same settings as librdkafka properties (``extra`` is kafka-python's only)."""
+        configs: dict[str, Any] = {
+            "bootstrap.servers": self.bootstrap_servers,
+            "security.protocol": self.security_protocol.lower(),
+            "sasl.mechanism": self.sasl_mechanism,
+            "sasl.username": self.sasl_plain_username,
+            "sasl.password": self.sasl_plain_password,
+            "ssl.ca.location": self.ssl_cafile,
+            "ssl.certificate.location": self.ssl_certfile,
+            "ssl.key.location": self.ssl_keyfile,
+            "ssl.key.password": self.ssl_password,
+            "ssl.endpoint.identification.algorithm": "https" if self.ssl_check_hostname
+            else "none",
+            "client.id": self.client_id,
+            "socket.timeout.ms": self.request_timeout_ms,
+            "socket.connection.setup.timeout.ms": self.connect_timeout_ms,
+            "topic.metadata.propagation.max.ms": self.max_block_ms,
+        }
+        return {key: value for key, value in configs.items() if value is not None}
 
     def consumer(self, **configs: Any) -> KafkaConsumer:
         return KafkaConsumer(**self.client_configs(), enable_auto_commit=False, **configs)

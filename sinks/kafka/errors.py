@@ -18,18 +18,22 @@ LARGE                                      ``max_request_size`` and the topic's
                                            ``max.message.bytes``
 INVALID_TRANSACTION_TIMEOUT                :class:`ConfigurationError`: lower
                                            ``transaction_timeout_ms``
+an unknown or invalid ``producer_configs``  :class:`ConfigurationError` (librdkafka's
+property                                   ``_INVALID_ARG``)
 an authorization / SASL failure            :class:`ConfigurationError` (ACLs, credentials)
 anything else                              :class:`FatalError` (never retried blindly)
 =========================================  ====================================================
 
 A broker error is named by its protocol name (``exc.message`` in kafka-python), a client-side
-one by its class name. Messages carry the broker's words, never credentials (kafka-python's
-errors do not carry them).
+one by its class name; librdkafka's (the executors' producer) by ``KafkaError.name()``, mapped
+to those names by :data:`LIBRDKAFKA_NAMES`. Messages carry the broker's words, never
+credentials (neither client's errors carry them).
 """
 
 from __future__ import annotations
 
 import kafka.errors as kerrors
+from confluent_kafka import KafkaError, KafkaException
 
 from twophase import (
     ConfigurationError,
@@ -62,14 +66,15 @@ FIX_CONNECT = ("retried automatically; if it persists, check bootstrap_servers= 
 FIX_TOPIC = ("create the topic (kafka-topics.sh --create --topic ...) or fix topic= / the "
              "topic column: the sink never creates data topics, and clusters should run with "
              "auto.create.topics.enable=false")
-FIX_SIZE = ("shrink the record, or raise the producer's max_request_size= (producer_configs=) "
-            "and the topic's max.message.bytes together")
+FIX_SIZE = ("shrink the record, or raise the producer's message.max.bytes (max_request_size) "
+            "in producer_configs= and the topic's max.message.bytes together")
 FIX_TIMEOUT = ("lower transaction_timeout_ms= to at most the brokers' "
                "transaction.max.timeout.ms, or raise that broker setting")
 FIX_ACCESS = ("grant the principal WRITE and DESCRIBE on the topics and the transactional ids "
               "(prefix) it uses, or fix the SASL/TLS options")
 FIX_TAKEN_OVER = ("another attempt took over this transactional id; the task is retried with "
                   "a fresh one; if it keeps happening, raise attempt_slots=")
+FIX_CONFIG = "fix producer_configs= (librdkafka properties, e.g. linger.ms, batch.size)"
 FIX_UNKNOWN_CODE = "look up the Kafka error code and fix its cause, then restart the query"
 
 _RETRY = (RetryableError, FIX_RETRY)
@@ -104,6 +109,7 @@ ERRORS = ErrorTable(
         "MESSAGE_SIZE_TOO_LARGE": (SchemaMismatchError, FIX_SIZE),
         "RECORD_LIST_TOO_LARGE": (SchemaMismatchError, FIX_SIZE),
         "INVALID_TRANSACTION_TIMEOUT": (ConfigurationError, FIX_TIMEOUT),
+        "INVALID_CONFIG": (ConfigurationError, FIX_CONFIG),
         "TOPIC_AUTHORIZATION_FAILED": (ConfigurationError, FIX_ACCESS),
         "TRANSACTIONAL_ID_AUTHORIZATION_FAILED": (ConfigurationError, FIX_ACCESS),
         "CLUSTER_AUTHORIZATION_FAILED": (ConfigurationError, FIX_ACCESS),
@@ -111,8 +117,24 @@ ERRORS = ErrorTable(
     },
 )
 
-#: What :func:`twophase.kit.classified` should catch around kafka-python calls.
-KAFKA_ERRORS: tuple[type[BaseException], ...] = (kerrors.KafkaError,)
+#: What :func:`twophase.kit.classified` should catch around kafka-python and librdkafka calls.
+KAFKA_ERRORS: tuple[type[BaseException], ...] = (kerrors.KafkaError, KafkaException)
+
+#: librdkafka's names (``KafkaError.name()``) that differ from the protocol's, and its own
+#: client-side ones (leading underscore), as the table above names them.
+LIBRDKAFKA_NAMES = {
+    "MSG_SIZE_TOO_LARGE": "MESSAGE_SIZE_TOO_LARGE",
+    "UNKNOWN_TOPIC_OR_PART": NO_TOPIC_METADATA,
+    "_UNKNOWN_TOPIC": NO_TOPIC_METADATA,
+    "_UNKNOWN_PARTITION": NO_TOPIC_METADATA,
+    "_FENCED": PRODUCER_FENCED,
+    "_TRANSPORT": "KafkaConnectionError",
+    "_ALL_BROKERS_DOWN": "NoBrokersAvailable",
+    "_RESOLVE": "NoBrokersAvailable",
+    "_MSG_TIMED_OUT": "KafkaTimeoutError",
+    "_TIMED_OUT": "KafkaTimeoutError",
+    "_INVALID_ARG": "INVALID_CONFIG",
+}
 
 #: kafka-python's words when a producer finds no metadata for a topic (auto-create off).
 _NO_TOPIC_METADATA = "Failed to update metadata"
@@ -132,7 +154,9 @@ def code_name(error_code: int) -> str:
 
 
 def classify(exc: BaseException, what: str) -> TwoPhaseError:
-    """The one verdict on a kafka-python error raised during ``what``."""
+    """The one verdict on a kafka-python or librdkafka error raised during ``what``."""
+    if isinstance(exc, KafkaException):
+        return _classify_librdkafka(exc, what)
     code = code_of(exc)
     if code == "KafkaTimeoutError" and _NO_TOPIC_METADATA in str(exc):
         code = NO_TOPIC_METADATA
@@ -143,3 +167,14 @@ def classify_code(error_code: int, what: str) -> TwoPhaseError:
     """The verdict on an error code in a response."""
     code = code_name(error_code)
     return ERRORS.error(code, what, code)
+
+
+def _classify_librdkafka(exc: KafkaException, what: str) -> TwoPhaseError:
+    error = exc.args[0] if exc.args else None
+    if not isinstance(error, KafkaError):
+        return ERRORS.error(type(exc).__name__, what, str(exc))
+    name = error.name()
+    if error.fatal() and name in {"_FENCED", "PRODUCER_FENCED", "INVALID_PRODUCER_EPOCH"}:
+        name = PRODUCER_FENCED
+    code = LIBRDKAFKA_NAMES.get(name, name)
+    return ERRORS.error(code, what, f"{code} ({error.str()})")

@@ -11,6 +11,9 @@ value         the column ``value=`` as is (str as UTF-8, bytes; None is a tombst
               bytes as base64, intervals as seconds)
 headers       the columns ``headers=``, each one header named after its column (UTF-8 / bytes)
 ============  ==================================================================================
+
+
+From Arrow, :mod:`~sinks.kafka.arrow` makes the same records column-wise.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from twophase import Column, SchemaMismatchError
 
 #: What a record is built from: one row as a mapping of column name to value.
 Row = Mapping[str, Any]
-Record = tuple[str, bytes | None, bytes | None, list[tuple[str, bytes]] | None]
+Record = tuple[str, bytes | None, bytes | None, list[tuple[str, str | bytes | None]] | None]
 TEXT_TYPES = frozenset({"string", "binary"})
 
 
@@ -43,7 +46,7 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} is not JSON serialisable")
 
 
-_encode_json = json.JSONEncoder(separators=(",", ":"), default=_json_default,
+encode_json = json.JSONEncoder(separators=(",", ":"), default=_json_default,
                                 ensure_ascii=False).encode
 
 
@@ -53,7 +56,7 @@ def as_bytes(value: Any) -> bytes | None:
         return value
     if isinstance(value, str):
         return value.encode()
-    return _encode_json(value).encode()
+    return encode_json(value).encode()
 
 
 @dataclass(frozen=True)
@@ -96,8 +99,9 @@ class RecordShape:
             return (
                 fixed_topic if topic_column is None else str(row[topic_column]),
                 None if key is None else as_bytes(row[key]),
-                _encode_json(row).encode() if value is None else as_bytes(row[value]),
+                encode_json(row).encode() if value is None else as_bytes(row[value]),
                 [(name, as_bytes(row[name]) or b"") for name in headers] or None,
             )
 
         return encode
+

@@ -16,20 +16,22 @@ begin       ListTransactions +     an initialised id     nothing to resolve;    
             (pool slot), registry  registry-only open    is listed by           broker down),
             read, InitProducerId   transaction, or       ``list_in_doubt`` and  FatalError (id
             (aborts the slot's     nothing               aborted by the sweep,  committed before)
-            orphan), registry                            or taken over by the
-            record (flushed)                             next init, or timed
-                                                         out by the broker
-write       Produce per record     an open transaction   as begin               ConfigurationError
-            (batched by the        with some records:                           (unknown topic),
-            client)                invisible to                                 SchemaMismatch-
-                                   read_committed                               Error (record too
+            orphan), Describe-                           or taken over by the
+            Transactions (its                            next init, or timed
+            producer id, epoch),                         out by the broker
+            registry record
+            (flushed)
+write       Produce (librdkafka,   an open transaction   as begin               ConfigurationError
+            batched natively;      with some records:                           (unknown topic),
+            Arrow encoded column-  invisible to                                 SchemaMismatch-
+            wise)                  read_committed                               Error (record too
                                    consumers; pins the                          large), Retryable-
                                    topic's last stable                          Error
                                    offset until aborted
 pre-commit  flush; the producer    an open transaction   once decided, the      as write
-            is closed WITHOUT      with every record:    driver commits it
-            ending it              durable, invisible    (EndTxn); else the
-                                                         sweep aborts it
+            is dropped WITHOUT     with every record:    driver commits it
+            ending it (never       durable, invisible    (EndTxn); else the
+            ``close()``)                                 sweep aborts it
 commit      DescribeTransactions,  before EndTxn: the    recovery commits       TransactionLost-
             EndTxn(commit) to the  open transaction;     again: CompleteCommit  Error (aborted,
             coordinator (driver,   after: committed      at the handle's        timed out, taken
@@ -76,12 +78,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from kafka import KafkaProducer
 from kafka.admin import ConfigResource, ConfigResourceType, TransactionState
 
 from sinks.kafka import committer as coordinator
 from sinks.kafka import registry
-from sinks.kafka.adapter import ProducerIdentity, producer_identity, transaction_error
+from sinks.kafka.adapter import ProducerIdentity
 from sinks.kafka.connection import KafkaSettings
 from sinks.kafka.errors import FIX_TIMEOUT, FIX_TOPIC, KAFKA_ERRORS, SYSTEM, classify
 from sinks.kafka.pool import (
@@ -92,11 +93,13 @@ from sinks.kafka.pool import (
     owner,
     partition_pattern,
 )
-from sinks.kafka.records import Record, RecordShape
+from sinks.kafka.producer import TransactionalProducer, librdkafka_names
+from sinks.kafka.records import RecordShape
 from twophase import (
     Column,
     ConfigurationError,
     Handle,
+    RetryableError,
     TransactionContext,
     TwoPhaseCommitSink,
 )
@@ -112,7 +115,7 @@ DEFAULT_TRANSACTION_TIMEOUT_MS = 900_000
 #: Below this, ``check_schema`` warns: too little time for a trigger plus a slow commit.
 DEFAULT_MIN_COMMIT_WINDOW_MS = 120_000
 FLUSH_TIMEOUT_S = 120.0
-CLOSE_TIMEOUT_S = 5.0
+INIT_TIMEOUT_S = 60.0
 MAX_REPLICATION = 3
 BROKER_MAX_TIMEOUT = "transaction.max.timeout.ms"
 
@@ -122,7 +125,7 @@ class KafkaTransaction:
     """One task's open Kafka transaction."""
 
     ctx: TransactionContext
-    producer: KafkaProducer
+    producer: TransactionalProducer
     identity: ProducerIdentity
     deadline_ms: int
     rows: int = 0
@@ -135,9 +138,10 @@ class KafkaSink(CommitsViaCommitter, TwoPhaseCommitSink[KafkaTransaction]):
     ``topic`` (or ``topic_column``) names the target; ``key``, ``value`` and ``headers`` name
     columns (:mod:`~sinks.kafka.records`). ``transaction_timeout_ms`` bounds how long a decided
     batch may wait for its commit. ``transactional_id_prefix`` + namespace prefixes the pooled
-    ids (``attempt_slots`` per partition and batch parity). ``producer_configs`` go to
-    kafka-python's producer as is (``linger_ms``, ``batch_size``, ``compression_type``,
-    ``max_request_size``...). Security options (``security_protocol``, ``sasl_*``, ``ssl_*``)
+    ids (``attempt_slots`` per partition and batch parity). ``producer_configs`` go to the
+    executors' librdkafka producer (``linger.ms``, ``batch.size``, ``compression.type``,
+    ``message.max.bytes``...; kafka-python's ``linger_ms``, ``max_request_size``... are
+    translated). Security options (``security_protocol``, ``sasl_*``, ``ssl_*``)
     pass through; the password never shows in ``repr`` or logs.
     """
 
@@ -244,53 +248,53 @@ class KafkaSink(CommitsViaCommitter, TwoPhaseCommitSink[KafkaTransaction]):
             entries = registry.read(self.settings, self.registry_topic) if known else {}
             tid = choose(txn, ids, descriptions, entries)
             opened_ms = int(time.time() * 1000)
-            producer = self.settings.producer(
-                transactional_id=tid, transaction_timeout_ms=self.transaction_timeout_ms,
-                **self.producer_configs)
+            producer = TransactionalProducer(self._producer_configs(), tid)
             try:
-                return self._open(ctx, producer, tid, opened_ms)
+                return self._open(ctx, producer, admin, opened_ms)
             except BaseException:
-                producer.close(timeout=0)
+                producer.abort()
                 raise
 
-    def _open(self, ctx: TransactionContext, producer: KafkaProducer, tid: str,
+    def _producer_configs(self) -> dict[str, Any]:
+        configs = {**self.settings.librdkafka_configs(),
+                   "transaction.timeout.ms": self.transaction_timeout_ms,
+                   **librdkafka_names(self.producer_configs)}
+        # librdkafka refuses a socket timeout beyond the transaction's (+ 100 ms)
+        configs["socket.timeout.ms"] = min(int(configs["socket.timeout.ms"]),
+                                           self.transaction_timeout_ms)
+        return configs
+
+    def _open(self, ctx: TransactionContext, producer: TransactionalProducer, admin: Any,
               opened_ms: int) -> KafkaTransaction:
-        producer.init_transactions()
-        producer.begin_transaction()
-        identity = producer_identity(producer, tid)
+        tid = producer.transactional_id
+        producer.begin(INIT_TIMEOUT_S)
+        identity = _identity(admin, tid)
         deadline_ms = opened_ms + self.transaction_timeout_ms
         entry = registry.Entry(ctx.txn_id, identity.producer_id, identity.epoch, deadline_ms)
-        producer.send(self.registry_topic, key=tid.encode(), value=entry.value(),
-                      partition=registry.REGISTRY_PARTITION).get(FLUSH_TIMEOUT_S)
+        producer.send([(self.registry_topic, tid.encode(), entry.value(), None)],
+                      partition=registry.REGISTRY_PARTITION)
+        producer.flush(FLUSH_TIMEOUT_S)
         log.debug("transaction %s opened as %s", ctx.txn_id, identity)
         return KafkaTransaction(ctx, producer, identity, deadline_ms, shape=self.shape)
 
     def write(self, txn: KafkaTransaction, rows: Iterable[Sequence[Any]]) -> None:
-        names = txn.ctx.column_names
-        self._send(txn, (dict(zip(names, row, strict=True)) for row in rows))
+        names, encode = txn.ctx.column_names, txn.shape.encoder()
+        with classified(classify, f"writing transaction {txn.ctx.txn_id}", KAFKA_ERRORS):
+            txn.rows += txn.producer.send(
+                encode(dict(zip(names, row, strict=True))) for row in rows)
 
     def write_arrow(self, txn: KafkaTransaction, batches: Iterable[pa.RecordBatch]) -> None:
-        """Rows straight from Arrow (``to_pylist``: one dict per row, no tuple step)."""
-        self._send(txn, (row for batch in batches for row in batch.to_pylist()))
+        """Rows straight from Arrow, encoded column-wise (no Python per row but ``produce``)."""
+        from sinks.kafka.arrow import columns_of  # noqa: PLC0415 - only this path needs pyarrow
 
-    def _send(self, txn: KafkaTransaction, rows: Iterable[Mapping[str, Any]]) -> None:
-        encode = txn.shape.encoder()
-        send = txn.producer.send
-        count = 0
         with classified(classify, f"writing transaction {txn.ctx.txn_id}", KAFKA_ERRORS):
-            for row in rows:
-                record: Record = encode(row)
-                send(record[0], key=record[1], value=record[2], headers=record[3])
-                count += 1
-        txn.rows += count
+            for batch in batches:
+                txn.rows += txn.producer.send(columns_of(txn.shape, batch).records())
 
     def pre_commit(self, txn: KafkaTransaction) -> Handle:
         with classified(classify, f"pre-commit of transaction {txn.ctx.txn_id}", KAFKA_ERRORS):
-            txn.producer.flush(timeout=FLUSH_TIMEOUT_S)
-            failed = transaction_error(txn.producer)
-            if failed is not None:
-                raise failed
-            txn.producer.close(timeout=CLOSE_TIMEOUT_S)  # leaves the transaction open
+            txn.producer.flush(FLUSH_TIMEOUT_S)
+        txn.producer.release()  # leaves the transaction open (close() would abort it)
         identity = txn.identity
         return self.handle(txn.ctx.txn_id, txn.rows, transactional_id=identity.transactional_id,
                            producer_id=identity.producer_id, epoch=identity.epoch,
@@ -298,14 +302,8 @@ class KafkaSink(CommitsViaCommitter, TwoPhaseCommitSink[KafkaTransaction]):
                            timeout_ms=self.transaction_timeout_ms)
 
     def discard(self, txn: KafkaTransaction) -> None:
-        """Abort the open transaction (its records never become visible) and close."""
-        try:
-            txn.producer.abort_transaction()
-        except Exception:  # discard must not raise: the sweep or the timeout aborts it
-            log.info("could not abort transaction %s on discard", txn.ctx.txn_id,
-                     exc_info=True)
-        finally:
-            txn.producer.close(timeout=0)
+        """Abort the open transaction (its records never become visible) and drop it."""
+        txn.producer.abort()
 
     # -- driver --------------------------------------------------------------------------------
 
@@ -338,6 +336,17 @@ class KafkaSink(CommitsViaCommitter, TwoPhaseCommitSink[KafkaTransaction]):
                 epoch=entry.epoch, deadline_ms=entry.deadline_ms,
                 timeout_ms=description.transaction_timeout_ms))
         return sorted(handles, key=lambda handle: handle.txn_id)
+
+
+def _identity(admin: Any, tid: str) -> ProducerIdentity:
+    """The producer id and epoch the coordinator holds for ``tid`` right after our init (a
+    newer one if another attempt raced us: then our registry record is refused, see
+    :mod:`~sinks.kafka.producer`)."""
+    description = coordinator.describe(admin, [tid]).get(tid)
+    if description is None:
+        raise RetryableError(f"KafkaSink: the coordinator does not describe {tid} right after "
+                             "its InitProducerId.", fix="retried automatically")
+    return ProducerIdentity(tid, description.producer_id, description.producer_epoch)
 
 
 def _config_values(described: Any, name: str) -> list[int]:

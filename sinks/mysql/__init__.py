@@ -26,26 +26,7 @@ module                role
 ====================  ===========================================================================
 """
 
-from sinks.mysql.bulk import insert_rows, load_tsv
-from sinks.mysql.committer import MySQLCommitter
-from sinks.mysql.connection import open_connection
-from sinks.mysql.encoding import encode_tsv
-from sinks.mysql.schema import FENCE_TABLE_DDL, MARKER_TABLE_DDL, quote_identifier
-from sinks.mysql.sink import BULK_METHODS, Bulk, MySQLBranch, MySQLXASink
-from twophase.kit import DEFAULT_CHUNK_SIZE
+from sinks.mysql.schema import FENCE_TABLE_DDL, MARKER_TABLE_DDL
+from sinks.mysql.sink import MySQLXASink
 
-__all__ = [
-    "BULK_METHODS",
-    "DEFAULT_CHUNK_SIZE",
-    "FENCE_TABLE_DDL",
-    "MARKER_TABLE_DDL",
-    "Bulk",
-    "MySQLBranch",
-    "MySQLCommitter",
-    "MySQLXASink",
-    "encode_tsv",
-    "insert_rows",
-    "load_tsv",
-    "open_connection",
-    "quote_identifier",
-]
+__all__ = ["FENCE_TABLE_DDL", "MARKER_TABLE_DDL", "MySQLXASink"]

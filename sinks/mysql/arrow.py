@@ -1,7 +1,7 @@
 """Arrow record batches as ``LOAD DATA`` text, column by column with ``pyarrow.compute``.
 
 The text holds the values that :func:`sinks.mysql.encoding.encode_tsv` writes for the rows of
-the same batches (what ``twophase._rows.rows_of`` makes of them), without a line of Python per
+the same batches (what ``twophase.kit.rows_of`` makes of them), without a line of Python per
 row: ``\\N`` for NULL; backslash, tab, newline, carriage return and NUL escaped the same way in
 strings and in binary values; booleans ``1``/``0``; integers, decimals and dates as Arrow
 prints them; floats (FLOAT widened to DOUBLE first, as Python sees it) in shortest round-trip
@@ -15,12 +15,19 @@ as the row path, NULLs written and a non-NULL nested value refused with a Schema
 naming the column. A timestamp whose UTC time falls outside the years 1-9999 (which Python,
 and so the row path, cannot represent) raises OverflowError naming the column.
 
+The sink takes its chunks from :func:`chunks_ahead`: a helper thread takes the next chunk from
+Spark's batches and encodes it while the server loads the current one (pyarrow's reads and
+kernels release the GIL), one chunk ahead at most.
+
 Only ``MySQLXASink.write_arrow`` imports this module: the sink works without pyarrow.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+import contextlib
+import queue
+import threading
+from collections.abc import Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sinks.mysql.encoding import ESCAPES, NULL, tsv_field
-from twophase._rows import rows_of
+from twophase.kit import rows_of
 
 _TEXT = pa.large_binary()
 _NULL = pa.scalar(NULL.encode(), _TEXT)
@@ -37,6 +44,9 @@ _TAB, _NEWLINE, _EMPTY = (pa.scalar(text, _TEXT) for text in (b"\t", b"\n", b"")
 _MICROS = pa.timestamp("us")
 _FIRST_MICROS = -62_135_596_800_000_000  # 0001-01-01 00:00:00 UTC
 _LAST_MICROS = 253_402_300_799_999_999  # 9999-12-31 23:59:59.999999 UTC
+#: Chunks read and encoded ahead of the one being loaded (each holds ``chunk_size`` rows twice:
+#: as Arrow and as text).
+CHUNKS_AHEAD = 1
 
 
 def chunks_of(batches: Iterable[pa.RecordBatch], chunk_size: int
@@ -64,6 +74,8 @@ class ArrowChunk:
     ``chunk_size`` rows in all."""
 
     batches: Sequence[pa.RecordBatch]
+    #: The LOAD DATA text, if encoded already (by :func:`chunks_ahead`).
+    text: Sequence[pa.Buffer] | None = None
 
     def __len__(self) -> int:
         return sum(batch.num_rows for batch in self.batches)
@@ -72,11 +84,55 @@ class ArrowChunk:
         return next((batch.num_columns for batch in self.batches
                      if batch.num_columns != width), None)
 
-    def tsv(self) -> list[pa.Buffer]:
+    def tsv(self) -> Sequence[pa.Buffer]:
+        if self.text is not None:
+            return self.text
         return [encode_batch(batch) for batch in self.batches]
 
     def rows(self) -> list[tuple[Any, ...]]:
         return list(rows_of(self.batches))
+
+    def encoded(self) -> ArrowChunk:
+        """This chunk with its text; as it is if encoding fails (``tsv`` then raises the
+        error where the sink loads it, as without the read-ahead)."""
+        try:
+            return ArrowChunk(self.batches, self.tsv())
+        except Exception:  # raised again by tsv() in the loading thread
+            return self
+
+
+def chunks_ahead(batches: Iterable[pa.RecordBatch], chunk_size: int, *, encode: bool
+                 ) -> Generator[ArrowChunk, None, None]:
+    """The chunks of :func:`chunks_of`, read (and encoded, if ``encode``) on a helper thread
+    :data:`CHUNKS_AHEAD` chunk ahead of the caller. An error reading the batches is raised
+    here. Close it (``contextlib.closing``) when the caller stops early: the helper stops after
+    the chunk it is on and is joined, so that nothing reads Spark's batches after that."""
+    ready: queue.Queue[ArrowChunk | BaseException | None] = queue.Queue(CHUNKS_AHEAD)
+    stop = threading.Event()
+
+    def produce() -> None:
+        try:
+            for batches_of_chunk in chunks_of(batches, chunk_size):
+                chunk = ArrowChunk(batches_of_chunk)
+                ready.put(chunk.encoded() if encode else chunk)
+                if stop.is_set():
+                    return
+            ready.put(None)
+        except BaseException as exc:  # handed to the caller, raised there
+            ready.put(exc)
+
+    helper = threading.Thread(target=produce, name="mysql-chunks-ahead", daemon=True)
+    helper.start()
+    try:
+        while (item := ready.get()) is not None:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        with contextlib.suppress(queue.Empty):  # room for the one put it may be blocked on
+            ready.get_nowait()
+        helper.join()
 
 
 def encode_batch(batch: pa.RecordBatch) -> pa.Buffer:

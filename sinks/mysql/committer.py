@@ -23,21 +23,19 @@ from typing import TYPE_CHECKING
 
 import pymysql
 
-from sinks.mysql.connection import Connection, ConnectionPool
+from sinks.mysql.connection import Connection, pool
 from sinks.mysql.errors import ROLLED_BACK, classify, error_code, lost
 from sinks.mysql.fencing import FENCE_LOCK_IDLE_TIMEOUT_S, FenceKey
 from sinks.mysql.xa import Xid, resolve
 from twophase import (
     AbortOutcome,
     CommitOutcome,
-    Committer,
     ConfigurationError,
     Handle,
     TransactionLostError,
     TxnId,
 )
-from twophase._handle import query_key, validate_namespace
-from twophase.kit import classified
+from twophase.kit import PooledCommitter, classified, query_key, validate_namespace
 
 if TYPE_CHECKING:
     from sinks.mysql.sink import MySQLXASink
@@ -45,18 +43,18 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-class MySQLCommitter(Committer):
+class MySQLCommitter(PooledCommitter[Connection]):
     """Commits and aborts :class:`~sinks.mysql.MySQLXASink` branches in one process."""
 
     sink: MySQLXASink
 
     def __init__(self, sink: MySQLXASink) -> None:
-        super().__init__(sink)
-        server = sink.server
-        self._sessions = ConnectionPool(server.connect)
-        self._locks = ConnectionPool(
+        server, size = sink.server, sink.commit_parallelism
+        super().__init__(sink, pool(server.connect, size=size), classify,
+                         pymysql.err.MySQLError, server.on)
+        self._locks = pool(
             functools.partial(server.connect, idle_timeout_s=FENCE_LOCK_IDLE_TIMEOUT_S),
-            max_idle_s=FENCE_LOCK_IDLE_TIMEOUT_S / 2)
+            size=size, max_idle_s=FENCE_LOCK_IDLE_TIMEOUT_S / 2)
         self._claimed: dict[FenceKey, int] = {}
 
     def fence(self, namespace: str, query_id: str, epoch: int) -> None:
@@ -67,14 +65,14 @@ class MySQLCommitter(Committer):
         if not self.sink.fencing:
             log.debug("fencing is off for %r: not fencing query %s", self.sink, key[1])
             return
-        with self._session(f"fencing query {key[1]} of namespace {namespace!r}") as conn:
+        with self.session(f"fencing query {key[1]} of namespace {namespace!r}") as conn:
             self.sink.fences.claim(conn, key, epoch)
         self._claimed[key] = epoch
 
     def commit(self, handle: Handle) -> CommitOutcome:
         xid = Xid.of_handle(handle)
         what = f"commit of transaction {handle.txn_id} (xid {xid})"
-        with self._fenced(handle.txn_id, what, required=True), self._session(what) as conn:
+        with self._fenced(handle.txn_id, what, required=True), self.session(what) as conn:
             try:
                 resolved = resolve(conn, "COMMIT", xid, where=self.sink.server.address)
             except pymysql.err.MySQLError as exc:
@@ -93,7 +91,7 @@ class MySQLCommitter(Committer):
     def abort(self, handle: Handle) -> AbortOutcome:
         xid = Xid.of_handle(handle)
         what = f"abort of transaction {handle.txn_id} (xid {xid})"
-        with self._fenced(handle.txn_id, what, required=False), self._session(what) as conn:
+        with self._fenced(handle.txn_id, what, required=False), self.session(what) as conn:
             if resolve(conn, "ROLLBACK", xid, where=self.sink.server.address):
                 return AbortOutcome.ABORTED
             if self.sink.markers.visible(conn, handle.txn_id):
@@ -102,15 +100,8 @@ class MySQLCommitter(Committer):
             return AbortOutcome.NOT_FOUND
 
     def close(self) -> None:
-        self._sessions.close()
+        super().close()
         self._locks.close()
-
-    @contextlib.contextmanager
-    def _session(self, what: str) -> Iterator[Connection]:
-        """A pooled connection; errors inside are classified."""
-        with classified(classify, self.sink.server.on(what), pymysql.err.MySQLError), \
-                self._sessions.connection() as conn:
-            yield conn
 
     @contextlib.contextmanager
     def _fenced(self, txn_id: TxnId, what: str, *, required: bool) -> Iterator[None]:

@@ -15,7 +15,6 @@ import logging
 import re
 import ssl
 import threading
-import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,7 +23,7 @@ import pymysql
 
 from sinks.mysql.encoding import CONVERSIONS
 from sinks.mysql.errors import classify
-from twophase.kit import classified
+from twophase.kit import ConnectionPool, classified
 
 log = logging.getLogger(__name__)
 
@@ -161,57 +160,8 @@ def is_mariadb(conn: Connection) -> bool:
     return server_version(conn.get_server_info())[0] == "MariaDB"
 
 
-class ConnectionPool:
-    """Connections that one committer's threads reuse: each is lent to one thread at a time.
-
-    A connection goes back to the pool only if the block that borrowed it ended without an
-    error (an error may leave a transaction open or the connection broken: it is closed), and
-    is not lent again after ``max_idle_s`` in the pool (the server may have ended it).
-    """
-
-    def __init__(self, connect: Callable[[], Connection], *,
-                 max_idle_s: float | None = None) -> None:
-        self._connect = connect
-        self._max_idle_s = max_idle_s
-        self._idle: list[tuple[Connection, float]] = []
-        self._lock = threading.Lock()
-        self._closed = False
-
-    @contextlib.contextmanager
-    def connection(self) -> Iterator[Connection]:
-        conn = self._take() or self._connect()
-        try:
-            yield conn
-        except BaseException:
-            close_quietly(conn)
-            raise
-        self._give_back(conn)
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            idle, self._idle = self._idle, []
-        for conn, _since in idle:
-            close_quietly(conn)
-
-    def _take(self) -> Connection | None:
-        stale = []
-        try:
-            with self._lock:
-                while self._idle:
-                    conn, since = self._idle.pop()
-                    if conn.open and (self._max_idle_s is None
-                                      or time.monotonic() - since < self._max_idle_s):
-                        return conn
-                    stale.append(conn)
-            return None
-        finally:
-            for conn in stale:
-                close_quietly(conn)
-
-    def _give_back(self, conn: Connection) -> None:
-        with self._lock:
-            if not self._closed and conn.open:
-                self._idle.append((conn, time.monotonic()))
-                return
-        close_quietly(conn)
+def pool(connect: Callable[[], Connection], *, size: int,
+         max_idle_s: float | None = None) -> ConnectionPool[Connection]:
+    """A committer's pool of ``connect``'s connections (:class:`twophase.kit.ConnectionPool`)."""
+    return ConnectionPool(connect, close=close_quietly, usable=lambda conn: bool(conn.open),
+                          max_idle=size, max_idle_s=max_idle_s)

@@ -15,7 +15,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from sinks.mysql.connection import Connection, query, server_version
-from twophase import ConfigurationError, SchemaMismatchError
+from twophase import Column, ConfigurationError, SchemaMismatchError
+from twophase.kit import TableColumn
+from twophase.kit import check_columns as check_columns_of
 
 log = logging.getLogger(__name__)
 
@@ -115,46 +117,32 @@ def check_table(conn: Connection, table: Table, address: str) -> None:
         )
 
 
-def check_columns(conn: Connection, table: Table, names: Sequence[str]) -> None:
-    """Every written column exists; every NOT NULL column without default is written."""
+def check_columns(conn: Connection, table: Table, columns: Sequence[Column], *,
+                  upsert: bool, where: str) -> None:
+    """The kit's column checks (:func:`twophase.kit.check_columns`) on the table's catalog.
+
+    MySQL names are case-insensitive; instants are stored as their UTC wall-clock time in a
+    ``DATETIME`` as in a ``TIMESTAMP`` (every session is in UTC), so zones are not checked."""
     rows = query(conn, "SELECT COLUMN_NAME, IS_NULLABLE, COLUMN_DEFAULT, EXTRA "
                        "FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = %s "
                        "AND TABLE_NAME = %s ORDER BY ORDINAL_POSITION",
                  (table.database, table.name))
-    existing = {str(row[0]).lower() for row in rows}
-    if missing := [name for name in names if name.lower() not in existing]:
-        raise SchemaMismatchError(
-            f"table {table} has no column {', '.join(map(repr, missing))} "
-            f"(it has {', '.join(str(row[0]) for row in rows)}).",
-            fix=f"ALTER TABLE {table} ADD COLUMN ..., or rename/drop the column in the DataFrame",
-        )
-    given = {name.lower() for name in names}
-    required = [str(name) for name, nullable, default, extra in rows
-                if str(name).lower() not in given and nullable == "NO" and default is None
-                and "auto_increment" not in str(extra) and "GENERATED" not in str(extra)]
-    if required:
-        raise SchemaMismatchError(
-            f"table {table} requires column {', '.join(map(repr, required))} "
-            "(NOT NULL without default), which the rows do not have.",
-            fix="add the column to the DataFrame, or give it a default in the table",
-        )
+    catalog = [TableColumn(str(name), required=nullable == "NO" and default is None
+                           and "auto_increment" not in str(extra)
+                           and "GENERATED" not in str(extra))
+               for name, nullable, default, extra in rows]
+    check_columns_of(where, catalog, columns, upsert_key=() if upsert else None,
+                     unique_keys=_unique_keys(conn, table), case_sensitive=False)
 
 
-def check_upsert_key(conn: Connection, table: Table, names: Sequence[str]) -> None:
-    """Some PRIMARY or UNIQUE key consists of written columns only."""
+def _unique_keys(conn: Connection, table: Table) -> list[list[str]]:
     rows = query(conn, "SELECT INDEX_NAME, COLUMN_NAME FROM information_schema.STATISTICS "
                        "WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s AND NON_UNIQUE = 0",
                  (table.database, table.name))
-    keys: dict[str, set[str]] = {}
+    keys: dict[str, list[str]] = {}
     for index, column in rows:
-        keys.setdefault(str(index), set()).add(str(column).lower())
-    given = {name.lower() for name in names}
-    if not any(columns <= given for columns in keys.values()):
-        raise SchemaMismatchError(
-            f"mode='upsert' needs a PRIMARY or UNIQUE key of {table} made only of written "
-            f"columns; keys: {sorted(map(sorted, keys.values())) or 'none'}.",
-            fix="write the key columns, add a unique key, or use mode='insert'",
-        )
+        keys.setdefault(str(index), []).append(str(column))
+    return list(keys.values())
 
 
 def check_local_infile(conn: Connection, address: str) -> None:

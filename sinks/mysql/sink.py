@@ -72,7 +72,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import logging
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -114,7 +114,6 @@ from twophase import (
     TwoPhaseCommitSink,
     TxnId,
 )
-from twophase._handle import validate_namespace
 from twophase.kit import (
     DEFAULT_CHUNK_SIZE,
     CommitsViaCommitter,
@@ -124,6 +123,7 @@ from twophase.kit import (
     namespace_from,
     validate_chunk_size,
     validate_mode,
+    validate_namespace,
 )
 
 if TYPE_CHECKING:
@@ -216,14 +216,13 @@ class MySQLXASink(CommitsViaCommitter, TwoPhaseCommitSink[MySQLBranch]):
 
     def check_schema(self, columns: Sequence[Column]) -> None:
         """Check server, table, columns (and key for upsert); create the marker/fence tables."""
-        address, names = self.server.address, [column.name for column in columns]
+        address = self.server.address
         with self.server.session(f"checking {self.target}") as conn:
             schema.check_server(conn, address)
             schema.create_missing(conn, self._own_tables())
             schema.check_table(conn, self.target, address)
-            schema.check_columns(conn, self.target, names)
-            if self.mode == "upsert":
-                schema.check_upsert_key(conn, self.target, names)
+            schema.check_columns(conn, self.target, columns, upsert=self.mode == "upsert",
+                                 where=self.where)
             if self.bulk == "load_data":
                 schema.check_local_infile(conn, address)
             recover(conn)  # needs XA_RECOVER_ADMIN on MySQL 8: fail now, not in recovery
@@ -259,12 +258,13 @@ class MySQLXASink(CommitsViaCommitter, TwoPhaseCommitSink[MySQLBranch]):
     def write_arrow(self, txn: MySQLBranch, batches: Iterable[pa.RecordBatch]) -> None:
         """Record batches, encoded for LOAD DATA by Arrow kernels (see :mod:`sinks.mysql.arrow`);
         the INSERT path gets their rows."""
-        from sinks.mysql.arrow import ArrowChunk, chunks_of  # noqa: PLC0415 - needs pyarrow
+        from sinks.mysql.arrow import chunks_ahead  # noqa: PLC0415 - needs pyarrow
 
         conn = self._open(txn)
-        with self._guard(txn, "writing"):
-            for chunk in chunks_of(batches, self.chunk_size):
-                self._write_chunk(txn, conn, ArrowChunk(chunk))
+        ahead = chunks_ahead(batches, self.chunk_size, encode=txn.use_load_data)
+        with self._guard(txn, "writing"), contextlib.closing(ahead):
+            for chunk in ahead:
+                self._write_chunk(txn, conn, chunk)
 
     def pre_commit(self, txn: MySQLBranch) -> Handle:
         conn = self._open(txn)
@@ -325,16 +325,11 @@ class MySQLXASink(CommitsViaCommitter, TwoPhaseCommitSink[MySQLBranch]):
         close_quietly(txn.conn)
         txn.conn = None
 
-    @contextlib.contextmanager
-    def _guard(self, txn: MySQLBranch, step: str) -> Iterator[None]:
+    def _guard(self, txn: MySQLBranch, step: str) -> contextlib.AbstractContextManager[None]:
         """Any failure discards the branch (it is never committed) and is classified."""
-        what = self.server.on(f"{step} transaction {txn.txn_id} into {self.target}")
-        try:
-            with classified(classify_unprepared, what, pymysql.err.MySQLError):
-                yield
-        except BaseException:
-            self.discard(txn)
-            raise
+        return classified(classify_unprepared,
+                          self.server.on(f"{step} transaction {txn.txn_id} into {self.target}"),
+                          pymysql.err.MySQLError, on_error=lambda: self.discard(txn))
 
     # -- driver: commit, abort, fence, in-doubt, purge -----------------------------------------
 

@@ -21,7 +21,7 @@ import pymysql
 from sinks.mysql.connection import Connection, is_mariadb, query
 from sinks.mysql.errors import XAER_NOTA, error_code
 from twophase import ConfigurationError, Handle, RetryableError, TxnId
-from twophase._handle import validate_namespace
+from twophase.kit import validate_namespace
 
 log = logging.getLogger(__name__)
 

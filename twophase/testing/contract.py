@@ -13,11 +13,16 @@ read what a reader of the target sees::
         def visible(self, sink):             # the event_id of every row a reader sees
             return sorted(...)
 
-Set ``purges_commit_records = False`` if the sink keeps no proofs it could purge. The tests
-drive the sink as the framework does: a task's begin/write/pre-commit
-(:func:`prepare`), the driver's committer for commit and abort, other processes for a writer
-killed with SIGKILL and for a commit from elsewhere. The builders here (:func:`context`,
-:func:`orders`, :func:`prepare`) serve a sink's own tests too.
+Every test runs under a query id of its own (:func:`current_query_id`), so transaction ids
+never repeat from test to test, also where a system keeps them per server (PostgreSQL's gids
+are unique per cluster). Before each test the sink's ``check_schema(ORDER_COLUMNS)`` runs, as
+the driver runs it before a query starts; one test expects it to refuse a column the target
+lacks. Set ``purges_commit_records = False`` if the sink keeps no proofs it could purge,
+``has_schema = False`` if its target has no columns to check. The tests drive the sink as the
+framework does: a task's begin/write/pre-commit (:func:`prepare`; ``arrow=True``: through
+``write_arrow``, as Spark's data source path does), the driver's committer for commit and
+abort, other processes for a writer killed with SIGKILL and for a commit from elsewhere. The
+builders here (:func:`context`, :func:`orders`, :func:`prepare`) serve a sink's own tests too.
 """
 
 from __future__ import annotations
@@ -28,7 +33,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+import uuid
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -36,8 +42,8 @@ from typing import Any
 import pytest
 
 from twophase._handle import Handle, TxnId
-from twophase._task import rows_delivery, run_transaction
-from twophase.errors import TransactionLostError, TwoPhaseError
+from twophase._task import arrow_delivery, rows_delivery, run_transaction
+from twophase.errors import SchemaMismatchError, TransactionLostError, TwoPhaseError
 from twophase.sink import (
     AbortOutcome,
     Column,
@@ -46,8 +52,9 @@ from twophase.sink import (
     TwoPhaseCommitSink,
 )
 
-#: Ids are deterministic in tests: the same arguments name the same transaction.
+#: Ids are deterministic within a test: the same arguments name the same transaction.
 OPENED_AT = time.time()
+#: The query id outside a :class:`SinkContract` test (each of those gets a fresh one).
 QUERY_ID = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
 OTHER_QUERY_ID = "ffffffff-4b5a-6978-8796-a5b4c3d2e1f0"
 NAMESPACE = "orders"
@@ -62,12 +69,28 @@ CONCURRENT_COMMITS = 8
 SUBPROCESS_TIMEOUT_S = 60.0
 
 
+_current_query = [QUERY_ID]
+
+
+def current_query_id() -> str:
+    """The query id of the running test (:data:`QUERY_ID` outside a contract test)."""
+    return _current_query[0]
+
+
+def use_query_id(new: str) -> None:
+    """Make ``new`` the query id of what follows (a contract test sets a fresh one)."""
+    _current_query[0] = new
+
+
 def context(*, batch: int = 0, partition: int = 0, attempt: int = 0, epoch: int = 1,
-            namespace: str = NAMESPACE, query_id: str = QUERY_ID,
+            namespace: str = NAMESPACE, query_id: str | None = None,
             columns: Sequence[Column] = ORDER_COLUMNS) -> TransactionContext:
-    """The context of one task's transaction; the same arguments give the same id."""
-    txn_id = TxnId.open(namespace=namespace, query_id=query_id, epoch=epoch, batch=batch,
-                        partition=partition, attempt=attempt, clock=lambda: OPENED_AT)
+    """The context of one task's transaction; the same arguments give the same id (under
+    ``query_id``, default :func:`current_query_id`)."""
+    txn_id = TxnId.open(namespace=namespace, query_id=query_id or current_query_id(),
+                        epoch=epoch,
+                        batch=batch, partition=partition, attempt=attempt,
+                        clock=lambda: OPENED_AT)
     return TransactionContext(txn_id, tuple(columns))
 
 
@@ -77,47 +100,57 @@ def orders(first: int, count: int, status: str = "paid") -> list[tuple[Any, ...]
             for i in range(first, first + count)]
 
 
-def prepare(sink: TwoPhaseCommitSink[Any], rows: Sequence[Sequence[Any]], **ctx: Any) -> Handle:
-    """begin_transaction + write + pre_commit, as an executor's task does."""
-    return run_transaction(sink, context(**ctx), rows_delivery(rows))
+def prepare(sink: TwoPhaseCommitSink[Any], rows: Sequence[Sequence[Any]], *,
+            arrow: bool = False, **ctx: Any) -> Handle:
+    """begin_transaction + write + pre_commit, as an executor's task does; ``arrow=True``:
+    the rows go through ``write_arrow`` as record batches of two rows, as on Spark's data
+    source path (needs pyarrow)."""
+    transaction = context(**ctx)
+    if not arrow:
+        return run_transaction(sink, transaction, rows_delivery(rows))
+    from twophase.testing.arrow import record_batches  # noqa: PLC0415 - needs pyarrow
+
+    batches = record_batches(rows, transaction.columns, rows_per_batch=2)
+    return run_transaction(sink, transaction, arrow_delivery(batches))
 
 
 def commit(sink: TwoPhaseCommitSink[Any], handle: Handle) -> CommitOutcome:
     """Commit as the driver does: through a committer fenced at the handle's epoch."""
     with sink.committer() as committer:
-        committer.fence(handle.txn_id.namespace, QUERY_ID, handle.txn_id.epoch)
+        committer.fence(handle.txn_id.namespace, current_query_id(), handle.txn_id.epoch)
         return committer.commit(handle)
 
 
 def abort(sink: TwoPhaseCommitSink[Any], handle: Handle) -> AbortOutcome:
     """Abort as the driver or cleanup does: through a committer."""
     with sink.committer() as committer:
-        committer.fence(handle.txn_id.namespace, QUERY_ID, handle.txn_id.epoch)
+        committer.fence(handle.txn_id.namespace, current_query_id(), handle.txn_id.epoch)
         return committer.abort(handle)
 
 
 _IN_ANOTHER_PROCESS = """
 import os, pickle, signal, sys
 from twophase import Handle
-from twophase.testing.contract import QUERY_ID, orders, prepare
+from twophase.testing.contract import commit, abort, orders, prepare, use_query_id
 sink = pickle.loads(bytes.fromhex(sys.argv[1]))
-if sys.argv[2] == "write-then-die":
+use_query_id(sys.argv[2])
+if sys.argv[3] == "write-then-die":
     print(prepare(sink, orders(0, 5), batch=7).dumps(), flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
-handle = Handle.loads(sys.argv[3])
-with sink.committer() as committer:
-    committer.fence(handle.txn_id.namespace, QUERY_ID, handle.txn_id.epoch)
-    print(getattr(committer, sys.argv[2])(handle).value)
+action = {"commit": commit, "abort": abort}[sys.argv[3]]
+print(action(sink, Handle.loads(sys.argv[4])).value)
 """
 
 
 def in_another_process(sink: TwoPhaseCommitSink[Any], action: str,
                        handle: Handle | None = None) -> subprocess.CompletedProcess[str]:
-    """Run ``action`` (commit, abort, write-then-die) on a pickled copy of ``sink`` elsewhere."""
+    """Run ``action`` (commit, abort, write-then-die) on a pickled copy of ``sink`` elsewhere,
+    under the test's query id. The child imports the sink's module from this process's
+    ``sys.path`` (so a sink in the test's package is found)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     return subprocess.run(
-        [sys.executable, "-c", _IN_ANOTHER_PROCESS, pickle.dumps(sink).hex(), action,
-         handle.dumps() if handle else ""],
+        [sys.executable, "-c", _IN_ANOTHER_PROCESS, pickle.dumps(sink).hex(),
+         current_query_id(), action, handle.dumps() if handle else ""],
         capture_output=True, text=True, env=env, timeout=SUBPROCESS_TIMEOUT_S, check=False)
 
 
@@ -126,6 +159,8 @@ class SinkContract:
 
     #: False for a sink whose proofs of commit cannot be purged (``purge_commit_records`` is 0).
     purges_commit_records = True
+    #: False for a sink whose target has no columns (``check_schema`` refuses nothing).
+    has_schema = True
 
     @pytest.fixture
     def sink(self) -> TwoPhaseCommitSink[Any]:
@@ -133,6 +168,40 @@ class SinkContract:
 
     def visible(self, sink: TwoPhaseCommitSink[Any]) -> list[int]:
         raise NotImplementedError("return the sorted event_id of every row a reader sees")
+
+    @pytest.fixture(autouse=True)
+    def _fresh_query_checked(self, sink: TwoPhaseCommitSink[Any]) -> Iterator[None]:
+        """A query id of the test's own, and the schema check the driver makes first."""
+        assert isinstance(sink, TwoPhaseCommitSink), "the sink fixture returns no sink"
+        use_query_id(str(uuid.uuid4()))
+        sink.check_schema(ORDER_COLUMNS)
+        yield
+        use_query_id(QUERY_ID)
+
+    # -- schema and the Arrow path -------------------------------------------------------------
+
+    def test_check_schema_refuses_a_column_the_target_lacks(
+        self, sink: TwoPhaseCommitSink[Any]
+    ) -> None:
+        more = [*ORDER_COLUMNS, Column("no_such_column", "string")]
+        if self.has_schema:
+            with pytest.raises(SchemaMismatchError, match=r"'no_such_column'.*Fix: "):
+                sink.check_schema(more)
+        else:
+            sink.check_schema(more)  # a target without columns takes any
+        assert self.visible(sink) == []
+
+    def test_record_batches_through_write_arrow_commit_like_rows(
+        self, sink: TwoPhaseCommitSink[Any]
+    ) -> None:
+        written = prepare(sink, orders(0, 5), arrow=True, partition=0)
+        empty = prepare(sink, [], arrow=True, partition=1)
+        assert (written.rows, empty.rows) == (5, 0)
+        assert self.visible(sink) == []
+        assert commit(sink, written) is CommitOutcome.COMMITTED
+        assert commit(sink, empty) in (CommitOutcome.COMMITTED, CommitOutcome.ALREADY_COMMITTED)
+        assert self.visible(sink) == [0, 1, 2, 3, 4]
+        assert sink.list_in_doubt(NAMESPACE) == []
 
     # -- visibility ----------------------------------------------------------------------------
 
@@ -243,7 +312,7 @@ class SinkContract:
         handles = [prepare(sink, orders(10 * p, 3), partition=p)
                    for p in range(CONCURRENT_COMMITS)]
         with sink.committer() as committer:
-            committer.fence(NAMESPACE, QUERY_ID, 1)
+            committer.fence(NAMESPACE, current_query_id(), 1)
             with ThreadPoolExecutor(max_workers=CONCURRENT_COMMITS) as pool:
                 outcomes = list(pool.map(committer.commit, handles))
         assert outcomes == [CommitOutcome.COMMITTED] * CONCURRENT_COMMITS

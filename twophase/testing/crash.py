@@ -32,6 +32,10 @@ in a new working directory (its temporary files and Spark's local directory insi
 crashed driver's is deleted, as if the driver were restarted on another host that shares only
 the checkpoint (a shared file system here) and the state.
 
+Over Spark Connect the driver is the server: override ``run_driver`` to restart the server
+armed at the crash point and launch an unarmed client (``DriverSpec.remote``), reporting the
+run as crashed when the server died (see ``tests/test_connect.py``).
+
 Another source than files: override the ``source`` fixture with a :class:`FeedSource`, which
 fills its system with the generated feed and tells the driver to read it from there (say
 ``source_kafka``, one file's rows per micro-batch). ``check_finished(target)`` adds checks on
@@ -167,13 +171,18 @@ class CrashSuite:
                 crash_at: str | None = None) -> RunResult:
         """One run of the driver: in ``runs``, or on a fresh "host" deleted afterwards."""
         if not self.fresh_host_per_run:
-            return launch(spec, workdir=runs, crash_at=crash_at)
+            return self.run_driver(spec, runs, crash_at)
         host = runs / f"host-{run}"
-        result = launch(spec, workdir=host, crash_at=crash_at)
+        result = self.run_driver(spec, host, crash_at)
         log = runs / f"driver-{run}.log"
         shutil.copy(result.log, log)
         shutil.rmtree(host)  # nothing of this driver's disk reaches the next one
         return replace(result, log=log)
+
+    def run_driver(self, spec: DriverSpec, workdir: Path, crash_at: str | None) -> RunResult:
+        """One run of the driver process, armed at ``crash_at``; over Spark Connect, a client
+        whose server (the driver) is armed instead."""
+        return launch(spec, workdir=workdir, crash_at=crash_at)
 
     def _refused_without_state(self, spec: DriverSpec, workdir: Path, seen: list[int]) -> None:
         """A restart whose state is gone is refused and writes nothing; then it is restored."""

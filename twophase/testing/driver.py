@@ -40,13 +40,14 @@ from twophase._crash import (
 from twophase._loader import build_sink
 from twophase._state import StateStore
 from twophase.sink import TwoPhaseCommitSink
-from twophase.spark import write_stream
+from twophase.spark import write, write_stream
 
 ORDER_STATUSES = ("created", "paid", "packed", "shipped", "delivered", "cancelled")
 FEED_SCHEMA = "event_id BIGINT, order_id BIGINT, status STRING, ts TIMESTAMP"
 FEED_START = datetime(2026, 11, 1, tzinfo=UTC)
 DRIVER_TIMEOUT_S = 600.0
 POLL_INTERVAL_S = 0.5
+AVAILABLE_NOW = {"availableNow": True}
 SPARK_CONF = {
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
@@ -78,6 +79,15 @@ class DriverSpec:
     #: Read the feed from Kafka instead of ``input_dir``: the keyword arguments of
     #: :func:`read_kafka_feed` (``bootstrap_servers``, ``topic``, ``max_offsets_per_trigger``).
     source_kafka: dict[str, Any] | None = None
+    #: A Spark Connect URL (``sc://host:port``): the driver is a Connect client of that
+    #: server (the Spark driver, whose Python workers import the sink); ``spark_conf`` is
+    #: then the server's business and ignored here.
+    remote: str | None = None
+    #: Write the whole feed as one batch job (:func:`twophase.spark.write`, the state in
+    #: ``state_location``) instead of streaming it.
+    batch: bool = False
+    #: The stream's trigger (by default it ends once every file is consumed).
+    trigger: dict[str, Any] = field(default_factory=lambda: dict(AVAILABLE_NOW))
 
     def build_sink(self) -> TwoPhaseCommitSink[Any]:
         return build_sink(self.sink_factory, self.sink_kwargs)
@@ -218,10 +228,12 @@ def read_kafka_feed(spark: SparkSession, *, bootstrap_servers: str, topic: str,
 
 def run_driver(spec: DriverSpec) -> None:
     """Stream every file of the feed into the sink, then return."""
-    conf = {"spark.local.dir": tempfile.gettempdir(), **spec.spark_conf}
-    if "spark.master" in spec.spark_conf and CRASH_ENV in os.environ:
-        conf.update(executor_crash_conf(os.environ[CRASH_ENV], Path(tempfile.gettempdir())))
-    spark = local_session("twophase-driver", spec.partitions, conf)
+    spark = _session(spec)
+    if spec.batch:
+        write(spark.read.schema(FEED_SCHEMA).json(spec.input_dir), spec.build_sink(),
+              state_location=spec.state_store().location, state_options=spec.state_options)
+        spark.stop()
+        return
     if spec.source_kafka is not None:
         feed = read_kafka_feed(spark, **spec.source_kafka, partitions=spec.partitions)
     else:
@@ -230,9 +242,19 @@ def run_driver(spec: DriverSpec) -> None:
     query = write_stream(feed, spec.build_sink(), checkpoint_location=spec.checkpoint,
                          state_location=spec.state_location,
                          state_options=spec.state_options or None,
-                         trigger={"availableNow": True}, foreach_batch=spec.foreach_batch)
+                         trigger=spec.trigger, foreach_batch=spec.foreach_batch)
     query.awaitTermination()
     spark.stop()
+
+
+def _session(spec: DriverSpec) -> SparkSession:
+    """A Connect client session of ``spec.remote``, or a local (or cluster) driver's."""
+    if spec.remote is not None:
+        return SparkSession.builder.remote(spec.remote).getOrCreate()
+    conf = {"spark.local.dir": tempfile.gettempdir(), **spec.spark_conf}
+    if "spark.master" in spec.spark_conf and CRASH_ENV in os.environ:
+        conf.update(executor_crash_conf(os.environ[CRASH_ENV], Path(tempfile.gettempdir())))
+    return local_session("twophase-driver", spec.partitions, conf)
 
 
 def executor_crash_conf(crash_at: str, scratch: Path) -> dict[str, str]:

@@ -1,0 +1,281 @@
+"""Each sink against what users would pick instead, through the same Spark stream, in one run.
+
+Run from the repository root (never in CI; the peers' jars come from Maven Central, cached by
+``scripts/bench-jars``)::
+
+    nice .venv/bin/python -m bench.spark_peers mysql s3 sqlite http \\
+        [--files 4] [--rows-per-file 100000] [--rounds 3]
+
+The stream: ``--files`` Parquet files of order rows (``twophase.testing.driver.FEED_SCHEMA``:
+``event_id`` unique, ``order_id``, ``status``, ``ts``), generated once before any clock starts,
+read with ``maxFilesPerTrigger=1`` and ``availableNow`` (one micro-batch per file),
+repartitioned to 2 partitions, in one ``local[2]`` SparkSession for every writer. Per sink,
+after one warm-up round, ``--rounds`` rounds of three writers, the order turning every round:
+the twophase sink (exactly-once), its peer (at-least-once, or a floor), and Spark's ``noop``
+(reading and shuffling only). Every run writes into a fresh destination of the same private
+server and counts only if the server then holds exactly the rows of the stream.
+
+Printed per sink (markdown): median rows/s of each writer, every round's rate, CPU seconds per
+million rows of the Spark JVM, its Python workers (where the sinks' tasks run), the driver
+(this process) and the server process (from ``/proc``: user + system time over the run), and
+the paired ratio sink / peer (per round, then the median).
+
+Plugging a sink in: a module ``bench/peer_<name>.py`` defines ``PEER = Peer(...)``:
+
+* ``jars()``: the jars the peer needs in ``spark.jars`` (fetched and cached; may be empty);
+* ``start(spark, workdir, stack)``: starts the private server (registering its stop on the
+  ``contextlib.ExitStack``) and returns a :class:`Contest`;
+* :class:`Contest`: ``twophase`` and ``peer`` writers, each ``(feed, destination, checkpoint)``
+  running a query to its end (``availableNow``); ``new_destination()`` making a fresh, empty
+  destination (table, topic, bucket prefix) and returning its name; ``rows_at(destination)``
+  counting the distinct rows there; ``server_pid``, the process whose CPU is the "server"
+  column (None: not counted).
+
+``python -m bench.spark_peers NAME`` imports ``bench.peer_NAME``. :func:`run_writer` and the
+``/proc`` helpers are for modules that drive their own rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import os
+import statistics
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pyspark.sql import DataFrame, SparkSession
+
+from twophase.testing.driver import FEED_SCHEMA, generate_feed, local_session
+
+PARTITIONS = 2
+DEFAULT_FILES = 4
+DEFAULT_ROWS_PER_FILE = 100_000
+DEFAULT_ROUNDS = 3
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+TWOPHASE, PEER, NOOP = "twophase", "peer", "noop"
+
+#: ``(feed, destination, checkpoint)``: run one query over the whole stream, to its end.
+Writer = Callable[[DataFrame, str, str], None]
+
+
+@dataclass
+class Contest:
+    """One sink and its peer, writing into one private server."""
+
+    sink: str
+    peer_name: str
+    twophase: Writer
+    peer: Writer
+    new_destination: Callable[[], str]
+    rows_at: Callable[[str], int]
+    server_pid: int | None = None
+
+
+@dataclass(frozen=True)
+class Peer:
+    """What ``bench/peer_<name>.py`` gives the harness (see the module docstring)."""
+
+    jars: Callable[[], list[str]]
+    start: Callable[[SparkSession, Path, contextlib.ExitStack], Contest]
+
+
+@dataclass
+class Run:
+    writer: str
+    seconds: float
+    cpu: dict[str, float] = field(default_factory=dict)
+
+
+def bench_jars(*patterns: str) -> list[str]:
+    """The cached peer jars matching ``patterns`` (fetched once by ``scripts/bench-jars``)."""
+    folder = Path(subprocess.run([str(SCRIPTS / "bench-jars")], check=True, text=True,
+                                 stdout=subprocess.PIPE).stdout.strip())
+    jars = [str(jar) for pattern in patterns for jar in sorted(folder.glob(pattern))]
+    if len(jars) < len(patterns):
+        raise SystemExit(f"{folder} lacks one of {patterns}: rerun scripts/bench-jars")
+    return jars
+
+
+def load_peer(name: str) -> Peer:
+    """``bench.peer_<name>.PEER``."""
+    module = importlib.import_module(f"bench.peer_{name}")
+    peer: Peer = module.PEER
+    return peer
+
+
+# --- CPU from /proc ---------------------------------------------------------------------------
+
+def _stat(pid: int) -> list[str] | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+
+
+def cpu_seconds(pid: int, *, reaped: bool = False) -> float:
+    """User + system CPU seconds of ``pid`` (plus its waited-for children's if ``reaped``;
+    0 if it is gone)."""
+    fields = _stat(pid)
+    if fields is None:
+        return 0.0
+    last = 15 if reaped else 13  # utime stime [cutime cstime]
+    return sum(int(value) for value in fields[11:last]) / CLOCK_TICKS
+
+
+def descendants(pid: int) -> list[int]:
+    """Every living process below ``pid``."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        fields = _stat(int(stat.parent.name))
+        if fields is not None:
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], list(children.get(pid, []))
+    while todo:
+        child = todo.pop()
+        found.append(child)
+        todo += children.get(child, [])
+    return found
+
+
+def _command(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (FileNotFoundError, ProcessLookupError):
+        return b""
+
+
+def cpu_snapshot(jvm: int, server_pid: int | None) -> dict[str, float]:
+    """CPU seconds so far of the JVM, its Python workers (live ones and those they reaped),
+    this driver and the server."""
+    workers = [pid for pid in descendants(jvm) if b"python" in _command(pid)]
+    return {"JVM": cpu_seconds(jvm),
+            "Python workers": sum(cpu_seconds(pid, reaped=True) for pid in workers),
+            "driver": sum(os.times()[:2]),
+            "server": cpu_seconds(server_pid) if server_pid else 0.0}
+
+
+def jvm_pid(spark: SparkSession) -> int:
+    pid: int = spark.sparkContext._gateway.proc.pid  # type: ignore[union-attr]
+    return pid
+
+
+# --- the stream -------------------------------------------------------------------------------
+
+def make_parquet_feed(spark: SparkSession, workdir: Path, files: int, rows_per_file: int) -> int:
+    """``files`` Parquet files of order rows in ``workdir/feed``, modification times in order
+    (Spark's file source reads them oldest first); returns the number of rows."""
+    rows = generate_feed(workdir / "json", files=files, rows_per_file=rows_per_file)
+    feed = workdir / "feed"
+    feed.mkdir()
+    for number, path in enumerate(sorted((workdir / "json").glob("*.json"))):
+        staged = workdir / "parquet" / f"part-{number:05d}"
+        spark.read.schema(FEED_SCHEMA).json(str(path)).coalesce(1).write.parquet(str(staged))
+        (data,) = staged.glob("*.parquet")
+        target = feed / f"orders-{number:05d}.parquet"
+        data.rename(target)
+        os.utime(target, (time.time() - files + number,) * 2)
+    return rows
+
+
+def read_parquet_feed(spark: SparkSession, workdir: Path) -> DataFrame:
+    return (spark.readStream.schema(FEED_SCHEMA).option("maxFilesPerTrigger", 1)
+            .parquet(str(workdir / "feed")).repartition(PARTITIONS))
+
+
+def noop(feed: DataFrame, _destination: str, checkpoint: str) -> None:
+    """Spark's ``noop`` sink: the floor every writer starts from."""
+    (feed.writeStream.format("noop").option("checkpointLocation", checkpoint)
+     .trigger(availableNow=True).start().awaitTermination())
+
+
+# --- rounds -----------------------------------------------------------------------------------
+
+def run_writer(writer: Writer, feed: DataFrame, destination: str, checkpoint: str, *,
+               jvm: int, server_pid: int | None) -> Run:
+    """One timed run of ``writer`` with the CPU each process spent on it."""
+    before = cpu_snapshot(jvm, server_pid)
+    started = time.perf_counter()
+    writer(feed, destination, checkpoint)
+    seconds = time.perf_counter() - started
+    after = cpu_snapshot(jvm, server_pid)
+    return Run("", seconds, {key: after[key] - before[key] for key in after})
+
+
+def contest_rounds(spark: SparkSession, contest: Contest, feed: DataFrame, workdir: Path, *,
+                   expected: int, rounds: int) -> list[Run]:
+    """Round 0 warms up; then ``rounds`` rounds, the writers' order turning every round."""
+    writers: dict[str, Writer] = {TWOPHASE: contest.twophase, PEER: contest.peer, NOOP: noop}
+    order = list(writers)
+    jvm = jvm_pid(spark)
+    runs: list[Run] = []
+    for number in range(rounds + 1):
+        turn = number % len(order)
+        for name in order[turn:] + order[:turn]:
+            destination = contest.new_destination()
+            checkpoint = str(workdir / f"ckpt-{contest.sink}-{name}-{number}")
+            run = run_writer(writers[name], feed, destination, checkpoint, jvm=jvm,
+                             server_pid=contest.server_pid)
+            if name != NOOP and (seen := contest.rows_at(destination)) != expected:
+                raise SystemExit(f"{contest.sink}, {name}: {seen} rows at {destination}, "
+                                 f"{expected} written")
+            if number:
+                run.writer = name
+                runs.append(run)
+    return runs
+
+
+def report(contest: Contest, runs: list[Run], rows: int) -> str:
+    """The markdown table of one contest."""
+    labels = {TWOPHASE: contest.sink, PEER: contest.peer_name, NOOP: "Spark noop"}
+    by_writer = {name: [run for run in runs if run.writer == name] for name in labels}
+    rates = {name: [rows / run.seconds for run in group] for name, group in by_writer.items()}
+    lines = [f"{contest.sink}: {rows:,} rows, {PARTITIONS} partitions, "
+             f"{len(rates[TWOPHASE])} rounds (median; every round)", "",
+             "| writer | rows/s | rounds | CPU s per 1M rows: JVM / Python workers / driver / "
+             "server |", "|---|---|---|---|"]
+    for name, values in rates.items():
+        cpu = {key: statistics.median(run.cpu[key] for run in by_writer[name]) * 1e6 / rows
+               for key in by_writer[name][0].cpu}
+        lines.append(f"| {labels[name]} | {statistics.median(values):,.0f} | "
+                     f"{', '.join(f'{v:,.0f}' for v in values)} | "
+                     f"{' / '.join(f'{v:.1f}' for v in cpu.values())} |")
+    paired = [a / b for a, b in zip(rates[TWOPHASE], rates[PEER], strict=True)]
+    lines.append(f"| **ratio {contest.sink} / {contest.peer_name}** | "
+                 f"**{statistics.median(paired):.3f}** | "
+                 f"{', '.join(f'{v:.3f}' for v in paired)} | |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("sinks", nargs="+", help="names of bench/peer_<name>.py modules")
+    parser.add_argument("--files", type=int, default=DEFAULT_FILES)
+    parser.add_argument("--rows-per-file", type=int, default=DEFAULT_ROWS_PER_FILE)
+    parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS)
+    args = parser.parse_args()
+    peers = {name: load_peer(name) for name in args.sinks}
+    jars = [jar for peer in peers.values() for jar in peer.jars()]
+    spark = local_session("twophase-spark-peers", PARTITIONS,
+                          {"spark.jars": ",".join(jars)} if jars else None)
+    with tempfile.TemporaryDirectory(prefix="twophase-peers-") as tmp:
+        workdir = Path(tmp)
+        expected = make_parquet_feed(spark, workdir, args.files, args.rows_per_file)
+        feed = read_parquet_feed(spark, workdir)
+        for name, peer in peers.items():
+            with contextlib.ExitStack() as stack:
+                contest = peer.start(spark, workdir / name, stack)
+                runs = contest_rounds(spark, contest, feed, workdir, expected=expected,
+                                      rounds=args.rounds)
+            print(report(contest, runs, expected), "\n", flush=True)
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,158 @@
+"""The executor's data path: a librdkafka transactional producer (``confluent-kafka``).
+
+Records go to the brokers through librdkafka (C): batching, compression, the idempotent
+sequence numbers and AddPartitionsToTxn are native, and the one Python step per record is
+the call of ``Producer.produce``. The control path stays where it was proven: the driver ends
+every transaction with EndTxn through kafka-python's admin client
+(:mod:`~sinks.kafka.committer`), from the transactional id, producer id and epoch in the handle.
+
+What librdkafka does and does not do to an open transaction (``confluent-kafka`` 2.16.1 with
+librdkafka 2.16.0 against Apache Kafka 4.1; ``tests/test_kafka_adapter.py`` fails loudly when an
+upgrade changes any of it):
+
+======================================  ==========================================================
+event                                   the open transaction afterwards
+======================================  ==========================================================
+``Producer.close()``                    ABORTED (confluent-kafka aborts an open transaction):
+                                        this module never calls it on a pre-committed one
+the producer's last reference dropped   open: deallocation only destroys the client
+(``rd_kafka_destroy``)                  (``rd_kafka_destroy`` sends no EndTxn)
+the process exits or is SIGKILLed       open
+======================================  ==========================================================
+
+so :meth:`TransactionalProducer.release` just drops the client, and a pre-committed transaction
+stays open and committable by the driver whatever happens to the executor's process afterwards.
+
+librdkafka's API does not expose the producer id and epoch. The coordinator does: after
+``init_transactions``, DescribeTransactions (KIP-664) gives the id's producer id and epoch.
+Describe and init are not one step, so a racing attempt could init the same id in between;
+then the description shows the newer epoch, this producer is fenced, and the registry record
+it sends next (claiming that epoch) is refused by the coordinator (AddPartitionsToTxn at a
+stale epoch): the attempt fails and registers nothing. librdkafka ends transactions with EndTxn
+v0-1 (transaction version 1: the epoch stays fixed for the transaction), which is what the
+driver's EndTxn (v3, transaction version 1) expects.
+
+Why librdkafka, and not kafka-python fed with ready-made RecordBatch v2 bytes: the latter keeps
+the producer in Python (its sender, accumulator and transaction manager, reached into through
+private parts that move between releases) and still needs its own varint, CRC-32C and batch
+framing code; librdkafka is a maintained native producer whose only gap, the producer id and
+epoch, the coordinator fills, and whose one hazard, ``close()``, is simply never called.
+
+A record the brokers refuse fails the transaction only at its delivery report: reports are
+asked for failures only (``delivery.report.only.error``) and the first one is raised at
+:meth:`TransactionalProducer.flush`, before a handle could be handed over.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
+
+from sinks.kafka.records import Record
+
+log = logging.getLogger(__name__)
+
+#: The confluent-kafka version whose close / dealloc behaviour the table above was measured on.
+CONFLUENT_KAFKA_TESTED = "2.16.1"
+
+#: Java's (and kafka-python's) key hashing, so a key lands where Spark's sink puts it.
+PARTITIONER = "murmur2_random"
+#: How long ``produce`` waits for room in librdkafka's queue before it tries again.
+QUEUE_FULL_WAIT_S = 0.05
+#: Records librdkafka may hold unsent (its queue): a Spark partition's chunk fits.
+QUEUE_MAX_MESSAGES = 1_000_000
+DEFAULT_LINGER_MS = 5
+#: ``produce``'s partition: the partitioner's choice.
+ANY_PARTITION = -1
+ABORT_TIMEOUT_S = 10.0
+#: kafka-python's names of producer options whose librdkafka name is not the dotted one.
+KAFKA_PYTHON_NAMES = {"max_request_size": "message.max.bytes"}
+
+
+def librdkafka_names(configs: dict[str, Any]) -> dict[str, Any]:
+    """``producer_configs`` as librdkafka properties: ``linger.ms`` as is, kafka-python's
+    ``linger_ms`` (and ``max_request_size``...) translated."""
+    return {KAFKA_PYTHON_NAMES.get(name, name.replace("_", ".")): value
+            for name, value in configs.items()}
+
+
+class TransactionalProducer:
+    """One transactional id's librdkafka producer, for one transaction (see module docs)."""
+
+    def __init__(self, configs: dict[str, Any], transactional_id: str) -> None:
+        self.transactional_id = transactional_id
+        self.failure: KafkaError | None = None
+        self._client: Producer | None = Producer({
+            "partitioner": PARTITIONER, "linger.ms": DEFAULT_LINGER_MS,
+            "queue.buffering.max.messages": QUEUE_MAX_MESSAGES,
+            **configs,
+            "transactional.id": transactional_id,
+            "delivery.report.only.error": True,
+            "on_delivery": self._delivered,
+            "error_cb": self._client_error,
+            "logger": log,  # librdkafka's own log lines, through logging (served at poll/flush)
+        })
+
+    @property
+    def client(self) -> Producer:
+        if self._client is None:
+            raise RuntimeError(f"the producer of {self.transactional_id} was released")
+        return self._client
+
+    def _delivered(self, error: KafkaError | None, message: Message) -> None:
+        if error is not None and self.failure is None:
+            self.failure = error
+
+    def _client_error(self, error: KafkaError) -> None:
+        if error.fatal() and self.failure is None:
+            self.failure = error
+        log.debug("librdkafka (%s): %s", self.transactional_id, error)
+
+    def begin(self, timeout_s: float) -> None:
+        """InitProducerId (aborting the id's open transaction, if any), then begin."""
+        self.client.init_transactions(timeout_s)
+        self.client.begin_transaction()
+
+    def send(self, records: Iterable[Record], partition: int = ANY_PARTITION) -> int:
+        """Queue every record (waiting for room when the queue is full); how many."""
+        produce, count = self.client.produce, 0
+        for topic, key, value, headers in records:
+            while True:
+                try:
+                    if headers is None:  # positional only: a third faster to parse
+                        produce(topic, value, key, partition)
+                    else:
+                        produce(topic, value, key, partition, headers=headers)
+                    break
+                except BufferError:
+                    self.client.poll(QUEUE_FULL_WAIT_S)
+            count += 1
+        return count
+
+    def flush(self, timeout_s: float) -> None:
+        """Wait until the brokers acknowledged every record; raise the first failure."""
+        left = self.client.flush(timeout_s)
+        if self.failure is None and left:
+            self.failure = KafkaError(KafkaError._MSG_TIMED_OUT,
+                                      f"{left} records unacknowledged after {timeout_s}s")
+        if self.failure is not None:
+            raise KafkaException(self.failure)
+
+    def release(self) -> None:
+        """Drop the client WITHOUT ending its transaction (never ``close()``: it aborts)."""
+        self._client = None
+
+    def abort(self) -> None:
+        """Abort the open transaction (its records never become visible), then release.
+        Never raises: what it cannot abort, the driver's sweep or the broker's timeout does."""
+        try:
+            if self._client is not None:
+                self._client.abort_transaction(ABORT_TIMEOUT_S)
+        except KafkaException:
+            log.info("could not abort the transaction of %s", self.transactional_id,
+                     exc_info=True)
+        finally:
+            self.release()

@@ -1,0 +1,66 @@
+"""The driver side: :class:`PostgresCommitter` commits and aborts one batch's transactions.
+
+Autocommit sessions are pooled for the committer's life (:class:`twophase.kit.ConnectionPool`):
+a batch of N handles opens about ``min(N, commit_parallelism)`` sessions. Commit: ``COMMIT
+PREPARED``; an unknown gid (42704) is ALREADY_COMMITTED if the marker row is visible, else the
+transaction is lost; either way the marker is stamped with the commit time. Abort: ``ROLLBACK
+PREPARED``; an unknown gid is NOT_FOUND.
+
+No fence: ``fence`` keeps the default (nothing). ``COMMIT PREPARED`` cannot be made
+conditional on a row, and it need not be: a run commits only handles of decisions it wrote to
+the state file under its epoch (a compare-and-swap that refuses a zombie), decisions are never
+changed, and a commit is idempotent (the marker proves it). So a zombie can only commit what a
+newer run commits too; the newer run's sweep and cleanup abort only undecided transactions of
+epochs up to its own, which no zombie can decide any more. The model (tests/test_model.py)
+checks this with zombies over this sink.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import psycopg
+
+from sinks.postgres.connection import Connection
+from sinks.postgres.errors import classify, lost
+from sinks.postgres.prepared import gid_of_handle, resolve
+from twophase import AbortOutcome, CommitOutcome, Handle
+from twophase.kit import PooledCommitter
+
+if TYPE_CHECKING:
+    from sinks.postgres.sink import PostgresSink
+
+log = logging.getLogger(__name__)
+
+
+class PostgresCommitter(PooledCommitter[Connection]):
+    """Commits and aborts :class:`~sinks.postgres.PostgresSink` transactions in one process."""
+
+    sink: PostgresSink
+
+    def __init__(self, sink: PostgresSink) -> None:
+        super().__init__(sink, sink.server.pool(sink.commit_parallelism), classify,
+                         psycopg.Error, sink.server.on)
+
+    def commit(self, handle: Handle) -> CommitOutcome:
+        gid = gid_of_handle(handle)
+        with self.session(f"commit of transaction {handle.txn_id} (gid {gid})") as conn:
+            outcome = CommitOutcome.COMMITTED
+            if not resolve(conn, "COMMIT", gid):
+                if not self.sink.markers.visible(conn, handle.txn_id):
+                    raise lost(handle, gid, where=self.sink.where,
+                               markers=str(self.sink.markers.table))
+                outcome = CommitOutcome.ALREADY_COMMITTED
+            self.sink.markers.stamp(conn, handle.txn_id)
+            return outcome
+
+    def abort(self, handle: Handle) -> AbortOutcome:
+        gid = gid_of_handle(handle)
+        with self.session(f"abort of transaction {handle.txn_id} (gid {gid})") as conn:
+            if resolve(conn, "ROLLBACK", gid):
+                return AbortOutcome.ABORTED
+            if self.sink.markers.visible(conn, handle.txn_id):
+                log.warning("abort of %s: it is committed already, nothing to roll back",
+                            handle.txn_id)
+            return AbortOutcome.NOT_FOUND

@@ -1,0 +1,162 @@
+"""Every PostgreSQL error the sink meets, classified once, here: by SQLSTATE, its condition
+and its class (the first two characters).
+
+=================================  ============================================================
+what went wrong                    what the sink raises
+=================================  ============================================================
+a server error (a SQLSTATE)        the verdict of :data:`ERRORS`: a condition of the code (its
+                                   message), else the code, else its class (``08``
+                                   connection, ``22`` data, ``23`` integrity, ``40``
+                                   rollback, ``53`` resources, ``57`` operator), else fatal
+a client error (no SQLSTATE)       by psycopg's exception type: a lost or closed connection is
+                                   retryable (an unprepared transaction ended with its
+                                   session; every driver step is idempotent), a value psycopg
+                                   cannot send is a schema mismatch, TLS or a password is
+                                   configuration
+23505 on the marker row            :func:`marker_error`: the id was used once (kit wording)
+42704 on ``COMMIT PREPARED``       no such gid: the committer reads the marker (committed) or
+                                   calls it :func:`lost` (kit wording)
+=================================  ============================================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import psycopg
+
+from twophase import (
+    ConfigurationError,
+    FatalError,
+    Handle,
+    RetryableError,
+    SchemaMismatchError,
+    TransactionLostError,
+    TwoPhaseError,
+    TxnId,
+)
+from twophase.kit import Condition, ErrorTable, transaction_id_reused, transaction_lost
+
+SYSTEM = "PostgresSink"
+
+# -- codes the sink steers by ------------------------------------------------------------------
+UNDEFINED_OBJECT = "42704"  # COMMIT/ROLLBACK PREPARED of a gid the server does not know
+UNIQUE_VIOLATION = "23505"
+UNDEFINED_TABLE = "42P01"
+
+FIX_RETRY = "retried automatically; if it persists, check the server and the network"
+FIX_LOCKS = (
+    "retried automatically; if it persists, another writer or an old prepared transaction "
+    "holds the rows: list them in pg_prepared_xacts and let `python -m twophase.cleanup` "
+    "resolve them")
+FIX_ROWS = "fix the rows (or the table definition) and restart the query"
+FIX_PREPARED_OFF = ("set max_prepared_transactions to at least twice the partitions of a "
+                    "batch in postgresql.conf and restart the server")
+FIX_PRIVILEGE = "GRANT the sink's user the privilege named above"
+FIX_TLS = ("give the server a certificate the client trusts (sslrootcert=...), or pass "
+           "sslmode='require' / 'disable' on a network you trust")
+UNPREPARED_NOTE = (
+    "The transaction is discarded (PostgreSQL rolls back an unprepared transaction when its "
+    "session ends) and never committed: the partition must be written again.")
+
+_RETRY: tuple[type[TwoPhaseError], str] = (RetryableError, FIX_RETRY)
+
+ERRORS = ErrorTable(
+    system=SYSTEM,
+    default=(FatalError, "look up the SQLSTATE in PostgreSQL's appendix A and fix the cause"),
+    classes={
+        "08": _RETRY,                                            # connection exception
+        "22": (SchemaMismatchError, "cast or fix the values named above: " + FIX_ROWS),
+        "23": (SchemaMismatchError, "fix the rows that violate the constraint: " + FIX_ROWS),
+        "40": (RetryableError, FIX_LOCKS),                       # serialization, deadlock
+        "53": (RetryableError, "the server is short of a resource; retried automatically"),
+        "57": _RETRY,                                            # shutdown, cancel, crash
+        "28": (ConfigurationError, "check the user and password given to the sink"),
+        "3D": (ConfigurationError, "create the database or fix the sink's database="),
+        "42": (SchemaMismatchError, "make the table match the rows, then restart"),
+    },
+    rules={
+        "55P03": (RetryableError, FIX_LOCKS),                    # lock_timeout
+        "25006": (RetryableError, "the server is a read-only standby (failover?); retried"),
+        "42501": (ConfigurationError, FIX_PRIVILEGE),
+        "42710": (FatalError, "a prepared transaction of this id exists already: let "
+                  "`python -m twophase.cleanup` resolve it, then restart the query"),
+        "23505": (SchemaMismatchError, "the rows repeat a key of the table or of the batch: "
+                  "use mode='upsert' with key=, or deduplicate the rows"),
+        "InterfaceError": (RetryableError, FIX_RETRY),           # the connection is closed
+        "OperationalError": _RETRY,                              # lost before a reply
+        "ProgrammingError": (SchemaMismatchError,
+                             "cast the column to a string, number, binary or timestamp"),
+        "DataError": (SchemaMismatchError, "cast the column to a type PostgreSQL can store"),
+    },
+    conditions={
+        "55000": (Condition("are disabled", (ConfigurationError, FIX_PREPARED_OFF)),
+                  Condition("is busy", (RetryableError, "another session is resolving the "
+                                        "same prepared transaction; retried automatically"))),
+        "53200": (Condition("prepared transactions", (ConfigurationError, FIX_PREPARED_OFF)),),
+        "OperationalError": (
+            Condition("SSL", (ConfigurationError, FIX_TLS)),
+            Condition("certificate", (ConfigurationError, FIX_TLS)),
+            Condition("password authentication failed",
+                      (ConfigurationError, "check the user and password given to the sink")),
+            Condition("does not exist",
+                      (ConfigurationError, "create it, or fix the sink's database= or user=")),
+        ),
+    },
+)
+
+
+def error_code(exc: BaseException) -> str:
+    """The SQLSTATE of a psycopg error, else the name of its psycopg exception type."""
+    state = getattr(exc, "sqlstate", None)
+    if isinstance(state, str) and state:
+        return state
+    for kind in type(exc).__mro__:
+        if kind.__module__.startswith("psycopg") and kind.__name__ in ERRORS.rules:
+            return kind.__name__
+    return type(exc).__name__
+
+
+def classify(exc: BaseException, what: str) -> TwoPhaseError:
+    """A psycopg error as a twophase error naming the step (``what``, with the server)."""
+    code = error_code(exc)
+    message = str(exc).strip() or type(exc).__name__
+    return ERRORS.error(code, what, f"[{code}] {message}")
+
+
+def classify_unprepared(exc: BaseException, what: str) -> TwoPhaseError:
+    """:func:`classify` for a writer before PREPARE: a retryable error says the transaction
+    is gone and the partition must be written again."""
+    error = classify(exc, what)
+    if isinstance(error, RetryableError):
+        return RetryableError(f"{error.cause} {UNPREPARED_NOTE}", fix=error.fix)
+    return error
+
+
+def marker_error(exc: psycopg.Error, txn_id: TxnId, *, where: str,
+                 markers: str) -> TwoPhaseError | None:
+    """What a failed marker INSERT means beyond :func:`classify`; None: nothing special."""
+    if exc.sqlstate == UNIQUE_VIOLATION:
+        return transaction_id_reused(txn_id, where=where)
+    if exc.sqlstate == UNDEFINED_TABLE:
+        return ConfigurationError(
+            f"marker table {markers} is missing.",
+            fix="call sink.check_schema()/create_tables() first (twophase.spark does), or "
+            "create it with sinks.postgres.MARKER_TABLE_DDL")
+    return None
+
+
+def wrong_width(width: int, columns: Sequence[str]) -> SchemaMismatchError:
+    return SchemaMismatchError(
+        f"a row has {width} values for the {len(columns)} columns {tuple(columns)}.",
+        fix="write rows of the columns the transaction's context names")
+
+
+def lost(handle: Handle, gid: str, *, where: str, markers: str) -> TransactionLostError:
+    """A decided transaction that is neither prepared nor provably committed (kit wording)."""
+    return transaction_lost(handle, where=where, why=(
+        f"gid {gid} is not in pg_prepared_xacts and its marker row is not in {markers}. "
+        "Either it was rolled back outside this commit (ROLLBACK PREPARED by an operator or "
+        "another job's cleanup): then its rows are NOT in the table; or its marker was purged "
+        "after it committed (purge only long after any recovery could still run): then they "
+        "are"))

@@ -1,0 +1,291 @@
+"""PostgreSQL sink: one prepared transaction per partition, committed by the driver.
+
+Every partition's slice of a micro-batch is written in one transaction of its own session,
+with a marker row (:mod:`~sinks.postgres.markers`, the proof of commit), and prepared under
+the gid ``tph.<txn id>`` (:mod:`~sinks.postgres.prepared`); the session then closes, and any
+other session of the same user (the driver, recovery, cleanup) resolves it.
+
+What a crash leaves behind, phase by phase (client crash = executor or driver process killed;
+a server crash rolls back every transaction that is not prepared and keeps every prepared one):
+
+==========  ==================  =====================  =====================  =====================
+phase       calls               a crash here leaves    resolved by            raises
+==========  ==================  =====================  =====================  =====================
+begin       connect (UTC,       an open session, no    the server: the        RetryableError (no
+            lock and idle       rows                   transaction ends with  server, lost
+            timeouts)                                  its session            connection: begin is
+                                                                              retried),
+                                                                              ConfigurationError
+                                                                              (login, TLS)
+write       ``COPY`` (Arrow's   an open transaction    the server, as above   SchemaMismatchError
+            CSV in one          holding row locks      (idle-in-transaction   (a row refused, an
+            statement, or rows  until its session      timeout if the client  unsendable value),
+            per ``chunk_size``) ends                   host vanished); Spark  RetryableError (lock
+            or ``INSERT ... ON                         re-runs the task       timeout, lost
+            CONFLICT``                                                        connection)
+pre-commit  marker ``INSERT``,  before PREPARE         an orphan (prepared,   FatalError (the id
+            ``PREPARE           returns: as write, or  no handle in any       was committed once),
+            TRANSACTION``,      (reply lost) a         decision) is aborted   ConfigurationError
+            close               prepared transaction   by the driver's sweep  (no marker table,
+                                no handle names.       or by                  prepared
+                                After: PREPARED:       ``twophase.cleanup``;  transactions
+                                durable, invisible,    its gid names query,   disabled),
+                                row locks held,        batch and creation     RetryableError
+                                listed in              time
+                                ``pg_prepared_xacts``
+commit      ``COMMIT            before: still          driver recovery        TransactionLostError
+            PREPARED``, stamp   prepared. After:       commits again: 42704   (rolled back, no
+            ``committed_at``    visible; the marker    + marker row =         marker),
+                                says so (the stamp     ALREADY_COMMITTED,     RetryableError
+                                follows on recovery)   and stamps it
+abort       ``ROLLBACK          rolled back, or still  repeat it: 42704       RetryableError
+            PREPARED``          prepared               means NOT_FOUND
+==========  ==================  =====================  =====================  =====================
+
+In doubt: ``list_in_doubt`` lists the prepared transactions of the namespace in the sink's
+database (``pg_prepared_xacts``). An unprepared transaction is never listed: it cannot be
+named by id (``application_name`` holds 63 bytes, an id up to 92) and it ends with its
+session, so the server rolls it back when the writer dies or disconnects, and after
+``WRITER_IDLE_TIMEOUT_S`` idle if the writer's host vanished (half-open connection).
+
+Fencing: none beyond the state file's epoch, for the reason given in
+:mod:`~sinks.postgres.committer`. Privileges: INSERT (+UPDATE for upsert) on the table;
+SELECT, INSERT, UPDATE, DELETE on the marker table (CREATE once, or create it from
+``MARKER_TABLE_DDL``). ``COMMIT PREPARED`` needs the same user that prepared (or a
+superuser). The server needs ``max_prepared_transactions`` > 0 (checked at the start).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import psycopg
+
+from sinks.postgres import schema
+from sinks.postgres.bulk import copy_batches, copy_rows, upsert_rows
+from sinks.postgres.committer import PostgresCommitter
+from sinks.postgres.connection import (
+    DEFAULT_CONNECT_TIMEOUT_S,
+    DEFAULT_PORT,
+    DEFAULT_SSLMODE,
+    RESERVED_CONNECT_ARGS,
+    Connection,
+    Server,
+    close_quietly,
+)
+from sinks.postgres.errors import SYSTEM, classify_unprepared, wrong_width
+from sinks.postgres.markers import DEFAULT_MARKER_TABLE, Markers
+from sinks.postgres.prepared import gid_of, prepare, prepared_in
+from sinks.postgres.schema import Table
+from twophase import (
+    Column,
+    ConfigurationError,
+    FatalError,
+    Handle,
+    TransactionContext,
+    TwoPhaseCommitSink,
+    TxnId,
+)
+from twophase.kit import (
+    DEFAULT_CHUNK_SIZE,
+    CommitsViaCommitter,
+    Mode,
+    chunks,
+    classified,
+    namespace_from,
+    rows_of,
+    validate_chunk_size,
+    validate_mode,
+    validate_namespace,
+)
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SCHEMA = "public"
+
+
+@dataclass
+class PostgresTransaction:
+    """One partition's open transaction (lives on the executor between begin and pre-commit)."""
+
+    txn_id: TxnId
+    columns: tuple[str, ...]
+    conn: Connection | None
+    rows: int = 0
+
+
+class PostgresSink(CommitsViaCommitter, TwoPhaseCommitSink[PostgresTransaction]):
+    """Exactly-once rows into one PostgreSQL table, one prepared transaction per partition.
+
+    ``host``/``port``/``user``/``password``/``database``: where to connect (TCP).
+    ``table`` (in ``schema``): the target; it must exist. ``mode``: ``"insert"`` (COPY; a
+    repeated key is an error) or ``"upsert"`` (``INSERT ... ON CONFLICT (key) DO UPDATE``;
+    ``key`` must be a unique key of the table). ``chunk_size``: rows per statement.
+    ``sslmode``: libpq's, ``"verify-full"`` by default. ``lock_timeout_s``: the sessions'
+    ``lock_timeout`` (the server's if None). ``connect_args``: further libpq options
+    (``sslrootcert``, ...).
+    """
+
+    kind: ClassVar[str] = "postgres"
+
+    def __init__(
+        self,
+        *,
+        host: str,
+        user: str,
+        password: str,
+        database: str,
+        table: str,
+        schema: str = DEFAULT_SCHEMA,
+        port: int = DEFAULT_PORT,
+        mode: Mode = "insert",
+        key: Sequence[str] = (),
+        chunk_size: int = DEFAULT_CHUNK_SIZE,
+        marker_table: str = DEFAULT_MARKER_TABLE,
+        sslmode: str = DEFAULT_SSLMODE,
+        connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+        lock_timeout_s: float | None = None,
+        connect_args: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.mode = validate_mode(SYSTEM, mode, key)
+        self.key = tuple(key)
+        self.chunk_size = validate_chunk_size(SYSTEM, chunk_size)
+        if reserved := sorted(RESERVED_CONNECT_ARGS & set(connect_args or {})):
+            raise ConfigurationError(f"{SYSTEM}: connect_args {reserved} are set by the sink "
+                                     "itself.", fix="pass them as the sink's own options")
+        self.server = Server(host=host, port=port, user=user, password=password,
+                             database=database, sslmode=sslmode,
+                             connect_timeout_s=connect_timeout_s, lock_timeout_s=lock_timeout_s,
+                             connect_args=dict(connect_args or {}))
+        self.table = table
+        self.target = Table(schema, table)
+        self.markers = Markers(Table(schema, marker_table))
+
+    def __repr__(self) -> str:
+        server = self.server
+        return (f"PostgresSink(host={server.host!r}, port={server.port}, user={server.user!r}, "
+                f"password='***', database={server.database!r}, table={str(self.target)!r}, "
+                f"mode={self.mode!r})")
+
+    @property
+    def where(self) -> str:
+        """The target, as messages name it."""
+        return f"table {self.target} on PostgreSQL server {self.server.address}"
+
+    def default_namespace(self) -> str:
+        """The table name, reduced to ``[A-Za-z0-9_-]`` and 24 characters."""
+        return namespace_from(self.table, self.kind)
+
+    # -- driver: schema ------------------------------------------------------------------------
+
+    def check_schema(self, columns: Sequence[Column]) -> None:
+        """Check the server, the table, its columns, key and privileges; create the marker
+        table if missing (see :mod:`sinks.postgres.schema`)."""
+        with self.server.session(f"checking {self.target}") as conn:
+            schema.check_prepared_transactions(conn, self.server.address)
+            schema.check_table(conn, self.target, self.where)
+            schema.check_columns_of(conn, self.target, columns,
+                                    upsert_key=self.key if self.mode == "upsert" else None,
+                                    where=self.where)
+            schema.create_missing_markers(conn, self.markers.table)
+            schema.check_privileges(conn, self.target, self.markers.table,
+                                    upsert=self.mode == "upsert", user=self.server.user)
+
+    # -- executor: begin, write, pre-commit ----------------------------------------------------
+
+    def begin_transaction(self, ctx: TransactionContext) -> PostgresTransaction:
+        conn = self.server.connect(autocommit=False, writer=True)
+        return PostgresTransaction(ctx.txn_id, ctx.column_names, conn)
+
+    def write(self, txn: PostgresTransaction, rows: Iterable[Sequence[Any]]) -> None:
+        conn = self._open(txn)
+        with self._guard(txn, "writing"):
+            for chunk in chunks(rows, self.chunk_size):
+                if misfit := next((len(row) for row in chunk
+                                   if len(row) != len(txn.columns)), None):
+                    raise wrong_width(misfit, txn.columns)
+                if self.mode == "upsert":
+                    upsert_rows(conn, self.target, txn.columns, self.key, chunk)
+                else:
+                    copy_rows(conn, self.target, txn.columns, chunk)
+                txn.rows += len(chunk)
+
+    def write_arrow(self, txn: PostgresTransaction, batches: Iterable[pa.RecordBatch]) -> None:
+        """Insert mode: the batches in one COPY of Arrow's CSV (see
+        :mod:`sinks.postgres.bulk`); upsert mode: their rows."""
+        if self.mode == "upsert":
+            self.write(txn, rows_of(batches))
+            return
+        conn = self._open(txn)
+        with self._guard(txn, "writing"):
+            txn.rows += copy_batches(conn, self.target, txn.columns, batches)
+
+    def pre_commit(self, txn: PostgresTransaction) -> Handle:
+        conn = self._open(txn)
+        gid = gid_of(txn.txn_id)
+        with self._guard(txn, "preparing (it may be prepared: then cleanup aborts it)"):
+            self.markers.insert(conn, txn.txn_id, target=self.target, rows=txn.rows,
+                                where=self.where)
+            prepare(conn, gid)
+        self._close(txn)
+        log.debug("prepared %s: %d rows, gid %s", txn.txn_id, txn.rows, gid)
+        return self.handle(txn.txn_id, rows=txn.rows, gid=gid)
+
+    def discard(self, txn: PostgresTransaction) -> None:
+        """Close the session: the server rolls the unprepared transaction back. Never raises."""
+        self._close(txn)
+
+    @staticmethod
+    def _open(txn: PostgresTransaction) -> Connection:
+        if txn.conn is None:
+            raise FatalError(f"transaction {txn.txn_id} is already prepared or discarded.",
+                             fix="begin a new transaction for every partition attempt")
+        return txn.conn
+
+    @staticmethod
+    def _close(txn: PostgresTransaction) -> None:
+        close_quietly(txn.conn)
+        txn.conn = None
+
+    def _guard(self, txn: PostgresTransaction, step: str) -> AbstractContextManager[None]:
+        """Any failure discards the transaction (it is never committed) and is classified."""
+        return classified(classify_unprepared,
+                          self.server.on(f"{step} transaction {txn.txn_id} into {self.target}"),
+                          psycopg.Error, on_error=lambda: self.discard(txn))
+
+    # -- driver: commit, abort, in-doubt, purge ------------------------------------------------
+
+    def committer(self) -> PostgresCommitter:
+        """Commits and aborts through pooled autocommit sessions."""
+        return PostgresCommitter(self)
+
+    def list_in_doubt(self, namespace: str) -> list[Handle]:
+        """The namespace's prepared transactions in this database (see the module docstring
+        for why unprepared ones are never listed)."""
+        with self.server.session(f"listing prepared transactions of namespace {namespace!r}"
+                                 ) as conn:
+            txn_ids = prepared_in(conn, namespace)
+        return [self.handle(txn_id, rows=0, gid=gid_of(txn_id)) for txn_id in txn_ids]
+
+    def purge_commit_records(self, namespace: str, older_than: dt.datetime) -> int:
+        """Delete this table's markers of ``namespace`` stamped committed before
+        ``older_than`` (see :mod:`sinks.postgres.markers`)."""
+        validate_namespace(namespace)
+        with self.server.session(f"purging commit markers of namespace {namespace!r}") as conn:
+            purged = self.markers.purge(conn, namespace, older_than, target=self.target)
+        log.info("purged %d commit markers of namespace %s older than %s",
+                 purged, namespace, older_than)
+        return purged
+
+    def create_tables(self) -> None:
+        """Create the marker table unless it exists."""
+        with self.server.session("creating twophase's marker table") as conn:
+            schema.create_missing_markers(conn, self.markers.table)

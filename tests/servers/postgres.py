@@ -1,0 +1,342 @@
+"""A private PostgreSQL for tests and benchmarks, and everything a PostgreSQL test needs of it.
+
+One module for every PostgreSQL test (contract, crash, model, chaos, benchmark):
+
+* :class:`PostgresServer`: a private cluster (``initdb`` into a temporary directory, its own
+  port on 127.0.0.1 and its own socket directory, ``max_prepared_transactions`` > 0), a
+  database and a password user reached over TCP. Debian's binaries refuse to run as root, so
+  when the tests run as root the server runs as ``nobody`` (its directory owned by it).
+  :meth:`~PostgresServer.kill` SIGKILLs the postmaster and every backend (a crash),
+  :meth:`~PostgresServer.start` starts it again on the same directory and port (crash recovery
+  runs; prepared transactions survive).
+* :class:`PgView`: the test's own view of the server: a fresh table of the order feed's
+  columns (:meth:`~PgView.new_orders_table`), what a reader sees (:meth:`~PgView.event_ids`),
+  what is in doubt (:meth:`~PgView.prepared`).
+* :class:`PgTarget`: one fresh target for the shared suites: the sink's options (through a
+  fault proxy's port if given), a reader, the in-doubt view.
+* fixtures ``postgres_server`` (session), ``postgres`` (restarted if a test killed it) and
+  ``pg`` (the view; fails the test if it leaves a prepared transaction behind).
+
+Missing binaries FAIL the fixture (never skip): ``apt-get install postgresql``. Durability as
+in production against a process crash (``synchronous_commit=on``); ``fsync=off`` because only
+the process is ever killed here, never the machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import pwd
+import secrets
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from sinks.postgres import PostgresSink
+from tests.servers.local import HOST, free_port
+
+BIN_DIRS = tuple(sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True))
+INSTALL_HINT = "install Debian's PostgreSQL server: apt-get install postgresql"
+UNPRIVILEGED_USER = "nobody"
+SUPERUSER = "postgres"
+DATABASE = "twophase_test"
+USER = "twophase"
+READY_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 30.0
+POLL_INTERVAL_S = 0.05
+INITDB_TIMEOUT_S = 120.0
+SERVER_SETTINGS = {
+    "max_prepared_transactions": "64",
+    "max_connections": "200",
+    "fsync": "off",
+    "full_page_writes": "off",
+    "shared_buffers": "64MB",
+    "listen_addresses": HOST,
+}
+#: The order feed's columns (twophase.testing.contract.ORDER_COLUMNS) as a PostgreSQL table.
+ORDERS_DDL = (
+    "CREATE TABLE {table} (event_id bigint PRIMARY KEY, order_id bigint NOT NULL, "
+    "status varchar(16) NOT NULL CHECK (status <> 'bogus'), ts timestamptz)"
+)
+
+
+class PostgresMissingError(RuntimeError):
+    """The PostgreSQL server binaries are not installed."""
+
+
+def _binary(name: str) -> str:
+    for directory in BIN_DIRS:
+        if (directory / name).exists():
+            return str(directory / name)
+    raise PostgresMissingError(f"{name} not found under /usr/lib/postgresql/*/bin: "
+                               f"{INSTALL_HINT}")
+
+
+def _run_as() -> dict[str, Any]:
+    """Popen's ``user``/``group`` for the server: an unprivileged user when we are root."""
+    if os.geteuid() != 0:
+        return {}
+    entry = pwd.getpwnam(UNPRIVILEGED_USER)
+    return {"user": entry.pw_uid, "group": entry.pw_gid}
+
+
+@dataclass(frozen=True)
+class PgParams:
+    """How a client reaches the private server over TCP with the test user."""
+
+    host: str
+    port: int
+    user: str
+    password: str
+    database: str
+
+    def sink_options(self) -> dict[str, Any]:
+        """The connection options of :class:`~sinks.postgres.PostgresSink` (no TLS here)."""
+        return {"host": self.host, "port": self.port, "user": self.user,
+                "password": self.password, "database": self.database, "sslmode": "disable"}
+
+    def __repr__(self) -> str:
+        return (f"PgParams(host={self.host!r}, port={self.port}, user={self.user!r}, "
+                f"password='***', database={self.database!r})")
+
+
+class PostgresServer:
+    """One private postgres process tree on its own data directory, port and socket."""
+
+    def __init__(self, base_dir: Path, settings: Mapping[str, str] | None = None) -> None:
+        self.base_dir = base_dir
+        self.settings = {**SERVER_SETTINGS, **(settings or {})}
+        self.datadir = base_dir / "data"
+        self.log = base_dir / "server.log"
+        self.port = free_port(HOST)
+        self.params = PgParams(HOST, self.port, USER, secrets.token_hex(12), DATABASE)
+        self._process: subprocess.Popen[bytes] | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def install(self) -> None:
+        """``initdb`` a fresh cluster owned by the server's user."""
+        owner = _run_as()
+        if owner:
+            os.chown(self.base_dir, owner["user"], owner["group"])
+        done = subprocess.run(
+            [_binary("initdb"), "-D", str(self.datadir), "-U", SUPERUSER, "--auth-local=trust",
+             "--auth-host=scram-sha-256", "--no-sync", "-E", "UTF8", "--locale=C"],
+            capture_output=True, timeout=INITDB_TIMEOUT_S, check=False, **owner)
+        if done.returncode != 0:
+            raise RuntimeError(f"initdb failed ({done.returncode}): "
+                               f"{done.stderr.decode(errors='replace')[-2000:]}")
+
+    def start(self) -> None:
+        """Start postgres on the data directory and wait until it takes connections."""
+        if self.running:
+            return
+        settings = {**self.settings, "port": str(self.port),
+                    "unix_socket_directories": str(self.base_dir)}
+        command = [_binary("postgres"), "-D", str(self.datadir)]
+        for name, value in settings.items():
+            command += ["-c", f"{name}={value}"]
+        with self.log.open("ab") as log:
+            self._process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log,
+                                             stderr=subprocess.STDOUT, start_new_session=True,
+                                             **_run_as())
+        self._wait_ready()
+
+    def kill(self) -> None:
+        """SIGKILL the postmaster and every backend, as a crash would (no shutdown)."""
+        process = self._process
+        if process is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        self._process = None
+
+    def stop(self) -> None:
+        """Fast shutdown (SIGINT), or kill if it does not stop in time."""
+        process = self._process
+        if process is None:
+            return
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.kill()
+        self._process = None
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    # -- administration --------------------------------------------------------------------
+
+    def bootstrap(self) -> None:
+        """Create the test user (password, over TCP) and its database."""
+        with self.superuser() as conn:
+            conn.execute(sql.SQL("CREATE USER {} PASSWORD {}").format(
+                sql.Identifier(USER), sql.Literal(self.params.password)))
+            conn.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(
+                sql.Identifier(DATABASE), sql.Identifier(USER)))
+
+    def superuser(self, database: str = "postgres") -> psycopg.Connection[Any]:
+        """An autocommit superuser session over the server's socket."""
+        return psycopg.connect(host=str(self.base_dir), port=self.port, user=SUPERUSER,
+                               dbname=database, autocommit=True)
+
+    def connect(self, **options: Any) -> psycopg.Connection[Any]:
+        """An autocommit session as the test user over TCP."""
+        options.setdefault("autocommit", True)
+        params = self.params
+        return psycopg.connect(host=params.host, port=params.port, user=params.user,
+                               password=params.password, dbname=params.database,
+                               sslmode="disable", **options)
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self._process is not None and self._process.poll() is not None:
+                raise RuntimeError(f"postgres exited with {self._process.returncode} at start; "
+                                   f"log {self.log}:\n{self._log_tail()}")
+            try:
+                with self.superuser():
+                    return
+            except psycopg.OperationalError:
+                time.sleep(POLL_INTERVAL_S)
+        raise RuntimeError(f"postgres on port {self.port} not ready after {READY_TIMEOUT_S}s; "
+                           f"log {self.log}:\n{self._log_tail()}")
+
+    def _log_tail(self) -> str:
+        try:
+            return self.log.read_text(errors="replace")[-3000:]
+        except OSError:
+            return "(no log)"
+
+
+@contextlib.contextmanager
+def private_server(settings: Mapping[str, str] | None = None) -> Iterator[PostgresServer]:
+    """Initialise, start and bootstrap a private server (``settings`` over the defaults);
+    stop it and delete everything after."""
+    base_dir = Path(tempfile.mkdtemp(prefix="twophase-postgres-"))
+    server = PostgresServer(base_dir, settings)
+    try:
+        server.install()
+        server.start()
+        server.bootstrap()
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(base_dir, ignore_errors=True)
+
+
+_table_numbers = itertools.count()
+
+
+@dataclass
+class PgView:
+    """The test's own sessions on the server: PostgreSQL's view of what the sink did."""
+
+    server: PostgresServer
+
+    def query(self, statement: str | sql.Composable, args: Any = None) -> list[tuple[Any, ...]]:
+        with self.server.connect() as conn:
+            cursor = conn.execute(statement, args)  # type: ignore[arg-type]
+            return list(cursor.fetchall()) if cursor.description else []
+
+    def new_table(self, ddl: str, prefix: str = "t") -> str:
+        """A table of a name no test used before, from ``ddl`` (``{table}`` in it)."""
+        name = f"{prefix}{os.getpid()}_{next(_table_numbers)}"
+        self.query(ddl.format(table=sql.Identifier(name).as_string()))
+        return name
+
+    def new_orders_table(self, prefix: str = "orders_") -> str:
+        return self.new_table(ORDERS_DDL, prefix)
+
+    def event_ids(self, table: str) -> list[int]:
+        """The sorted event_id of every row a reader of ``table`` sees."""
+        return [row[0] for row in self.query(sql.SQL("SELECT event_id FROM {} ORDER BY 1")
+                                             .format(sql.Identifier(table)))]
+
+    def prepared(self) -> list[str]:
+        """The gids of the prepared transactions of the test database."""
+        return [row[0] for row in self.query(
+            "SELECT gid FROM pg_prepared_xacts WHERE database = current_database() "
+            "ORDER BY gid")]
+
+    def rollback_all_prepared(self) -> list[str]:
+        left = self.prepared()
+        for gid in left:
+            with contextlib.suppress(psycopg.errors.UndefinedObject):
+                self.query(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid)))
+        return left
+
+
+@dataclass
+class PgTarget:
+    """One fresh orders table for a shared suite: the sink's options, a reader, what is in
+    doubt. ``port``: reach the server there instead (a fault proxy in front of it)."""
+
+    view: PgView
+    table: str
+    port: int | None = None
+
+    FACTORY = "sinks.postgres:PostgresSink"
+
+    @classmethod
+    def fresh(cls, view: PgView, *, port: int | None = None) -> PgTarget:
+        return cls(view, view.new_orders_table(), port)
+
+    def options(self) -> dict[str, Any]:
+        options = {**self.view.server.params.sink_options(), "table": self.table}
+        if self.port is not None:
+            options["port"] = self.port
+        return options
+
+    def build(self) -> PostgresSink:
+        return PostgresSink(**self.options())
+
+    def visible(self) -> list[int]:
+        return self.view.event_ids(self.table)
+
+    def in_doubt(self) -> list[str]:
+        return self.view.prepared()
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """A private PostgreSQL for the whole test session (fails, never skips, if missing)."""
+    try:
+        for name in ("initdb", "postgres"):
+            _binary(name)
+    except PostgresMissingError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    with private_server() as server:
+        yield server
+
+
+@pytest.fixture
+def postgres(postgres_server: PostgresServer) -> PostgresServer:
+    """The session's server, started again if an earlier test killed it."""
+    postgres_server.start()
+    return postgres_server
+
+
+@pytest.fixture
+def pg(postgres: PostgresServer) -> Iterator[PgView]:
+    """The server's view; fails the test if it leaves a prepared transaction behind."""
+    view = PgView(postgres)
+    view.rollback_all_prepared()
+    yield view
+    postgres.start()  # a test that killed the server may have failed before restarting it
+    left = view.rollback_all_prepared()
+    assert left == [], f"prepared transactions left behind: {left}"

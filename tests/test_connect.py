@@ -1,0 +1,309 @@
+"""Exactly once from a Spark Connect client: a real local Connect server (the Spark driver),
+clients in processes of their own (``twophase.testing.driver`` with ``remote=``).
+
+Both adapters and the batch ``write`` deliver every row exactly once into SQLite and MariaDB;
+the crash suite runs with the *server* SIGKILLed at every crash point and the client starting
+the query again; a client killed mid-stream, and a second client taking the query over while
+the first runs, write nothing twice and lose nothing. In CI: both adapters and the batch job
+into both sinks, the example, the checks before the takeover, the crash suite for SQLite through
+the data source, and both takeovers for SQLite; the other crash suites and the MariaDB
+takeovers under ``-m long``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.servers.connect import ConnectServer
+from tests.test_crash import MySQLTarget, sqlite_target, sqlite_visible
+from twophase._crash import kill_session
+from twophase._state import NO_BATCH
+from twophase.testing.crash import LOST_STATE_MESSAGE, CrashSuite, SinkTarget
+from twophase.testing.driver import AVAILABLE_NOW, DriverSpec, RunResult, generate_feed, launch
+
+pytestmark = [pytest.mark.spark]
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "examples" / "connect_pipeline.py"
+EXAMPLE_TIMEOUT_S = 300.0
+
+FILES = 3
+ROWS_PER_FILE = 100
+#: Takeovers: a stream of this many small files, one per micro-batch, every second.
+TAKEOVER_FILES = 6
+TAKEOVER_ROWS_PER_FILE = 50
+EVERY_SECOND = {"processingTime": "1 second"}
+WAIT_TIMEOUT_S = 300.0
+POLL_INTERVAL_S = 0.2
+#: The server's log of each run of a query it starts, and of the two ways an old run ends
+#: when a new one takes over: fenced at its next commit, or stopped by Spark at the start.
+RUN_STARTED = (r"Adding new query to the cache\. Query Id {query}, value \[session id: "
+               r"[^,]+, query id: {query}, run id: ([0-9a-f-]+)\]")
+RUN_FENCED = r"Query \[id = {query}, runId = ([0-9a-f-]+)\] terminated with error"
+RUN_STOPPED = r"Stopping existing streaming query \[id={query}, runId=([0-9a-f-]+)\]"
+
+
+class SQLiteTarget:
+    @pytest.fixture
+    def target(self, tmp_path: Path) -> SinkTarget:
+        return sqlite_target(tmp_path)
+
+    def visible(self, target: SinkTarget) -> list[int]:
+        return sqlite_visible(target)
+
+
+def client_spec(server: ConnectServer, target: SinkTarget, tmp_path: Path,
+                **fields: Any) -> DriverSpec:
+    """A Connect client streaming the order feed in ``tmp_path/feed`` into ``target``."""
+    return DriverSpec(input_dir=str(tmp_path / "feed"), checkpoint=str(tmp_path / "ckpt"),
+                      sink_factory=target.factory, sink_kwargs=target.options,
+                      remote=server.url, **fields)
+
+
+def assert_finished(spec: DriverSpec, target: SinkTarget, *, last_batch: int) -> None:
+    """The state has nothing pending up to ``last_batch``, the sink nothing in doubt."""
+    state = spec.state_store().read()
+    assert state is not None
+    assert (state.pending, state.last_done_batch) == ((), last_batch)
+    assert target.build().list_in_doubt(state.namespace) == [], "left in doubt"
+
+
+def done_through(spec: DriverSpec) -> int:
+    """The last batch the state records as done (committed everywhere)."""
+    state = spec.state_store().read()
+    return NO_BATCH if state is None else state.last_done_batch
+
+
+def wait_until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + WAIT_TIMEOUT_S
+    while not condition():
+        assert time.monotonic() < deadline, f"not after {WAIT_TIMEOUT_S:.0f}s: {what}"
+        time.sleep(POLL_INTERVAL_S)
+
+
+class DeliverySuite:
+    """Each adapter, and a batch job, from a Connect client: every row exactly once."""
+
+    def visible(self, target: SinkTarget) -> list[int]:
+        raise NotImplementedError
+
+    @pytest.mark.parametrize("foreach_batch", [False, True], ids=["data_source", "foreach_batch"])
+    def test_a_stream_from_a_connect_client_is_delivered_exactly_once(
+        self, connect: ConnectServer, target: SinkTarget, tmp_path: Path, *,
+        foreach_batch: bool
+    ) -> None:
+        expected = list(range(generate_feed(tmp_path / "feed", files=FILES,
+                                            rows_per_file=ROWS_PER_FILE)))
+        spec = client_spec(connect, target, tmp_path, foreach_batch=foreach_batch)
+        run = launch(spec, workdir=tmp_path / "client")
+        assert run.returncode == 0, f"the client failed: see {run.log}"
+        assert self.visible(target) == expected
+        assert_finished(spec, target, last_batch=FILES - 1)
+
+    def test_a_batch_job_from_a_connect_client_is_delivered_exactly_once(
+        self, connect: ConnectServer, target: SinkTarget, tmp_path: Path
+    ) -> None:
+        expected = list(range(generate_feed(tmp_path / "feed", files=FILES,
+                                            rows_per_file=ROWS_PER_FILE)))
+        spec = client_spec(connect, target, tmp_path, batch=True,
+                           state_location=str(tmp_path / "state"))
+        run = launch(spec, workdir=tmp_path / "client")
+        assert run.returncode == 0, f"the client failed: see {run.log}"
+        assert self.visible(target) == expected
+        assert_finished(spec, target, last_batch=0)
+
+
+class TestSQLiteFromConnect(SQLiteTarget, DeliverySuite):
+    def test_a_trigger_the_server_cannot_parse_is_refused_before_the_takeover(
+        self, connect: ConnectServer, target: SinkTarget, tmp_path: Path
+    ) -> None:
+        """The client sends the interval unparsed: it is parsed on the server before the
+        takeover, which would otherwise fence a live run of the query for nothing."""
+        generate_feed(tmp_path / "feed", files=1, rows_per_file=ROWS_PER_FILE)
+        spec = client_spec(connect, target, tmp_path, trigger={"processingTime": "ten seconds"})
+        refused = launch(spec, workdir=tmp_path / "refused")
+        assert refused.returncode != 0 and not refused.crashed
+        assert "ConfigurationError: Spark refuses the trigger" in refused.log.read_text()
+        assert spec.state_store().read() is None, "the takeover ran"
+        assert self.visible(target) == []
+
+    def test_the_checks_before_the_takeover_run_on_the_server_and_refuse_on_the_client(
+        self, connect: ConnectServer, target: SinkTarget, tmp_path: Path
+    ) -> None:
+        """The checkpoint is read on the server's side: a restart whose state is gone is
+        refused, with twophase's own error raised in the client, and writes nothing."""
+        expected = list(range(generate_feed(tmp_path / "feed", files=1,
+                                            rows_per_file=ROWS_PER_FILE)))
+        spec = client_spec(connect, target, tmp_path)
+        assert launch(spec, workdir=tmp_path / "first").returncode == 0
+        generate_feed(tmp_path / "more", files=1, rows_per_file=ROWS_PER_FILE)
+        (tmp_path / "more" / "orders-00000.json").rename(tmp_path / "feed" / "more.json")
+        state = Path(spec.state_store().location)
+        state.rename(tmp_path / "state-aside")
+        refused = launch(spec, workdir=tmp_path / "refused")
+        assert refused.returncode != 0 and not refused.crashed
+        log = refused.log.read_text()
+        assert "twophase.errors.ConfigurationError: the checkpoint" in log, log[-3000:]
+        assert LOST_STATE_MESSAGE in log
+        assert self.visible(target) == expected
+
+    def test_the_example_delivers_the_feed_exactly_once(
+        self, connect: ConnectServer, target: SinkTarget, tmp_path: Path
+    ) -> None:
+        """``examples/connect_pipeline.py`` as a user runs it (through foreachBatch)."""
+        expected = list(range(generate_feed(tmp_path / "feed", files=FILES,
+                                            rows_per_file=ROWS_PER_FILE)))
+        command = [sys.executable, str(EXAMPLE), "--remote", connect.url, "--input",
+                   str(tmp_path / "feed"), "--checkpoint", str(tmp_path / "ckpt"), "--sqlite",
+                   target.options["path"], "--table", target.options["table"],
+                   "--foreach-batch", "--available-now"]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            filter(None, (str(REPO), os.environ.get("PYTHONPATH"))))}
+        run = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True,
+                             timeout=EXAMPLE_TIMEOUT_S, check=False)
+        assert run.returncode == 0, f"the example failed:\n{run.stdout[-3000:]}{run.stderr[-3000:]}"
+        assert self.visible(target) == expected
+
+
+class TestMySQLFromConnect(MySQLTarget, DeliverySuite):
+    pass
+
+
+# -- crashes -------------------------------------------------------------------------------
+
+
+class ConnectCrashSuite(CrashSuite):
+    """The crash suite over Spark Connect: the *server* is the driver, so it is the server
+    that runs armed and dies at each crash point (its JVM and Python workers with it); the
+    client, unarmed, loses its server and is ended; the next client starts the query again
+    on a restarted server."""
+
+    @pytest.fixture(autouse=True)
+    def _server(self, connect_server: ConnectServer) -> None:
+        self.server = connect_server
+
+    def run_driver(self, spec: DriverSpec, workdir: Path, crash_at: str | None) -> RunResult:
+        self.server.ensure(crash_at)
+        client: list[int] = []
+
+        def end_client_of_dead_server() -> None:
+            if client and not self.server.running():
+                kill_session(client[0])  # it would retry its lost server for minutes
+
+        run = launch(replace(spec, remote=self.server.url), workdir=workdir,
+                     on_start=client.append, while_running=end_client_of_dead_server)
+        if crash_at is None:
+            return run
+        return replace(run, crashed=self.server.killed(), log=self.server.log)
+
+
+class TestSQLiteConnectCrashes(SQLiteTarget, ConnectCrashSuite):
+    pass
+
+
+@pytest.mark.long
+class TestSQLiteForeachBatchConnectCrashes(SQLiteTarget, ConnectCrashSuite):
+    foreach_batch = True
+
+
+@pytest.mark.long
+class TestMySQLConnectCrashes(MySQLTarget, ConnectCrashSuite):
+    pass
+
+
+@pytest.mark.long
+class TestMySQLForeachBatchConnectCrashes(MySQLTarget, ConnectCrashSuite):
+    foreach_batch = True
+
+
+# -- clients that die or compete -----------------------------------------------------------
+
+
+class TakeoverSuite:
+    """A stream whose client dies, or that a second client starts while the first runs."""
+
+    def visible(self, target: SinkTarget) -> list[int]:
+        raise NotImplementedError
+
+    def test_a_killed_clients_query_runs_on_until_a_new_client_takes_it_over(
+        self, connect: ConnectServer, target: SinkTarget, tmp_path: Path
+    ) -> None:
+        """kill -9 of the client leaves its query running on the server (its session lives
+        on); the restarted client's run fences it and Spark stops it: nothing twice."""
+        expected = list(range(generate_feed(tmp_path / "feed", files=TAKEOVER_FILES,
+                                            rows_per_file=TAKEOVER_ROWS_PER_FILE)))
+        spec = client_spec(connect, target, tmp_path, trigger=EVERY_SECOND)
+        client: list[int] = []
+
+        def kill_client_after_a_batch() -> None:
+            if client and done_through(spec) >= 0:
+                kill_session(client[0])
+
+        killed = launch(spec, workdir=tmp_path / "killed", on_start=client.append,
+                        while_running=kill_client_after_a_batch)
+        assert killed.crashed, f"the client was not killed: see {killed.log}"
+        at_kill = done_through(spec)
+        wait_until(lambda: done_through(spec) > at_kill, "the query goes on without a client")
+        restarted = launch(replace(spec, trigger=AVAILABLE_NOW), workdir=tmp_path / "restarted")
+        assert restarted.returncode == 0, f"the restarted client failed: see {restarted.log}"
+        assert self.visible(target) == expected
+        assert_finished(spec, target, last_batch=TAKEOVER_FILES - 1)
+        self.assert_old_run_ended(connect, spec)
+
+    def test_a_second_client_takes_the_query_over_from_a_running_one(
+        self, connect: ConnectServer, target: SinkTarget, tmp_path: Path
+    ) -> None:
+        """Two live clients start the same query: the second's run fences the first's, and
+        Spark stops the first's run (its client sees its query end): nothing twice."""
+        expected = list(range(generate_feed(tmp_path / "feed", files=TAKEOVER_FILES,
+                                            rows_per_file=TAKEOVER_ROWS_PER_FILE)))
+        spec = client_spec(connect, target, tmp_path, trigger=EVERY_SECOND)
+        first: list[RunResult] = []
+        runner = threading.Thread(target=lambda: first.append(
+            launch(spec, workdir=tmp_path / "first", timeout_s=WAIT_TIMEOUT_S)))
+        runner.start()
+        try:
+            wait_until(lambda: done_through(spec) >= 0 or not runner.is_alive(),
+                       "the first client's query commits a batch")
+            assert runner.is_alive(), f"the first client ended on its own: {first}"
+            second = launch(replace(spec, trigger=AVAILABLE_NOW), workdir=tmp_path / "second")
+        finally:
+            runner.join(WAIT_TIMEOUT_S)
+        assert first, "the first client's query was not stopped by the second's start"
+        assert second.returncode == 0, f"the second client failed: see {second.log}"
+        assert self.visible(target) == expected
+        assert_finished(spec, target, last_batch=TAKEOVER_FILES - 1)
+        self.assert_old_run_ended(connect, spec)
+
+    @staticmethod
+    def assert_old_run_ended(server: ConnectServer, spec: DriverSpec) -> None:
+        """The server's view: two runs of the query started; the old one ended before the new
+        one started (fenced at its next commit, or stopped by Spark): none runs on."""
+        state = spec.state_store().read()
+        assert state is not None and state.query_id is not None
+        query, log = re.escape(state.query_id), server.log.read_text()
+        started = re.findall(RUN_STARTED.format(query=query), log)
+        ended = {*re.findall(RUN_FENCED.format(query=query), log),
+                 *re.findall(RUN_STOPPED.format(query=query), log)}
+        assert len(started) == 2, f"not two runs of the query: see {server.log}"
+        assert started[0] in ended, f"the old run {started[0]} runs on: see {server.log}"
+
+
+class TestSQLiteTakeovers(SQLiteTarget, TakeoverSuite):
+    pass
+
+
+@pytest.mark.long
+class TestMySQLTakeovers(MySQLTarget, TakeoverSuite):
+    pass
