@@ -158,7 +158,13 @@ def cpu_snapshot(jvm: int, server_pid: int | None) -> dict[str, float]:
     return {"JVM": cpu_seconds(jvm),
             "Python workers": sum(cpu_seconds(pid, reaped=True) for pid in workers),
             "driver": sum(os.times()[:2]),
-            "server": cpu_seconds(server_pid) if server_pid else 0.0}
+            "server": server_cpu_seconds(server_pid) if server_pid else 0.0}
+
+
+def server_cpu_seconds(pid: int) -> float:
+    """CPU seconds of a server: its process, the children it reaped and the living ones (a
+    process-per-connection server such as PostgreSQL does its work in its children)."""
+    return cpu_seconds(pid, reaped=True) + sum(cpu_seconds(child) for child in descendants(pid))
 
 
 def jvm_pid(spark: SparkSession) -> int:

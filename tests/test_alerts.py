@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.servers.prometheus import promtool
 from twophase import cleanup
-from twophase._metrics import RETRIES, key
+from twophase._metrics import retry_key
 from twophase._state import BatchRecord, StateStore
 from twophase.metrics import StateCollector
 
@@ -71,7 +71,7 @@ def exported_names(tmp_path: Path) -> set[str]:
     done = BatchRecord(batch=0, epoch=1, txns=1, rows=1, already_committed=0, decided_at=1.0,
                        done_at=2.0, decision_ms=1.0, commit_ms=1.0)
     store.update(lambda state: replace(state, history=(done,)).counted(
-        {key(RETRIES, "commit"): 1}), epoch=None)
+        {retry_key("commit", TimeoutError()): 1}), epoch=None)
     registry = CollectorRegistry()
     registry.register(StateCollector([store]))
     names = {sample.name for family in text_string_to_metric_families(

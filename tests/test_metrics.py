@@ -87,7 +87,8 @@ def test_the_coordinator_counts_into_the_state_and_the_collector_exports_it(
     assert seen["twophase_batches_given_up_total"] == 1
     assert seen["twophase_orphans_found_total"] >= 1  # the failed attempt's, swept by batch 0
     assert seen["twophase_orphans_aborted_total"] == seen["twophase_orphans_found_total"]
-    assert seen["twophase_retries_total{'operation': 'commit'}"] == 3  # each first attempt
+    # each first attempt, by the kind of error (a RetryableError with no cause behind it)
+    assert seen["twophase_retries_total{'kind': 'RetryableError', 'operation': 'commit'}"] == 3
     assert seen["twophase_commit_duration_seconds_count"] == 2
     assert seen["twophase_decision_write_duration_seconds_count"] == 2
     assert seen["twophase_decision_write_duration_seconds_bucket{'le': '+Inf'}"] == 2

@@ -49,15 +49,14 @@ from twophase._metrics import (
     DECISION_SECONDS,
     ORPHANS_ABORTED,
     ORPHANS_FOUND,
-    RETRIES,
     ROWS_COMMITTED,
     RUNS_FENCED,
     TRANSACTIONS_COMMITTED,
     TRANSACTIONS_LOST,
     Counts,
     Tally,
-    key,
     observation,
+    retry_key,
 )
 from twophase._retry import RetryPolicy
 from twophase._state import HISTORY_LIMIT, BatchRecord, Decision, State, StateStore
@@ -65,6 +64,7 @@ from twophase.errors import (
     ConfigurationError,
     FatalError,
     FencedError,
+    RetryableError,
     TransactionLostError,
     TwoPhaseError,
 )
@@ -250,9 +250,9 @@ class Coordinator:
         self.tally.settle(counts)
         return state
 
-    def _retried(self, operation: str) -> Callable[[], None]:
-        """What counts one retry of ``operation``."""
-        return functools.partial(self.tally.add, key(RETRIES, operation))
+    def _retried(self, operation: str) -> Callable[[RetryableError], None]:
+        """What counts one retry of ``operation``, by the kind of error that caused it."""
+        return lambda error: self.tally.add(retry_key(operation, error))
 
     def _owned_state(self, query_id: str) -> State:
         state = self.store.read_existing()
@@ -399,7 +399,8 @@ def is_orphan(txn: TxnId, *, query_id: str, epoch: int, up_to_batch: int) -> boo
 
 
 def abort_through(committer: Committer, sink: TwoPhaseCommitSink[Any], handle: Handle,
-                  retry: RetryPolicy, on_retry: Callable[[], None] | None = None) -> AbortOutcome:
+                  retry: RetryPolicy,
+                  on_retry: Callable[[RetryableError], None] | None = None) -> AbortOutcome:
     """Abort ``handle`` through ``committer``, retried; a handle of another sink is refused."""
     sink.require_own(handle)
     return retry.call(lambda: committer.abort(handle), what=f"abort of transaction {handle.txn_id}",

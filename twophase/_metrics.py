@@ -12,10 +12,10 @@ user's process, also a Connect client), ``status``, ``cleanup`` and the standalo
 batch. Rare events (a sweep of a given-up batch, a lost transaction, a fenced run) write once
 more, counts only (``epoch=None``: safe from any process, merged by the compare-and-swap).
 
-Counts are a flat mapping ``name -> number``, merged by addition. A counter with a label
-keeps it after a colon (``retries:commit``); a histogram keeps per bucket the count of
-observations at most its bound (not cumulative; ``+Inf`` for the rest), plus ``:sum`` and
-``:count``.
+Counts are a flat mapping ``name -> number``, merged by addition. A counter with labels
+keeps each after a colon (``retries:commit:OperationalError``); a histogram keeps per bucket
+the count of observations at most its bound (not cumulative; ``+Inf`` for the rest), plus
+``:sum`` and ``:count``.
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ ORPHANS_ABORTED = "orphans_aborted"
 TRANSACTIONS_LOST = "transactions_lost"
 RUNS_FENCED = "runs_fenced"
 STATE_WRITE_RACES = "state_write_races"
-RETRIES = "retries"  # labelled by the operation retried: retries:commit, retries:fence, ...
+#: Labelled by the operation retried and the kind of error: retries:commit:OperationalError.
+RETRIES = "retries"
 
 #: The histograms, in seconds.
 DECISION_SECONDS = "decision_seconds"
@@ -57,6 +58,14 @@ Counts = Mapping[str, float]
 def key(name: str, label: str) -> str:
     """The key of one labelled value of ``name`` (a retried operation, a histogram bucket)."""
     return f"{name}:{label}"
+
+
+def retry_key(operation: str, error: BaseException) -> str:
+    """The key of one retry of ``operation``: labelled by the error's kind, the class of the
+    system's own error behind it (``OperationalError``, ``KafkaTimeoutError``), else of the
+    classified error itself. Class names keep the label's values few, as messages would not."""
+    cause = error.__cause__ or error
+    return key(key(RETRIES, operation), type(cause).__name__)
 
 
 def merged(first: Counts, second: Counts) -> dict[str, float]:

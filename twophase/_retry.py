@@ -38,12 +38,12 @@ class RetryPolicy:
         return random.uniform(ceiling / 2, ceiling)  # noqa: S311 - jitter, not secrecy
 
     def call(self, action: Callable[[], T], *, what: str,
-             on_retry: Callable[[], None] | None = None) -> T:
+             on_retry: Callable[[RetryableError], None] | None = None) -> T:
         """Run ``action``; retry it on RetryableError; after the last attempt raise FatalError.
 
         Errors that are not TwoPhaseErrors are the sink's unclassified failures: fatal, wrapped
-        with ``what`` so the operator knows which step failed. ``on_retry`` is called before
-        each retry (the coordinator counts them).
+        with ``what`` so the operator knows which step failed. ``on_retry`` is called with the
+        error before each retry (the coordinator counts them).
         """
         for attempt in range(1, self.max_attempts + 1):
             try:
@@ -55,7 +55,7 @@ class RetryPolicy:
                         fix=exc.fix or "fix the cause named above and restart the query",
                     ) from exc
                 if on_retry is not None:
-                    on_retry()
+                    on_retry(exc)
                 pause = self.backoff_s(attempt)
                 log.warning("%s failed (attempt %d/%d), retrying in %.2fs: %s",
                             what, attempt, self.max_attempts, pause, exc)

@@ -38,6 +38,7 @@ metric                                         meaning
 ``twophase_runs_fenced_total``                 steps refused: a newer run took over
 ``twophase_state_write_races_total``           state writes that lost a race (S3)
 ``twophase_retries_total``                     retries of retryable errors, by ``operation``
+                                               and ``kind`` (the class of the error)
 ``twophase_state_readable``                    1 if the state file could be read, else 0
 =============================================  ==============================================
 """
@@ -146,7 +147,7 @@ class _Families:
         self.counters = {name: CounterMetricFamily(PREFIX + exported, doc, labels=LABELS)
                          for name, exported, doc in _COUNTERS}
         self.retries = CounterMetricFamily(PREFIX + "retries", "Retries of retryable errors.",
-                                           labels=(*LABELS, "operation"))
+                                           labels=(*LABELS, "operation", "kind"))
         self.histograms = {name: HistogramMetricFamily(PREFIX + exported, doc, labels=LABELS)
                            for name, exported, doc in _HISTOGRAMS}
         self.gauges = {
@@ -173,7 +174,8 @@ class _Families:
             family.add_metric(labels, metrics.get(name, 0.0))
         for name, value in sorted(metrics.items()):
             if name.startswith(counts.RETRIES + ":"):
-                self.retries.add_metric([*labels, name.partition(":")[2]], value)
+                operation, _, kind = name.removeprefix(counts.RETRIES + ":").partition(":")
+                self.retries.add_metric([*labels, operation, kind], value)
         for name, histogram in self.histograms.items():
             histogram.add_metric(labels, _buckets(metrics, name),
                                  sum_value=metrics.get(counts.key(name, counts.SUM), 0.0))

@@ -179,6 +179,13 @@ class PostgresServer:
     def running(self) -> bool:
         return self._process is not None and self._process.poll() is None
 
+    @property
+    def pid(self) -> int:
+        """The postmaster's process id (its backends are its children)."""
+        if self._process is None:
+            raise RuntimeError("the server is not running")
+        return self._process.pid
+
     # -- administration --------------------------------------------------------------------
 
     def bootstrap(self) -> None:

@@ -1,0 +1,70 @@
+"""PostgresSink (exactly once: prepared transactions, COPY from Arrow) against Spark's JDBC
+writer (at least once) in ``foreachBatch``, into the same private PostgreSQL
+(``tests.servers.postgres``, here with ``fsync`` and ``full_page_writes`` on, as in production).
+
+    nice .venv/bin/python -m bench.spark_peers postgres [--files 4] [--rows-per-file 100000]
+
+The JDBC peer, as a user would set it up: the PostgreSQL JDBC driver from Maven Central
+(``scripts/bench-jars``), URL ``jdbc:postgresql://host:port/db?reWriteBatchedInserts=true``
+(the driver's own rewrite of a batch into multi-row INSERTs), ``batchsize`` 10,000 and
+``isolationLevel`` READ_COMMITTED, ``mode("append")``. Each run writes a fresh table with the
+feed's columns (``event_id`` the primary key, ``ts timestamptz``), dropped after counting.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+from psycopg import sql
+from pyspark.sql import DataFrame, SparkSession
+
+from bench.spark_peers import Contest, Peer, bench_jars
+from sinks.postgres import PostgresSink
+from tests.servers.postgres import PgView, private_server
+from twophase.spark import write_stream
+
+JDBC_BATCH_SIZE = 10_000
+#: Durable, as a production server: the tests' server turns both off for speed.
+DURABLE = {"fsync": "on", "full_page_writes": "on"}
+
+
+def jars() -> list[str]:
+    return bench_jars("postgresql-*.jar")
+
+
+def start(_spark: SparkSession, _workdir: Path, stack: contextlib.ExitStack) -> Contest:
+    server = stack.enter_context(private_server(DURABLE))
+    view = PgView(server)
+    params = server.params
+    url = (f"jdbc:postgresql://{params.host}:{params.port}/{params.database}"
+           "?reWriteBatchedInserts=true")
+
+    def twophase(feed: DataFrame, table: str, checkpoint: str) -> None:
+        sink = PostgresSink(**params.sink_options(), table=table)
+        write_stream(feed, sink, checkpoint_location=checkpoint,
+                     trigger={"availableNow": True}).awaitTermination()
+
+    def jdbc(feed: DataFrame, table: str, checkpoint: str) -> None:
+        def write_batch(batch: DataFrame, _batch_id: int) -> None:
+            (batch.write.format("jdbc").option("url", url).option("dbtable", table)
+             .option("user", params.user).option("password", params.password)
+             .option("driver", "org.postgresql.Driver")
+             .option("batchsize", JDBC_BATCH_SIZE).option("isolationLevel", "READ_COMMITTED")
+             .mode("append").save())
+
+        (feed.writeStream.foreachBatch(write_batch).option("checkpointLocation", checkpoint)
+         .trigger(availableNow=True).start().awaitTermination())
+
+    def rows_at(table: str) -> int:
+        name = sql.Identifier(table)
+        ((count,),) = view.query(sql.SQL("SELECT COUNT(DISTINCT event_id) FROM {}").format(name))
+        view.query(sql.SQL("DROP TABLE {}").format(name))
+        return int(count)
+
+    return Contest(sink="PostgresSink", peer_name="Spark JDBC (pgjdbc)", twophase=twophase,
+                   peer=jdbc, new_destination=view.new_orders_table, rows_at=rows_at,
+                   server_pid=server.pid)
+
+
+PEER = Peer(jars=jars, start=start)
