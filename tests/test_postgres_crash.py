@@ -31,5 +31,6 @@ class TestPostgresCrashes(PostgresCrashTarget, CrashSuite):
     """The data source path: COPY of Arrow's CSV."""
 
 
+@pytest.mark.long
 class TestPostgresForeachBatchCrashes(PostgresCrashTarget, CrashSuite):
     foreach_batch = True
