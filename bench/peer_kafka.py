@@ -22,10 +22,9 @@ from pathlib import Path
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from pyspark.sql import DataFrame, SparkSession
 
-from bench.spark_peers import Contest, Peer
+from bench.spark_peers import Contest, Peer, twophase_writer
 from sinks.kafka import KafkaSink
 from tests.servers.kafka import KafkaBroker, private_broker, spark_kafka_jars
-from twophase.spark import write_stream
 
 TOPIC_PARTITIONS = 3
 #: The read-back is done when the consumer got nothing for this long.
@@ -55,11 +54,9 @@ def start(_spark: SparkSession, workdir: Path, stack: contextlib.ExitStack) -> C
     broker = stack.enter_context(private_broker(workdir / "kafka"))
     assert broker.process is not None
 
-    def twophase(feed: DataFrame, topic: str, checkpoint: str) -> None:
-        sink = KafkaSink(broker.bootstrap_servers, topic, key="order_id",
-                         transactional_id_prefix=f"{topic}-", min_commit_window_ms=0)
-        write_stream(feed, sink, checkpoint_location=checkpoint,
-                     trigger={"availableNow": True}).awaitTermination()
+    twophase = twophase_writer(lambda topic: KafkaSink(
+        broker.bootstrap_servers, topic, key="order_id", transactional_id_prefix=f"{topic}-",
+        min_commit_window_ms=0))
 
     def spark_sink(feed: DataFrame, topic: str, checkpoint: str) -> None:
         (feed.selectExpr("CAST(order_id AS STRING) AS key", "to_json(struct(*)) AS value")

@@ -19,14 +19,12 @@ import itertools
 from pathlib import Path
 from typing import Any
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import SparkSession
 
-from bench.spark_peers import Contest, Peer, bench_jars
+from bench.spark_peers import Contest, Peer, bench_jars, jdbc_writer, twophase_writer
 from sinks.mysql import MySQLXASink
 from tests.servers.mariadb import MariaDBServer, private_server
-from twophase.spark import write_stream
 
-JDBC_BATCH_SIZE = 10_000
 TABLE_DDL = ("CREATE TABLE `{}` (event_id BIGINT PRIMARY KEY, order_id BIGINT, "
              "status VARCHAR(32), ts DATETIME(6)) ENGINE=InnoDB")
 
@@ -47,30 +45,16 @@ def start(_spark: SparkSession, _workdir: Path, stack: contextlib.ExitStack) -> 
         _query(server, TABLE_DDL.format(table))
         return table
 
-    def twophase(feed: DataFrame, table: str, checkpoint: str) -> None:
-        sink = MySQLXASink(**params.kwargs(), table=table)
-        write_stream(feed, sink, checkpoint_location=checkpoint,
-                     trigger={"availableNow": True}).awaitTermination()
-
-    def jdbc(feed: DataFrame, table: str, checkpoint: str) -> None:
-        def write_batch(batch: DataFrame, _batch_id: int) -> None:
-            (batch.write.format("jdbc").option("url", url).option("dbtable", table)
-             .option("user", params.user).option("password", params.password)
-             .option("driver", "org.mariadb.jdbc.Driver")
-             .option("batchsize", JDBC_BATCH_SIZE).option("isolationLevel", "READ_COMMITTED")
-             .mode("append").save())
-
-        (feed.writeStream.foreachBatch(write_batch).option("checkpointLocation", checkpoint)
-         .trigger(availableNow=True).start().awaitTermination())
-
     def rows_at(table: str) -> int:
         ((count,),) = _query(server, f"SELECT COUNT(DISTINCT event_id) FROM `{table}`")
         _query(server, f"DROP TABLE `{table}`")
         return int(count)
 
-    return Contest(sink="MySQLXASink", peer_name="Spark JDBC (Connector/J)", twophase=twophase,
-                   peer=jdbc, new_destination=new_table, rows_at=rows_at,
-                   server_pid=server.pid)
+    return Contest(
+        sink="MySQLXASink", peer_name="Spark JDBC (Connector/J)",
+        twophase=twophase_writer(lambda table: MySQLXASink(**params.kwargs(), table=table)),
+        peer=jdbc_writer(url, "org.mariadb.jdbc.Driver", params.user, params.password),
+        new_destination=new_table, rows_at=rows_at, server_pid=server.pid)
 
 
 def _query(server: MariaDBServer, sql: str) -> list[tuple[Any, ...]]:

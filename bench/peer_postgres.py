@@ -17,14 +17,12 @@ import contextlib
 from pathlib import Path
 
 from psycopg import sql
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import SparkSession
 
-from bench.spark_peers import Contest, Peer, bench_jars
+from bench.spark_peers import Contest, Peer, bench_jars, jdbc_writer, twophase_writer
 from sinks.postgres import PostgresSink
 from tests.servers.postgres import PgView, private_server
-from twophase.spark import write_stream
 
-JDBC_BATCH_SIZE = 10_000
 #: Durable, as a production server: the tests' server turns both off for speed.
 DURABLE = {"fsync": "on", "full_page_writes": "on"}
 
@@ -40,31 +38,17 @@ def start(_spark: SparkSession, _workdir: Path, stack: contextlib.ExitStack) -> 
     url = (f"jdbc:postgresql://{params.host}:{params.port}/{params.database}"
            "?reWriteBatchedInserts=true")
 
-    def twophase(feed: DataFrame, table: str, checkpoint: str) -> None:
-        sink = PostgresSink(**params.sink_options(), table=table)
-        write_stream(feed, sink, checkpoint_location=checkpoint,
-                     trigger={"availableNow": True}).awaitTermination()
-
-    def jdbc(feed: DataFrame, table: str, checkpoint: str) -> None:
-        def write_batch(batch: DataFrame, _batch_id: int) -> None:
-            (batch.write.format("jdbc").option("url", url).option("dbtable", table)
-             .option("user", params.user).option("password", params.password)
-             .option("driver", "org.postgresql.Driver")
-             .option("batchsize", JDBC_BATCH_SIZE).option("isolationLevel", "READ_COMMITTED")
-             .mode("append").save())
-
-        (feed.writeStream.foreachBatch(write_batch).option("checkpointLocation", checkpoint)
-         .trigger(availableNow=True).start().awaitTermination())
-
     def rows_at(table: str) -> int:
         name = sql.Identifier(table)
         ((count,),) = view.query(sql.SQL("SELECT COUNT(DISTINCT event_id) FROM {}").format(name))
         view.query(sql.SQL("DROP TABLE {}").format(name))
         return int(count)
 
-    return Contest(sink="PostgresSink", peer_name="Spark JDBC (pgjdbc)", twophase=twophase,
-                   peer=jdbc, new_destination=view.new_orders_table, rows_at=rows_at,
-                   server_pid=server.pid)
+    return Contest(
+        sink="PostgresSink", peer_name="Spark JDBC (pgjdbc)",
+        twophase=twophase_writer(lambda table: PostgresSink(**params.sink_options(), table=table)),
+        peer=jdbc_writer(url, "org.postgresql.Driver", params.user, params.password),
+        new_destination=view.new_orders_table, rows_at=rows_at, server_pid=server.pid)
 
 
 PEER = Peer(jars=jars, start=start)

@@ -24,10 +24,9 @@ from typing import Any
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 
-from bench.spark_peers import Contest, Peer, bench_jars
+from bench.spark_peers import Contest, Peer, bench_jars, twophase_writer
 from sinks.s3 import S3Sink
 from tests.servers.moto import MotoServer, private_server
-from twophase.spark import write_stream
 
 PREFIX = "orders"
 METADATA_LOG = f"{PREFIX}/_spark_metadata/"
@@ -54,10 +53,7 @@ def start(spark: SparkSession, workdir: Path, stack: contextlib.ExitStack) -> Co
     point_s3a_at(spark, server)
     client = server.client()
 
-    def twophase(feed: DataFrame, bucket: str, checkpoint: str) -> None:
-        sink = S3Sink(bucket, PREFIX, **server.options())
-        write_stream(feed, sink, checkpoint_location=checkpoint,
-                     trigger={"availableNow": True}).awaitTermination()
+    twophase = twophase_writer(lambda bucket: S3Sink(bucket, PREFIX, **server.options()))
 
     def spark_parquet(feed: DataFrame, bucket: str, checkpoint: str) -> None:
         (feed.writeStream.format("parquet").option("path", f"s3a://{bucket}/{PREFIX}")

@@ -16,10 +16,9 @@ from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
 
-from bench.spark_peers import Contest, Peer
+from bench.spark_peers import Contest, Peer, twophase_writer
 from bench.sqlite_stream import TABLE_DDL, PlainAppend
 from sinks.sqlite import SQLiteSink
-from twophase.spark import write_stream
 
 
 def start(spark: SparkSession, workdir: Path, _stack: contextlib.ExitStack) -> Contest:
@@ -33,9 +32,7 @@ def start(spark: SparkSession, workdir: Path, _stack: contextlib.ExitStack) -> C
             connection.execute(TABLE_DDL)
         return str(path)
 
-    def twophase(feed: DataFrame, database: str, checkpoint: str) -> None:
-        write_stream(feed, SQLiteSink(database, "orders"), checkpoint_location=checkpoint,
-                     trigger={"availableNow": True}).awaitTermination()
+    twophase = twophase_writer(lambda database: SQLiteSink(database, "orders"))
 
     def plain(feed: DataFrame, database: str, checkpoint: str) -> None:
         (feed.writeStream.format(PlainAppend.name()).option("path", database)

@@ -48,9 +48,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 
+from twophase import TwoPhaseCommitSink
+from twophase.spark import write_stream
 from twophase.testing.driver import FEED_SCHEMA, generate_feed, local_session
 
 PARTITIONS = 2
@@ -193,6 +196,33 @@ def make_parquet_feed(spark: SparkSession, workdir: Path, files: int, rows_per_f
 def read_parquet_feed(spark: SparkSession, workdir: Path) -> DataFrame:
     return (spark.readStream.schema(FEED_SCHEMA).option("maxFilesPerTrigger", 1)
             .parquet(str(workdir / "feed")).repartition(PARTITIONS))
+
+
+def twophase_writer(sink_for: Callable[[str], TwoPhaseCommitSink[Any]]) -> Writer:
+    """The twophase writer: ``write_stream`` of the feed into ``sink_for(destination)``."""
+    def write(feed: DataFrame, destination: str, checkpoint: str) -> None:
+        write_stream(feed, sink_for(destination), checkpoint_location=checkpoint,
+                     trigger={"availableNow": True}).awaitTermination()
+    return write
+
+
+#: Rows per JDBC batch of the JDBC peers (as a user would tune it).
+JDBC_BATCH_SIZE = 10_000
+
+
+def jdbc_writer(url: str, driver: str, user: str, password: str) -> Writer:
+    """Spark's JDBC writer in ``foreachBatch`` (at least once), appending to the destination
+    table with ``batchsize`` JDBC_BATCH_SIZE and READ_COMMITTED."""
+    def write(feed: DataFrame, table: str, checkpoint: str) -> None:
+        def write_batch(batch: DataFrame, _batch_id: int) -> None:
+            (batch.write.format("jdbc").option("url", url).option("dbtable", table)
+             .option("user", user).option("password", password).option("driver", driver)
+             .option("batchsize", JDBC_BATCH_SIZE).option("isolationLevel", "READ_COMMITTED")
+             .mode("append").save())
+
+        (feed.writeStream.foreachBatch(write_batch).option("checkpointLocation", checkpoint)
+         .trigger(availableNow=True).start().awaitTermination())
+    return write
 
 
 def noop(feed: DataFrame, _destination: str, checkpoint: str) -> None:
