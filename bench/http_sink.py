@@ -5,7 +5,7 @@ Run from the repository root (about a minute on 2 cores)::
     .venv/bin/python -m bench.http_sink [--records 100000] [--per-request 1000] [--rounds 3]
 
 A private reference receiver (``python -m sinks.http.receiver``, started through
-``tests.servers.http_receiver``) on loopback, requiring a bearer token and a signature, storing
+``setups.servers.http_receiver``) on loopback, requiring a bearer token and a signature, storing
 every record in its SQLite store (WAL, ``synchronous=FULL``). The input: order rows with a
 100-character payload, made before the clock starts, split into ``--partitions`` slices. Each
 round, after a warm-up round, both sides take turns going first:
@@ -39,10 +39,10 @@ from typing import Any
 
 import requests
 
+from setups.servers.http_receiver import ReceiverProcess, started
 from sinks.http import HttpSink
 from sinks.http.protocol import IDEMPOTENCY_KEY, SIGNATURE, key_header
 from sinks.http.signing import sign
-from tests.servers.http_receiver import ReceiverProcess, started
 from twophase import Column
 from twophase.testing.contract import ORDER_COLUMNS, QUERY_ID, prepare
 

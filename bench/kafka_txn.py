@@ -5,7 +5,7 @@ Run from the repository root (a few minutes on 2 cores)::
 
     .venv/bin/python -m bench.kafka_txn [--records 100000] [--rounds 3]
 
-A private single-node Apache Kafka 4.1 broker (``tests.servers.kafka``; jars from
+A private single-node Apache Kafka 4.1 broker (``setups.servers.kafka``; jars from
 ``scripts/kafka-broker-jars``), one topic of 3 partitions. The input: Arrow record batches of
 ``--records`` order rows, made before the clock starts. Each round, after one warm-up round,
 the three take turns going first:
@@ -37,10 +37,10 @@ from typing import Any
 import pyarrow as pa
 from confluent_kafka import Producer
 
+from setups.servers.kafka import KafkaBroker, private_broker
 from sinks.kafka import KafkaSink, RecordShape
 from sinks.kafka.arrow import columns_of
 from sinks.kafka.producer import PARTITIONER, librdkafka_names
-from tests.servers.kafka import KafkaBroker, private_broker
 from twophase import Column
 from twophase.testing.contract import commit, context
 

@@ -4,7 +4,7 @@ Run from the repository root (about two minutes on 2 cores)::
 
     .venv/bin/python -m bench.mysql_arrow [--batches 4] [--rows-per-batch 100000] [--rounds 3]
 
-A private MariaDB (``tests.servers.mariadb``, binary log on, durable settings) and a local
+A private MariaDB (``setups.servers.mariadb``, binary log on, durable settings) and a local
 Spark session (``twophase.testing.driver.local_session``, 2 cores) in one process. The input is
 a directory of Parquet files, two per micro-batch (so two partitions write each batch, no
 shuffle), read with ``maxFilesPerTrigger=2`` and ``trigger(availableNow=True)``: ``--batches``
@@ -49,12 +49,12 @@ from pyspark.sql.datasource import (
 from pyspark.sql.streaming.query import StreamingQuery
 
 from bench.mysql_xa import COLUMNS, TABLE, TABLE_DDL, count_rows, paired_ratio, server_cpu_s
+from setups.servers.mariadb import MariaDBServer, private_server
 from sinks.mysql import MySQLXASink
 from sinks.mysql.arrow import ArrowChunk, chunks_of
 from sinks.mysql.bulk import load_tsv
 from sinks.mysql.connection import open_connection
 from sinks.mysql.sink import MySQLBranch
-from tests.servers.mariadb import MariaDBServer, private_server
 from twophase import TwoPhaseCommitSink
 from twophase.kit import DEFAULT_CHUNK_SIZE
 from twophase.spark import write_stream

@@ -6,7 +6,7 @@ Run from the repository root::
 
 (``bench/mysql_arrow.py`` compares the sink's Arrow and Row paths through real Spark.)
 
-It starts a private server exactly as the tests do (``tests.servers.mariadb``: own datadir,
+It starts a private server exactly as the tests do (``setups.servers.mariadb``: own datadir,
 port and socket, binary log on, ``innodb_flush_log_at_trx_commit=1``, ``sync_binlog=1``), builds
 the rows once, and times each way of writing them into an empty table, checking afterwards
 that every row arrived exactly once. ``--repeat`` rounds run every variant once, back to back;
@@ -44,11 +44,11 @@ from typing import Any
 
 import pyarrow as pa
 
+from setups.servers.mariadb import MariaDBServer, private_server
 from sinks.mysql import MySQLXASink
 from sinks.mysql.bulk import insert_rows, load_tsv
 from sinks.mysql.connection import open_connection
 from sinks.mysql.encoding import encode_tsv
-from tests.servers.mariadb import MariaDBServer, private_server
 from twophase import Column, TransactionContext, TxnId
 from twophase.kit import DEFAULT_CHUNK_SIZE, chunks
 

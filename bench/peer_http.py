@@ -24,11 +24,11 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceStreamWriter, WriterCommitMessage
 
 from bench.spark_peers import Contest, Peer
+from setups.servers.http_receiver import started
 from sinks.http import HttpSink
 from sinks.http.protocol import IDEMPOTENCY_KEY, SIGNATURE, key_header
 from sinks.http.signing import sign
 from sinks.http.sink import DEFAULT_MAX_RECORDS_PER_REQUEST
-from tests.servers.http_receiver import started
 from twophase.spark import write_stream
 
 RECORDS_PER_REQUEST = DEFAULT_MAX_RECORDS_PER_REQUEST  # the sink's default request size

@@ -1,5 +1,5 @@
 """KafkaSink (exactly once) against Spark's own Kafka sink (at least once), both into fresh
-3-partition topics of one private Apache Kafka 4.1 broker (KRaft, ``tests.servers.kafka``).
+3-partition topics of one private Apache Kafka 4.1 broker (KRaft, ``setups.servers.kafka``).
 
     nice .venv/bin/python -m bench.spark_peers kafka [--files 4] [--rows-per-file 100000]
 
@@ -23,8 +23,8 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from pyspark.sql import DataFrame, SparkSession
 
 from bench.spark_peers import Contest, Peer, twophase_writer
+from setups.servers.kafka import KafkaBroker, private_broker, spark_kafka_jars
 from sinks.kafka import KafkaSink
-from tests.servers.kafka import KafkaBroker, private_broker, spark_kafka_jars
 
 TOPIC_PARTITIONS = 3
 #: The read-back is done when the consumer got nothing for this long.

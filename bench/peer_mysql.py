@@ -1,5 +1,5 @@
 """MySQLXASink (exactly once, Arrow path) against Spark's JDBC writer (at least once) in
-``foreachBatch``, into the same private MariaDB (``tests.servers.mariadb``: binary log on,
+``foreachBatch``, into the same private MariaDB (``setups.servers.mariadb``: binary log on,
 ``innodb_flush_log_at_trx_commit=1``, ``sync_binlog=1``).
 
     nice .venv/bin/python -m bench.spark_peers mysql [--files 4] [--rows-per-file 100000]
@@ -22,8 +22,8 @@ from typing import Any
 from pyspark.sql import SparkSession
 
 from bench.spark_peers import Contest, Peer, bench_jars, jdbc_writer, twophase_writer
+from setups.servers.mariadb import MariaDBServer, private_server
 from sinks.mysql import MySQLXASink
-from tests.servers.mariadb import MariaDBServer, private_server
 
 TABLE_DDL = ("CREATE TABLE `{}` (event_id BIGINT PRIMARY KEY, order_id BIGINT, "
              "status VARCHAR(32), ts DATETIME(6)) ENGINE=InnoDB")

@@ -1,6 +1,6 @@
 """PostgresSink (exactly once: prepared transactions, COPY from Arrow) against Spark's JDBC
 writer (at least once) in ``foreachBatch``, into the same private PostgreSQL
-(``tests.servers.postgres``, here with ``fsync`` and ``full_page_writes`` on, as in production).
+(``setups.servers.postgres``, here with ``fsync`` and ``full_page_writes`` on, as in production).
 
     nice .venv/bin/python -m bench.spark_peers postgres [--files 4] [--rows-per-file 100000]
 
@@ -20,8 +20,8 @@ from psycopg import sql
 from pyspark.sql import SparkSession
 
 from bench.spark_peers import Contest, Peer, bench_jars, jdbc_writer, twophase_writer
+from setups.servers.postgres import PgView, private_server
 from sinks.postgres import PostgresSink
-from tests.servers.postgres import PgView, private_server
 
 #: Durable, as a production server: the tests' server turns both off for speed.
 DURABLE = {"fsync": "on", "full_page_writes": "on"}

@@ -25,8 +25,8 @@ import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 
 from bench.spark_peers import Contest, Peer, bench_jars, twophase_writer
+from setups.servers.moto import MotoServer, private_server
 from sinks.s3 import S3Sink
-from tests.servers.moto import MotoServer, private_server
 
 PREFIX = "orders"
 METADATA_LOG = f"{PREFIX}/_spark_metadata/"

@@ -4,7 +4,7 @@ Run from the repository root (about a minute on 2 cores)::
 
     .venv/bin/python -m bench.postgres_copy [--rows 200000] [--partitions 4] [--rounds 3]
 
-A private PostgreSQL (``tests.servers.postgres``: durable commits, ``fsync=off``). The rows
+A private PostgreSQL (``setups.servers.postgres``: durable commits, ``fsync=off``). The rows
 (event_id, order_id, status, ts TIMESTAMP) are built once as Arrow record batches of 10,000
 rows, as Spark's data source path hands them over, split into ``--partitions`` partitions;
 each variant writes all of them into an empty table, ``--rounds`` times after a warm-up:
@@ -27,16 +27,19 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import statistics
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.csv as pa_csv
+from psycopg import sql
 
+from setups import PostgresSetup
 from sinks.postgres import PostgresSink
-from tests.servers.postgres import PgTarget, PgView, private_server
 from twophase import TransactionContext, TxnId
 from twophase.kit import rows_of
 from twophase.testing.arrow import record_batches
@@ -100,10 +103,10 @@ VARIANTS: dict[str, Callable[[PostgresSink, Sequence[list[pa.RecordBatch]]], Non
     "raw COPY": raw_copy, "sink": sink_arrow, "sink rows": sink_rows}
 
 
-def timed(view: PgView, variant: str, parts: Sequence[list[pa.RecordBatch]],
+def timed(setup: PostgresSetup, variant: str, parts: Sequence[list[pa.RecordBatch]],
           expected: int) -> float:
-    target = PgTarget.fresh(view)
-    sink = target.build()
+    target = setup.new_target()
+    sink = PostgresSink(**target.options)
     sink.check_schema(ORDER_COLUMNS)
     started = time.perf_counter()
     VARIANTS[variant](sink, parts)
@@ -111,7 +114,7 @@ def timed(view: PgView, variant: str, parts: Sequence[list[pa.RecordBatch]],
     visible = target.visible()
     if len(visible) != expected or len(set(visible)) != expected:
         raise SystemExit(f"{variant}: {len(visible)} rows visible, {expected} expected")
-    view.query(f"DROP TABLE {target.table}")
+    setup.view.query(sql.SQL("DROP TABLE {}").format(sql.Identifier(target.options["table"])))
     return elapsed
 
 
@@ -124,11 +127,11 @@ def main() -> None:
     parts = partitions_of(args.rows, args.partitions)
     expected = sum(batch.num_rows for batches in parts for batch in batches)
     walls: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
-    with private_server() as server:
-        view = PgView(server)
+    with tempfile.TemporaryDirectory() as scratch, \
+            PostgresSetup.started(Path(scratch)) as setup:
         for round_number in range(args.rounds + 1):
             for variant in VARIANTS:
-                elapsed = timed(view, variant, parts, expected)
+                elapsed = timed(setup, variant, parts, expected)
                 if round_number:  # round 0 warms up
                     walls[variant].append(elapsed)
     print(f"{expected} rows in {args.partitions} partitions, {args.rounds} rounds")

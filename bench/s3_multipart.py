@@ -4,7 +4,7 @@ Run from the repository root (about a minute on 2 cores)::
 
     .venv/bin/python -m bench.s3_multipart [--mib 200] [--rounds 3] [--memory-mib 300]
 
-A private ``moto_server`` (``tests.servers.moto``) on loopback. The input: Arrow record batches
+A private ``moto_server`` (``setups.servers.moto``) on loopback. The input: Arrow record batches
 of order rows with a 200-character random payload (Parquet cannot squeeze it), made before the
 clock starts and cycled. Each round, after one warm-up round:
 
@@ -41,8 +41,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from setups.servers.moto import MotoServer, private_server
 from sinks.s3 import S3Sink
-from tests.servers.moto import MotoServer, private_server
 from twophase.testing.contract import commit, context
 
 MIB = 1024 * 1024

@@ -36,8 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.state_store import NullSink
+from setups.servers.moto import private_server
 from sinks.sqlite import SQLiteSink
-from tests.servers.moto import private_server
 from twophase import Handle
 from twophase._coordinator import Coordinator
 from twophase._handle import TxnId

@@ -8,7 +8,7 @@ A sink that does nothing (its commits and listings return at once) isolates what
 to every batch on the driver: reading the state, the sweep, the decision (a conditional
 replace of the state file) and marking the batch done (another one). Measured per batch with
 ``Coordinator.commit_batch``, as Spark's commit of a micro-batch calls it, for a local state
-directory and for an S3 prefix of a private ``moto_server`` (``tests.servers.moto``) on loopback;
+directory and for an S3 prefix of a private ``moto_server`` (``setups.servers.moto``) on loopback;
 the decision write alone is timed by the coordinator itself (``decision_ms`` in the history).
 Prints p50 / p90 per batch for both and their ratio. Goal: under 30 ms p50 per batch on moto.
 """
@@ -23,7 +23,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from tests.servers.moto import private_server
+from setups.servers.moto import private_server
 from twophase import AbortOutcome, CommitOutcome, Handle, TransactionContext, TwoPhaseCommitSink
 from twophase._coordinator import Coordinator
 from twophase._handle import TxnId

@@ -1,7 +1,7 @@
 """The protocol model's long profile over every sink: ``scripts/chaos-model [--examples N] ...``.
 
-Run from the repository root (``python -m chaos.model``: it uses the test suite's server
-fixtures and targets). Runs :mod:`twophase.testing.model` (hypothesis crash schedules: task
+Run from the repository root (``python -m chaos.model``: it starts each sink's setup,
+:mod:`setups`). Runs :mod:`twophase.testing.model` (hypothesis crash schedules: task
 failures, executors and drivers killed at every crash point, sink failures, replays, zombie
 runs, cleanup, restarts) with the ``twophase-long`` profile against each sink's real server (a
 private MariaDB and a private moto S3 are started here), in rounds of ``--round`` examples
@@ -13,24 +13,20 @@ had one.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import itertools
 import logging
 import os
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.servers import http_receiver, kafka, mariadb, moto, postgres
-from tests.test_model import HttpTarget, KafkaTarget, MySQLTarget, S3Target, SQLiteTarget
-from twophase.testing.model import PROFILE_ENV, ExactlyOnceError, ModelStats, ModelTarget, run_model
+from setups import SETUPS
+from twophase.testing.model import PROFILE_ENV, ExactlyOnceError, ModelStats, run_model
 
 log = logging.getLogger("chaos.model")
 
-SINKS = ("sqlite", "mysql", "postgres", "s3", "kafka", "http")
+SINKS = tuple(SETUPS)
 QUIET_LOGGERS = ("twophase", "sinks")
 
 
@@ -53,42 +49,17 @@ class Tally:
             self.faults[kind] = self.faults.get(kind, 0) + count
 
 
-@contextlib.contextmanager
-def targets(sink: str, scratch: Path) -> Iterator[Callable[[], ModelTarget]]:
-    """A factory of fresh targets of ``sink``, its server running meanwhile."""
-    numbers = itertools.count()
-    if sink == "sqlite":
-        yield lambda: SQLiteTarget(scratch / f"example-{next(numbers)}.db")
-    elif sink == "mysql":
-        with mariadb.private_server() as server:
-            db = mariadb.Db(server)
-            yield lambda: MySQLTarget(server, db)
-    elif sink == "postgres":
-        with postgres.private_server() as pg_server:
-            view = postgres.PgView(pg_server)
-            yield lambda: postgres.PgTarget.fresh(view)
-    elif sink == "kafka":
-        with kafka.private_broker(scratch / "kafka") as broker, broker.reader() as reader:
-            yield lambda: KafkaTarget(broker, reader)
-    elif sink == "http":
-        with http_receiver.started(scratch / "receiver") as receiver:
-            yield lambda: HttpTarget(receiver, scratch / f"staging-{next(numbers)}")
-    else:
-        with moto.private_server(scratch / "moto") as server:
-            bucket = server.new_bucket("model")
-            yield lambda: S3Target(server, bucket, f"model-{next(numbers)}")
-
-
 def run_sink(sink: str, *, examples: int, minutes: float, per_round: int) -> Tally:
     tally = Tally(sink)
     deadline = time.monotonic() + minutes * 60
     with tempfile.TemporaryDirectory(prefix="twophase-chaos-model-",
                                      dir=_memory_fs()) as scratch, \
-            targets(sink, Path(scratch)) as new_target:
+            SETUPS[sink].started(Path(scratch)) as setup:
         while tally.examples < examples and time.monotonic() < deadline:
             wanted = min(per_round, examples - tally.examples)
             try:
-                stats = run_model(new_target, max_examples=wanted, state_root=scratch)
+                stats = run_model(lambda: setup.new_target(**setup.model_options),
+                                  max_examples=wanted, state_root=scratch)
             except ExactlyOnceError as exc:
                 tally.violation = str(exc)
                 schedule = "\n".join(getattr(exc, "__notes__", ()))  # hypothesis's shrunk steps

@@ -47,9 +47,9 @@ from chaos.systems import (
     System,
     in_doubt,
 )
+from setups import Target
 from twophase._crash import CRASH_POINTS, signal_session
 from twophase._state import StateStore
-from twophase.testing.crash import SinkTarget
 from twophase.testing.driver import DriverSpec, RunResult, generate_feed, launch
 
 log = logging.getLogger(__name__)
@@ -110,7 +110,7 @@ class Round:
     kinds: tuple[str, ...] | None = None
     #: A server or network fault strikes this many seconds after the run's first batch.
     fault_delay_s: tuple[float, float] = FAULT_DELAY_S
-    target: SinkTarget = field(init=False)
+    target: Target = field(init=False)
     spec: DriverSpec = field(init=False)
     store: StateStore = field(init=False)
 

@@ -1,4 +1,5 @@
-"""Shared fixtures. Servers are real processes started here and stopped at the end of the run."""
+"""Shared fixtures. Servers are real processes started here and stopped at the end of the run;
+each sink's setup (:mod:`setups`) is built over them per test."""
 
 from __future__ import annotations
 
@@ -8,30 +9,63 @@ from pathlib import Path
 
 import pytest
 
+from setups import (
+    HttpSetup,
+    KafkaSetup,
+    MySQLSetup,
+    PostgresSetup,
+    S3Setup,
+    SQLiteSetup,
+)
+from setups.servers.http_receiver import ReceiverProcess
+from setups.servers.kafka import KafkaBroker
+from setups.servers.mariadb import Db, MariaDBServer
+from setups.servers.moto import MotoServer
+from setups.servers.postgres import PgView
+from setups.sqlite import orders_database
 from sinks.sqlite import SQLiteSink
 
-pytest_plugins = ["tests.servers.mariadb", "tests.servers.moto", "tests.servers.spark",
-                  "tests.servers.spark_cluster", "tests.servers.connect",
-                  "tests.servers.http_receiver", "tests.servers.kafka", "tests.servers.postgres",
-                  "tests.servers.prometheus"]
+pytest_plugins = ["setups.servers.mariadb", "setups.servers.moto", "setups.servers.spark",
+                  "setups.servers.spark_cluster", "setups.servers.connect",
+                  "setups.servers.http_receiver", "setups.servers.kafka",
+                  "setups.servers.postgres", "setups.servers.prometheus"]
 
-ORDERS_DDL = (
-    "CREATE TABLE orders (event_id INTEGER NOT NULL, order_id INTEGER NOT NULL, "
-    "status TEXT NOT NULL CHECK (status <> 'bogus'), ts TEXT)"
-)
-MYSQL_ORDERS_DDL = (
-    "CREATE TABLE `{table}` (event_id BIGINT NOT NULL PRIMARY KEY, order_id BIGINT NOT NULL, "
-    "status VARCHAR(16) NOT NULL CHECK (status <> 'bogus'), ts DATETIME(6)) ENGINE=InnoDB"
-)
+
+@pytest.fixture
+def sqlite_setup(tmp_path: Path) -> SQLiteSetup:
+    return SQLiteSetup(tmp_path / "sqlite")
+
+
+@pytest.fixture
+def mysql_setup(mariadb: MariaDBServer, db: Db, tmp_path: Path) -> MySQLSetup:
+    return MySQLSetup(tmp_path, mariadb)
+
+
+@pytest.fixture
+def postgres_setup(pg: PgView, tmp_path: Path) -> PostgresSetup:
+    return PostgresSetup(tmp_path, pg.server)
+
+
+@pytest.fixture
+def s3_setup(moto_server: MotoServer, s3_bucket: str, tmp_path: Path) -> S3Setup:
+    return S3Setup(tmp_path, moto_server, s3_bucket)
+
+
+@pytest.fixture
+def kafka_setup(kafka_broker: KafkaBroker, tmp_path: Path) -> Iterator[KafkaSetup]:
+    with kafka_broker.reader() as reader:
+        yield KafkaSetup(tmp_path, kafka_broker, reader)
+
+
+@pytest.fixture
+def http_setup(http_receiver: ReceiverProcess, tmp_path: Path) -> HttpSetup:
+    return HttpSetup(tmp_path, http_receiver)
 
 
 @pytest.fixture
 def orders_db(tmp_path: Path) -> Path:
     """A SQLite database with an empty ``orders`` table (the demo's order-status feed)."""
-    path = tmp_path / "orders.db"
-    with sqlite3.connect(path) as connection:
-        connection.execute(ORDERS_DDL)
-    return path
+    return orders_database(tmp_path / "orders.db")
 
 
 @pytest.fixture

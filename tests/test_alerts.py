@@ -15,7 +15,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.servers.prometheus import promtool
+from setups.servers.prometheus import promtool
 from twophase import cleanup
 from twophase._metrics import retry_key
 from twophase._state import BatchRecord, StateStore

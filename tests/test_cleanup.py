@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from setups.servers.local import free_port
+from setups.servers.moto import MotoServer
 from sinks.sqlite import SQLiteSink
-from tests.servers.local import free_port
-from tests.servers.moto import MotoServer
 from twophase import cleanup
 from twophase._handle import query_key
 from twophase._state import Decision, StateStore

@@ -19,12 +19,10 @@ from typing import Any
 
 import pytest
 
-from tests.servers.moto import MotoServer
-from tests.servers.spark_cluster import SparkCluster
-from tests.test_crash import MySQLTarget, S3Target
+from setups.servers.moto import MotoServer
+from setups.servers.spark_cluster import SparkCluster
+from tests.on_setup import HttpTarget, KafkaTarget, MySQLTarget, S3Target
 from tests.test_failover import s3_state
-from tests.test_http_crash import HttpTarget
-from tests.test_kafka_crash import KafkaTarget
 from twophase._state import StateStore
 from twophase.testing.crash import CrashSuite
 

@@ -25,8 +25,8 @@ from typing import Any
 
 import pytest
 
-from tests.servers.connect import ConnectServer
-from tests.test_crash import MySQLTarget, sqlite_target, sqlite_visible
+from setups.servers.connect import ConnectServer
+from tests.on_setup import MySQLTarget, SQLiteTarget
 from twophase._crash import kill_session
 from twophase._state import NO_BATCH
 from twophase.testing.crash import LOST_STATE_MESSAGE, CrashSuite, SinkTarget
@@ -52,15 +52,6 @@ RUN_STARTED = (r"Adding new query to the cache\. Query Id {query}, value \[sessi
                r"[^,]+, query id: {query}, run id: ([0-9a-f-]+)\]")
 RUN_FENCED = r"Query \[id = {query}, runId = ([0-9a-f-]+)\] terminated with error"
 RUN_STOPPED = r"Stopping existing streaming query \[id={query}, runId=([0-9a-f-]+)\]"
-
-
-class SQLiteTarget:
-    @pytest.fixture
-    def target(self, tmp_path: Path) -> SinkTarget:
-        return sqlite_target(tmp_path)
-
-    def visible(self, target: SinkTarget) -> list[int]:
-        return sqlite_visible(target)
 
 
 def client_spec(server: ConnectServer, target: SinkTarget, tmp_path: Path,

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from tests.servers.moto import MotoServer
-from tests.test_crash import S3Target
+from setups.servers.moto import MotoServer
+from tests.on_setup import S3Target
 from twophase.testing.crash import CrashSuite
 
 pytestmark = [pytest.mark.spark, pytest.mark.crash]

@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
@@ -27,19 +27,20 @@ from typing import Any, ClassVar
 import pytest
 import requests
 
-from sinks.http import HttpSink
-from sinks.http.committer import HttpCommitter
-from sinks.http.encoding import encode_record
-from sinks.http.protocol import IDEMPOTENCY_KEY, REPLAYED, SIGNATURE, WELL_KNOWN, key_header
-from sinks.http.signing import refusal, sign
-from tests.servers.http_receiver import (
+from setups.http import s3_staging
+from setups.servers.http_receiver import (
     SIGNING_SECRET,
     TOKEN,
     ReceiverProcess,
     new_path,
 )
-from tests.servers.moto import MotoServer
-from tests.test_http_crash import s3_staging
+from setups.servers.moto import MotoServer
+from sinks.http import HttpSink
+from sinks.http.committer import HttpCommitter
+from sinks.http.encoding import encode_record
+from sinks.http.protocol import IDEMPOTENCY_KEY, REPLAYED, SIGNATURE, WELL_KNOWN, key_header
+from sinks.http.signing import refusal, sign
+from tests.on_setup import HttpTarget
 from twophase import (
     AbortOutcome,
     Column,
@@ -48,7 +49,6 @@ from twophase import (
     FatalError,
     RetryableError,
     TransactionLostError,
-    TwoPhaseCommitSink,
 )
 from twophase.testing.contract import NAMESPACE, SinkContract, commit, context, orders, prepare
 
@@ -56,11 +56,15 @@ Receivers = Callable[..., ReceiverProcess]
 JSON_TYPE = "application/json"
 
 
+#: The tests' sinks: small requests, quick retries.
+CONTRACT_OPTIONS = {"max_records_per_request": 3, "initial_backoff_s": 0.02,
+                    "max_backoff_s": 0.1}
+
+
 def make_sink(receiver: ReceiverProcess, path: str, staging: Path | str,
               **options: Any) -> HttpSink:
     return HttpSink(**{**receiver.sink_options(path), "staging": str(staging),
-                       "max_records_per_request": 3, "initial_backoff_s": 0.02,
-                       "max_backoff_s": 0.1, **options})
+                       **CONTRACT_OPTIONS, **options})
 
 
 def post(receiver: ReceiverProcess, path: str, records: Any = None, *, key: str | None = "k-1",
@@ -83,34 +87,23 @@ def post(receiver: ReceiverProcess, path: str, records: Any = None, *, key: str 
 
 # -- the contract suite -------------------------------------------------------------------------
 
-class TestHttpJsonContract(SinkContract):
+class TestHttpJsonContract(HttpTarget, SinkContract):
     has_schema = False  # a request body takes any columns
-    options: ClassVar[dict[str, Any]] = {"encoding": "json"}
-
-    @pytest.fixture
-    def sink(self, http_receiver: ReceiverProcess, receiver_path: str,
-             tmp_path: Path) -> HttpSink:
-        self.receiver, self.path = http_receiver, receiver_path
-        return make_sink(http_receiver, receiver_path, tmp_path / "staging", **self.options)
-
-    def visible(self, sink: TwoPhaseCommitSink[Any]) -> list[int]:
-        return self.receiver.event_ids(self.path)
+    target_options: ClassVar[Mapping[str, Any]] = {**CONTRACT_OPTIONS, "encoding": "json",
+                                                "compression": None}
 
 
 class TestHttpJsonLinesGzipContract(TestHttpJsonContract):
-    options: ClassVar[dict[str, Any]] = {"encoding": "jsonl", "compression": "gzip"}
+    target_options: ClassVar[Mapping[str, Any]] = {**CONTRACT_OPTIONS, "encoding": "jsonl",
+                                                "compression": "gzip"}
 
 
 class TestHttpS3StagingContract(TestHttpJsonLinesGzipContract):
     """The contract once more, staging on S3 (moto_server) instead of a directory."""
 
     @pytest.fixture
-    def sink(self, http_receiver: ReceiverProcess, receiver_path: str, moto_server: MotoServer,
-             s3_bucket: str) -> HttpSink:
-        self.receiver, self.path = http_receiver, receiver_path
-        options = s3_staging(moto_server, s3_bucket)
-        return make_sink(http_receiver, receiver_path, options.pop("staging"), **options,
-                         **self.options)
+    def target_overrides(self, moto_server: MotoServer, s3_bucket: str) -> Mapping[str, Any]:
+        return {**self.target_options, **s3_staging(moto_server, s3_bucket)}
 
 
 # -- a downstream webhook with no idempotency of its own ------------------------------------------

@@ -14,9 +14,9 @@ from kafka import KafkaAdminClient
 from kafka.protocol.metadata import CoordinatorType
 from kafka.protocol.producer.transaction import EndTxnRequest
 
+from setups.servers.kafka import KafkaBroker
 from sinks.kafka import adapter, producer
 from sinks.kafka.committer import describe
-from tests.servers.kafka import KafkaBroker
 
 
 def test_the_private_parts_are_where_the_adapter_expects_them() -> None:

@@ -5,24 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from tests.servers.kafka import KafkaBroker
-from twophase.testing.crash import CrashSuite, SinkTarget
+from tests.on_setup import KafkaTarget
+from twophase.testing.crash import CrashSuite
 
 pytestmark = [pytest.mark.spark, pytest.mark.crash]
-
-
-class KafkaTarget:
-    """A fresh topic through the transactional sink, read by a read_committed consumer."""
-
-    @pytest.fixture
-    def target(self, kafka_broker: KafkaBroker, kafka_topic: str) -> SinkTarget:
-        self.broker = kafka_broker
-        return SinkTarget("sinks.kafka:KafkaSink", {
-            **kafka_broker.options(), "topic": kafka_topic, "key": "order_id",
-            "transactional_id_prefix": f"{kafka_topic}-", "transaction_timeout_ms": 300_000})
-
-    def visible(self, target: SinkTarget) -> list[int]:
-        return self.broker.event_ids(target.options["topic"])
 
 
 class TestKafkaCrashes(KafkaTarget, CrashSuite):

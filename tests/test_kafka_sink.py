@@ -8,16 +8,18 @@ import json
 import logging
 import re
 import time
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 import kafka.errors as kerrors
 import pytest
 from kafka import KafkaProducer
 
+from setups.servers.kafka import SHORT_MAX_TIMEOUT_MS, KafkaBroker
 from sinks.kafka import KafkaSink, pool_bound
 from sinks.kafka.committer import describe
 from sinks.kafka.errors import classify
-from tests.servers.kafka import SHORT_MAX_TIMEOUT_MS, KafkaBroker
+from tests.on_setup import KafkaTarget
 from twophase import (
     AbortOutcome,
     Column,
@@ -29,7 +31,6 @@ from twophase import (
     RetryableError,
     SchemaMismatchError,
     TransactionLostError,
-    TwoPhaseCommitSink,
     TwoPhaseError,
 )
 from twophase.testing.contract import (
@@ -53,18 +54,11 @@ def make_sink(broker: KafkaBroker, topic: str, **options: Any) -> KafkaSink:
     return sink
 
 
-class TestKafkaContract(SinkContract):
+class TestKafkaContract(KafkaTarget, SinkContract):
     purges_commit_records = False
     has_schema = False  # a topic has no columns: only the named key/value columns are checked
-
-    @pytest.fixture
-    def sink(self, kafka_broker: KafkaBroker, kafka_topic: str) -> KafkaSink:
-        self.broker = kafka_broker
-        return make_sink(kafka_broker, kafka_topic)
-
-    def visible(self, sink: TwoPhaseCommitSink[Any]) -> list[int]:
-        assert isinstance(sink, KafkaSink) and sink.shape.topic is not None
-        return self.broker.event_ids(sink.shape.topic)
+    target_options: ClassVar[Mapping[str, Any]] = {"transaction_timeout_ms": 60_000,
+                                                "min_commit_window_ms": 0}
 
 
 # -- what a reader sees ----------------------------------------------------------------------

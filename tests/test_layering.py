@@ -1,8 +1,10 @@
 """The layers, enforced both ways.
 
 ``twophase/`` is at the bottom and knows no sink and no test; ``sinks/`` stand on twophase's
-public face only; ``tests/``, ``chaos/`` and ``bench/`` sit on top and never import each other
-in a circle. The public face of twophase, for a sink:
+public face only; ``setups/`` (one test setup per sink, and the servers) stands on both and
+knows no suite; ``tests/``, ``chaos/`` and ``bench/`` sit on top: they take the setups from
+``setups/``, chaos and bench import no test module, and none imports another in a circle.
+The public face of twophase, for a sink:
 
 ================================  ==============================================================
 module                            what a sink takes from it
@@ -26,13 +28,9 @@ from pathlib import Path
 import twophase
 
 REPO = Path(twophase.__file__).resolve().parents[1]
-FORBIDDEN_IN_FRAMEWORK = ("sinks", "tests", "chaos", "bench")
+FORBIDDEN_IN_FRAMEWORK = ("sinks", "setups", "tests", "chaos", "bench")
 PUBLIC_FOR_SINKS = frozenset({"twophase", "twophase.kit", "twophase.errors"})
 TOP = ("bench", "chaos", "tests")
-#: chaos/ modules that still import tests/ (issue 21 part 3 moves the test setups they take to
-#: one place both may import). The list may only shrink: a new chaos->tests import fails this
-#: module, and so does a listed module that no longer imports tests (remove it here then).
-CHAOS_STILL_IMPORTING_TESTS = frozenset({"chaos/model.py", "chaos/systems.py"})
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -72,10 +70,9 @@ def importers_of(paths: Iterable[Path], package: str) -> set[str]:
             if any(name.split(".")[0] == package for name in imported_modules(path))}
 
 
-def package_graph(files: dict[str, list[Path]], *, ignore: frozenset[str] = frozenset()
-                  ) -> dict[str, set[str]]:
-    """Which of ``files``' packages import which others (files in ``ignore`` left out)."""
-    return {package: {name.split(".")[0] for path in paths if _relative(path) not in ignore
+def package_graph(files: dict[str, list[Path]]) -> dict[str, set[str]]:
+    """Which of ``files``' packages import which others."""
+    return {package: {name.split(".")[0] for path in paths
                       for name in imported_modules(path)
                       if name.split(".")[0] in files and name.split(".")[0] != package}
             for package, paths in files.items()}
@@ -107,13 +104,17 @@ def test_sinks_import_only_the_public_face_of_twophase() -> None:
     assert sink_offenders(_files("sinks")) == set()
 
 
-def test_chaos_imports_tests_only_where_it_still_has_to() -> None:
-    assert importers_of(_files("chaos"), "tests") == CHAOS_STILL_IMPORTING_TESTS
+def test_the_setups_import_no_suite() -> None:
+    assert {package: importers_of(_files("setups"), package) for package in TOP} == {
+        package: set() for package in TOP}
 
 
-def test_bench_chaos_and_tests_import_each_other_in_no_circle() -> None:
-    graph = package_graph({package: _files(package) for package in TOP},
-                          ignore=CHAOS_STILL_IMPORTING_TESTS)
+def test_chaos_and_bench_import_no_test_module() -> None:
+    assert importers_of([*_files("chaos"), *_files("bench")], "tests") == set()
+
+
+def test_setups_bench_chaos_and_tests_import_each_other_in_no_circle() -> None:
+    graph = package_graph({package: _files(package) for package in (*TOP, "setups")})
     assert cycles(graph) == []
 
 

@@ -18,11 +18,11 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from pyspark.sql import SparkSession
 
+from setups.servers.connect import ConnectServer
+from setups.servers.local import HOST, free_port, stop_process
+from setups.servers.prometheus import PrometheusServer
+from setups.sqlite import ORDERS_DDL
 from sinks.sqlite import SQLiteSink
-from tests.conftest import ORDERS_DDL
-from tests.servers.connect import ConnectServer
-from tests.servers.local import HOST, free_port, stop_process
-from tests.servers.prometheus import PrometheusServer
 from twophase import CommitOutcome, Handle, RetryableError, RetryPolicy
 from twophase._coordinator import Coordinator
 from twophase._crash import AFTER_DECISION

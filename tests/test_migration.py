@@ -19,9 +19,9 @@ import pymysql
 import pytest
 from pyspark.sql import SparkSession
 
+from setups.mysql import ORDERS_DDL as MYSQL_ORDERS_DDL
+from setups.servers.mariadb import Db, MariaDBServer
 from sinks.mysql import MySQLXASink
-from tests.conftest import MYSQL_ORDERS_DDL
-from tests.servers.mariadb import Db, MariaDBServer
 from twophase._crash import AFTER_DECISION
 from twophase.spark import write_stream
 from twophase.testing.driver import DriverSpec, generate_feed, launch, read_feed

@@ -22,23 +22,23 @@ import threading
 import time
 import uuid
 import zoneinfo
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pyarrow as pa
 import pymysql
 import pytest
 
+from setups.servers.mariadb import ConnectionParams, Db, MariaDBServer
 from sinks.mysql import MARKER_TABLE_DDL, MySQLXASink, xa
 from sinks.mysql.arrow import CHUNKS_AHEAD, ArrowChunk, chunks_ahead, chunks_of, encode_batch
 from sinks.mysql.connection import WRITER_IDLE_TIMEOUT_S, Server
 from sinks.mysql.encoding import encode_tsv
 from sinks.mysql.errors import classify
 from sinks.mysql.sink import MySQLBranch
-from tests.conftest import MYSQL_ORDERS_DDL
-from tests.servers.mariadb import ConnectionParams, Db, MariaDBServer
+from tests.on_setup import MySQLTarget
 from twophase import (
     AbortOutcome,
     Column,
@@ -51,7 +51,6 @@ from twophase import (
     RetryPolicy,
     SchemaMismatchError,
     TransactionContext,
-    TwoPhaseCommitSink,
     TxnId,
 )
 from twophase._coordinator import Coordinator
@@ -156,18 +155,8 @@ def sink(mariadb: MariaDBServer, table: str) -> MySQLXASink:
 
 # -- the shared contract (commit, abort, loss, empty, reuse, namespaces, processes, purge) ----
 
-class TestMySQLContract(SinkContract):
-    @pytest.fixture
-    def sink(self, mariadb: MariaDBServer, db: Db) -> MySQLXASink:
-        table = db.new_table(MYSQL_ORDERS_DDL, prefix="contract_")
-        self.db = db
-        # purge counts every old marker of the namespace in the marker table: one per test
-        return make_sink(mariadb.params, table, marker_table=f"m_{table}")
-
-    def visible(self, sink: TwoPhaseCommitSink[Any]) -> list[int]:
-        assert isinstance(sink, MySQLXASink)
-        return [row[0] for row in self.db.query(
-            f"SELECT event_id FROM `{sink.table}` ORDER BY 1")]
+class TestMySQLContract(MySQLTarget, SinkContract):
+    target_options: ClassVar[Mapping[str, Any]] = {"fencing": False}
 
 
 # -- outcomes ----------------------------------------------------------------------------------

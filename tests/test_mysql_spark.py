@@ -17,9 +17,9 @@ import pytest
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 
+from setups.mysql import ORDERS_DDL as MYSQL_ORDERS_DDL
+from setups.servers.mariadb import Db, MariaDBServer
 from sinks.mysql import MySQLXASink
-from tests.conftest import MYSQL_ORDERS_DDL
-from tests.servers.mariadb import Db, MariaDBServer
 from twophase import ConfigurationError, RetryableError, SchemaMismatchError
 from twophase._crash import AFTER_DECISION
 from twophase.spark import write_stream

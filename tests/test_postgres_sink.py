@@ -9,13 +9,16 @@ from __future__ import annotations
 import datetime as dt
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from setups import PostgresSetup, SinkSetup, Target
+from setups.servers.postgres import PgView, PostgresServer
 from sinks.postgres import PostgresSink
 from sinks.postgres.errors import ERRORS
-from tests.servers.postgres import PgTarget, PgView, PostgresServer, private_server
+from tests.on_setup import OnSetup
 from twophase import (
     Column,
     CommitOutcome,
@@ -23,7 +26,6 @@ from twophase import (
     FatalError,
     RetryableError,
     SchemaMismatchError,
-    TwoPhaseCommitSink,
 )
 from twophase.testing.contract import (
     NAMESPACE,
@@ -37,32 +39,32 @@ from twophase.testing.contract import (
 )
 
 
-class TestPostgresContract(SinkContract):
+class TestPostgresContract(OnSetup, SinkContract):
     @pytest.fixture
-    def sink(self, pg: PgView) -> PostgresSink:
-        self.target = PgTarget.fresh(pg)
-        return self.target.build()
-
-    def visible(self, sink: TwoPhaseCommitSink[Any]) -> list[int]:
-        return self.target.visible()
+    def sink_setup(self, postgres_setup: PostgresSetup) -> SinkSetup:
+        return postgres_setup
 
 
 @pytest.fixture
-def target(pg: PgView) -> Iterator[PgTarget]:
+def target(postgres_setup: PostgresSetup) -> Iterator[Target]:
     """A fresh table, under a query id of the test's own (gids are unique per cluster)."""
     use_query_id(str(uuid.uuid4()))
-    yield PgTarget.fresh(pg)
+    yield postgres_setup.new_target()
     use_query_id(QUERY_ID)
 
 
-def sink_of(target: PgTarget, **options: Any) -> PostgresSink:
-    sink = PostgresSink(**{**target.options(), **options})
+def table_of(target: Target) -> str:
+    return str(target.options["table"])
+
+
+def sink_of(target: Target, **options: Any) -> PostgresSink:
+    sink = PostgresSink(**{**target.options, **options})
     sink.check_schema(ORDER_COLUMNS)
     return sink
 
 
 def test_instants_are_stored_as_instants_and_arrow_values_as_rows_values(
-        target: PgTarget, pg: PgView) -> None:
+        target: Target, pg: PgView) -> None:
     """The same rows through write and write_arrow (COPY as CSV) read back the same."""
     sink = sink_of(target)
     weird = [(1, 1001, "", dt.datetime(2026, 3, 29, 1, 30, tzinfo=dt.UTC)),
@@ -71,70 +73,70 @@ def test_instants_are_stored_as_instants_and_arrow_values_as_rows_values(
     by_rows = prepare(sink, weird, partition=0)
     by_arrow = prepare(sink, [(10 + i, *rest) for i, *rest in weird], arrow=True, partition=1)
     assert [commit(sink, h) for h in (by_rows, by_arrow)] == [CommitOutcome.COMMITTED] * 2
-    stored = pg.query(f"SELECT event_id, status, ts FROM {target.table} ORDER BY 1")
+    stored = pg.query(f"SELECT event_id, status, ts FROM {table_of(target)} ORDER BY 1")
     assert [row[1:] for row in stored[:3]] == [row[1:] for row in stored[3:]]
     assert [row[1:] for row in stored[:3]] == [(s, t) for _e, _o, s, t in weird]
 
 
-def test_upsert_updates_rows_by_key_on_both_paths(target: PgTarget, pg: PgView) -> None:
-    pg.query(f"INSERT INTO {target.table} VALUES (1, 1, 'old', NULL), (2, 2, 'keep', NULL)")
+def test_upsert_updates_rows_by_key_on_both_paths(target: Target, pg: PgView) -> None:
+    pg.query(f"INSERT INTO {table_of(target)} VALUES (1, 1, 'old', NULL), (2, 2, 'keep', NULL)")
     sink = sink_of(target, mode="upsert", key=("event_id",))
     first = prepare(sink, [(1, 1, "new", None), (3, 3, "added", None)], partition=0)
-    assert pg.query(f"SELECT status FROM {target.table} WHERE event_id = 1") == [("old",)]
+    assert pg.query(f"SELECT status FROM {table_of(target)} WHERE event_id = 1") == [("old",)]
     commit(sink, first)  # a prepared transaction holds its rows' locks until then
     commit(sink, prepare(sink, [(1, 1, "newer", None)], arrow=True, batch=1))
-    assert pg.query(f"SELECT event_id, status FROM {target.table} ORDER BY 1") == [
+    assert pg.query(f"SELECT event_id, status FROM {table_of(target)} ORDER BY 1") == [
         (1, "newer"), (2, "keep"), (3, "added")]
 
 
-def test_check_schema_refuses_what_cannot_fit(target: PgTarget, pg: PgView) -> None:
-    sink = PostgresSink(**target.options())
+def test_check_schema_refuses_what_cannot_fit(target: Target, pg: PgView) -> None:
+    sink = PostgresSink(**target.options)
     with pytest.raises(SchemaMismatchError, match="requires column 'order_id'"):
         sink.check_schema([ORDER_COLUMNS[0], ORDER_COLUMNS[2]])
     with pytest.raises(SchemaMismatchError, match="does not exist"):
-        PostgresSink(**{**target.options(), "table": "no_such_table"}).check_schema(ORDER_COLUMNS)
+        PostgresSink(**{**target.options, "table": "no_such_table"}).check_schema(ORDER_COLUMNS)
     with pytest.raises(SchemaMismatchError, match=r"upsert key \['order_id'\] is not a PRIMARY"):
         sink_of(target, mode="upsert", key=("order_id",))
     naive = pg.new_table("CREATE TABLE {table} (event_id bigint, order_id bigint, "
                          "status text, ts timestamp)")
     with pytest.raises(SchemaMismatchError, match=r"'ts' keeps no time zone.*timestamptz"):
-        PostgresSink(**{**target.options(), "table": naive}).check_schema(ORDER_COLUMNS)
+        PostgresSink(**{**target.options, "table": naive}).check_schema(ORDER_COLUMNS)
     wall_clock = [*ORDER_COLUMNS[:3], Column("ts", "timestamp_ntz")]
-    PostgresSink(**{**target.options(), "table": naive}).check_schema(wall_clock)
+    PostgresSink(**{**target.options, "table": naive}).check_schema(wall_clock)
 
 
 def test_a_user_without_rights_is_told_what_to_grant(
-        target: PgTarget, postgres: PostgresServer) -> None:
-    with postgres.superuser(target.view.server.params.database) as admin:
+        target: Target, postgres: PostgresServer) -> None:
+    with postgres.superuser(postgres.params.database) as admin:
         admin.execute("DROP ROLE IF EXISTS reader")
         admin.execute("CREATE ROLE reader LOGIN PASSWORD 'reader'")
-        admin.execute(f"GRANT SELECT ON {target.table} TO reader")
+        admin.execute(f"GRANT SELECT ON {table_of(target)} TO reader")
     try:
-        sink = PostgresSink(**{**target.options(), "user": "reader", "password": "reader"})
+        sink = PostgresSink(**{**target.options, "user": "reader", "password": "reader"})
         with pytest.raises(ConfigurationError, match=r"lacks INSERT ON .*Fix: GRANT INSERT"):
             sink.check_schema(ORDER_COLUMNS)
     finally:
-        with postgres.superuser(target.view.server.params.database) as admin:
+        with postgres.superuser(postgres.params.database) as admin:
             admin.execute("DROP OWNED BY reader")
             admin.execute("DROP ROLE reader")
 
 
-def test_a_wrong_password_is_a_configuration_error(target: PgTarget) -> None:
-    sink = PostgresSink(**{**target.options(), "password": "wrong"})
+def test_a_wrong_password_is_a_configuration_error(target: Target) -> None:
+    sink = PostgresSink(**{**target.options, "password": "wrong"})
     with pytest.raises(ConfigurationError, match=r"password authentication failed.*Fix: check"):
         sink.check_schema(ORDER_COLUMNS)
 
 
 def test_a_duplicate_key_fails_the_partition_and_leaves_nothing(
-        target: PgTarget, pg: PgView) -> None:
+        target: Target, pg: PgView) -> None:
     sink = sink_of(target)
     with pytest.raises(SchemaMismatchError, match=r"(?s)\[23505\].*Fix: the rows repeat a key"):
         prepare(sink, [*orders(0, 2), *orders(1, 1)])
-    assert (pg.event_ids(target.table), pg.prepared()) == ([], [])
+    assert (pg.event_ids(table_of(target)), pg.prepared()) == ([], [])
 
 
 def test_a_server_killed_with_transactions_prepared_loses_nothing(
-        target: PgTarget, pg: PgView, postgres: PostgresServer) -> None:
+        target: Target, pg: PgView, postgres: PostgresServer) -> None:
     sink = sink_of(target)
     first, second = prepare(sink, orders(0, 3), partition=0), prepare(sink, orders(3, 2),
                                                                         partition=1)
@@ -144,11 +146,11 @@ def test_a_server_killed_with_transactions_prepared_loses_nothing(
     assert sorted(h.txn_id for h in sink.list_in_doubt(NAMESPACE)) == [second.txn_id]
     assert [commit(sink, h) for h in (first, second)] == [CommitOutcome.ALREADY_COMMITTED,
                                                            CommitOutcome.COMMITTED]
-    assert pg.event_ids(target.table) == [0, 1, 2, 3, 4]
+    assert pg.event_ids(table_of(target)) == [0, 1, 2, 3, 4]
 
 
 def test_purge_keeps_a_proof_committed_long_after_it_was_prepared(
-        target: PgTarget, pg: PgView) -> None:
+        target: Target, pg: PgView) -> None:
     """The marker is written at pre-commit; its age for the purge runs from the commit."""
     sink = sink_of(target)
     handle = prepare(sink, orders(0, 1))
@@ -174,12 +176,12 @@ def test_errors_are_classified_by_condition_code_and_class(
     assert verdict is kind
 
 
-def test_prepared_transactions_disabled_is_named_by_its_setting() -> None:
+def test_prepared_transactions_disabled_is_named_by_its_setting(tmp_path: Path) -> None:
     """A server with max_prepared_transactions = 0: refused at the start, and a PREPARE that
     reaches it anyway (the check skipped) is a configuration error too, naming the setting."""
-    with private_server({"max_prepared_transactions": "0"}) as server:
-        view = PgView(server)
-        sink = PgTarget.fresh(view).build()
+    with PostgresSetup.started(tmp_path, settings={"max_prepared_transactions": "0"}) as setup:
+        view = setup.view
+        sink = PostgresSink(**setup.new_target().options)
         with pytest.raises(ConfigurationError, match=r"max_prepared_transactions = 0.*Fix: set"):
             sink.check_schema(ORDER_COLUMNS)
         sink.create_tables()

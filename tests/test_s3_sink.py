@@ -3,15 +3,13 @@ each format, and what only this sink does (streamed parts, proven commits, keys,
 
 from __future__ import annotations
 
-import csv
-import gzip
 import io
-import json
 import os
 import pickle
 import signal
 import subprocess
 import sys
+from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any, ClassVar
 
@@ -20,9 +18,11 @@ import pyarrow.parquet as pq
 import pytest
 from botocore.exceptions import ClientError
 
+from setups.s3 import read_rows
+from setups.servers.moto import MotoServer
 from sinks.s3 import META_TXN, S3Sink
 from sinks.s3.errors import classify
-from tests.servers.moto import MotoServer
+from tests.on_setup import S3Target
 from twophase import (
     AbortOutcome,
     Column,
@@ -33,7 +33,6 @@ from twophase import (
     RetryableError,
     SchemaMismatchError,
     TransactionLostError,
-    TwoPhaseCommitSink,
 )
 from twophase.testing.contract import (
     NAMESPACE,
@@ -57,18 +56,6 @@ def objects(server: MotoServer, bucket: str, prefix: str = "") -> list[str]:
     return sorted(item["Key"] for item in reply.get("Contents", ()))
 
 
-def read_rows(body: bytes, key: str) -> list[dict[str, Any]]:
-    """The rows of one object, read back by its format."""
-    if key.endswith(".gz"):
-        body, key = gzip.decompress(body), key[:-3]
-    if key.endswith(".parquet"):
-        rows: list[dict[str, Any]] = pq.read_table(io.BytesIO(body)).to_pylist()
-        return rows
-    if key.endswith(".csv"):
-        return list(csv.DictReader(io.StringIO(body.decode())))
-    return [json.loads(line) for line in body.decode().splitlines()]
-
-
 def visible_rows(sink: S3Sink, server: MotoServer) -> list[dict[str, Any]]:
     client, bucket = server.client(), sink.settings.bucket
     return [row for key in objects(server, bucket, sink.prefix)
@@ -80,27 +67,19 @@ def open_uploads(server: MotoServer, bucket: str) -> list[str]:
             server.client().list_multipart_uploads(Bucket=bucket).get("Uploads", ())]
 
 
-class TestS3ParquetContract(SinkContract):
+class TestS3ParquetContract(S3Target, SinkContract):
     purges_commit_records = False  # the proof of commit is the object itself
     has_schema = False  # an object takes any columns
-    options: ClassVar[dict[str, Any]] = {"format": "parquet"}
-
-    @pytest.fixture
-    def sink(self, moto_server: MotoServer, s3_bucket: str) -> S3Sink:
-        self.server = moto_server
-        return make_sink(moto_server, s3_bucket, **self.options)
-
-    def visible(self, sink: TwoPhaseCommitSink[Any]) -> list[int]:
-        assert isinstance(sink, S3Sink)
-        return sorted(int(row["event_id"]) for row in visible_rows(sink, self.server))
+    target_options: ClassVar[Mapping[str, Any]] = {"format": "parquet", "part_size": PART_SIZE}
 
 
 class TestS3CsvContract(TestS3ParquetContract):
-    options: ClassVar[dict[str, Any]] = {"format": "csv"}
+    target_options: ClassVar[Mapping[str, Any]] = {"format": "csv", "part_size": PART_SIZE}
 
 
 class TestS3JsonLinesGzipContract(TestS3ParquetContract):
-    options: ClassVar[dict[str, Any]] = {"format": "jsonl", "compression": "gzip"}
+    target_options: ClassVar[Mapping[str, Any]] = {"format": "jsonl", "compression": "gzip",
+                                                "part_size": PART_SIZE}
 
 
 # -- streaming, bounded memory -----------------------------------------------------------------

@@ -1,7 +1,7 @@
 """The edges a new user finds: time zones, failed batches, lost state, redeploys, retries.
 
 Each runs real PySpark (the shared session: its workers in Asia/Kolkata, its session zone
-America/Los_Angeles, see tests/servers/spark.py) into SQLite, and ends with every row exactly
+America/Los_Angeles, see setups/servers/spark.py) into SQLite, and ends with every row exactly
 once and nothing in doubt.
 """
 

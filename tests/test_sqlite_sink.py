@@ -7,17 +7,16 @@ import sqlite3
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from sinks.sqlite import SQLiteSink
+from tests.on_setup import SQLiteTarget
 from twophase import (
     AbortOutcome,
     Column,
     ConfigurationError,
     SchemaMismatchError,
-    TwoPhaseCommitSink,
 )
 from twophase.testing.contract import ORDER_COLUMNS, SinkContract, context, orders, prepare
 
@@ -26,15 +25,8 @@ def visible(reader: sqlite3.Connection) -> list[int]:
     return [row[0] for row in reader.execute("SELECT event_id FROM orders ORDER BY event_id")]
 
 
-class TestSQLiteContract(SinkContract):
-    @pytest.fixture
-    def sink(self, sqlite_sink: SQLiteSink) -> SQLiteSink:
-        return sqlite_sink
-
-    def visible(self, sink: TwoPhaseCommitSink[Any]) -> list[int]:
-        assert isinstance(sink, SQLiteSink)
-        with sqlite3.connect(sink.path) as reader:
-            return visible(reader)
+class TestSQLiteContract(SQLiteTarget, SinkContract):
+    """The contract over a fresh database file per test."""
 
 
 def stage_tables(reader: sqlite3.Connection) -> list[str]:

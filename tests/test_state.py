@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.servers.moto import MotoServer
+from setups.servers.moto import MotoServer
 from twophase import ConfigurationError, FencedError, StateCorruptError
 from twophase._state import State, StateStore
 

@@ -1,6 +1,6 @@
 """A private S3 endpoint for tests and benchmarks: ``moto_server`` on a free loopback port.
 
-Used as a pytest plugin (``pytest_plugins = ["tests.servers.moto"]``) it provides:
+Used as a pytest plugin (``pytest_plugins = ["setups.servers.moto"]``) it provides:
 
 * ``moto_server`` (session): a :class:`MotoServer` process started once per test session with
   dummy credentials and a small minimum part size (``S3_UPLOAD_PART_MIN_SIZE``, so tests can
@@ -35,7 +35,7 @@ import boto3
 import pytest
 from botocore.config import Config
 
-from tests.servers.local import free_port, stop_process
+from setups.servers.local import free_port, stop_process
 
 HOST = "127.0.0.1"
 ACCESS_KEY_ID = "testing-access-key"

@@ -1,6 +1,6 @@
 """A private Prometheus for tests: Debian's ``prometheus`` on loopback, own data directory.
 
-Used as a pytest plugin (``pytest_plugins = ["tests.servers.prometheus"]``) it provides:
+Used as a pytest plugin (``pytest_plugins = ["setups.servers.prometheus"]``) it provides:
 
 * ``prometheus_server`` (session): a :class:`PrometheusServer` started once per test session
   with a short scrape interval and a file of scrape targets that tests fill;
@@ -34,7 +34,7 @@ from typing import Any
 
 import pytest
 
-from tests.servers.local import HOST, free_port, stop_process
+from setups.servers.local import HOST, free_port, stop_process
 
 BINARY = "prometheus"
 PROMTOOL = "promtool"

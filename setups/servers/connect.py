@@ -26,8 +26,8 @@ from pathlib import Path
 import pyspark
 import pytest
 
-from tests.servers.local import HOST, free_port
-from tests.servers.spark import require_java
+from setups.servers.local import HOST, free_port
+from setups.servers.spark import require_java
 from twophase._crash import CRASH_ENV, kill_session
 
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"

@@ -1,6 +1,6 @@
 """A private MariaDB server for tests and benchmarks: own datadir, port, socket; never a service.
 
-Used as a pytest plugin (``pytest_plugins = ["tests.servers.mariadb"]``) it provides:
+Used as a pytest plugin (``pytest_plugins = ["setups.servers.mariadb"]``) it provides:
 
 * ``mariadb_server`` (session): a :class:`MariaDBServer` started once per test session in a
   temporary directory, with binary logging on (XA crash safety needs it), a database and a user
@@ -37,7 +37,7 @@ from typing import Any
 import pymysql
 import pytest
 
-from tests.servers.local import free_port
+from setups.servers.local import free_port
 from twophase import Handle
 
 SERVER_BINARY = "mariadbd"

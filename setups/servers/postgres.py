@@ -43,8 +43,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from sinks.postgres import PostgresSink
-from tests.servers.local import HOST, free_port
+from setups.servers.local import HOST, free_port
 
 BIN_DIRS = tuple(sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True))
 INSTALL_HINT = "install Debian's PostgreSQL server: apt-get install postgresql"
@@ -286,37 +285,6 @@ class PgView:
             with contextlib.suppress(psycopg.errors.UndefinedObject):
                 self.query(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid)))
         return left
-
-
-@dataclass
-class PgTarget:
-    """One fresh orders table for a shared suite: the sink's options, a reader, what is in
-    doubt. ``port``: reach the server there instead (a fault proxy in front of it)."""
-
-    view: PgView
-    table: str
-    port: int | None = None
-
-    FACTORY = "sinks.postgres:PostgresSink"
-
-    @classmethod
-    def fresh(cls, view: PgView, *, port: int | None = None) -> PgTarget:
-        return cls(view, view.new_orders_table(), port)
-
-    def options(self) -> dict[str, Any]:
-        options = {**self.view.server.params.sink_options(), "table": self.table}
-        if self.port is not None:
-            options["port"] = self.port
-        return options
-
-    def build(self) -> PostgresSink:
-        return PostgresSink(**self.options())
-
-    def visible(self) -> list[int]:
-        return self.view.event_ids(self.table)
-
-    def in_doubt(self) -> list[str]:
-        return self.view.prepared()
 
 
 @pytest.fixture(scope="session")

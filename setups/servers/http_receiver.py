@@ -1,6 +1,6 @@
 """The reference receiver (``python -m sinks.http.receiver``) on a free loopback port.
 
-Used as a pytest plugin (``pytest_plugins = ["tests.servers.http_receiver"]``) it provides:
+Used as a pytest plugin (``pytest_plugins = ["setups.servers.http_receiver"]``) it provides:
 
 * ``http_receiver`` (session): one receiver process for the whole run, requiring a bearer
   token and a signature, with its own SQLite store; stopped at the end.
@@ -35,8 +35,8 @@ from typing import Any
 
 import pytest
 
+from setups.servers.local import free_port, stop_process
 from sinks.http.protocol import WELL_KNOWN
-from tests.servers.local import free_port, stop_process
 
 HOST = "127.0.0.1"
 TOKEN = "test-bearer-token"

@@ -1,6 +1,6 @@
 """Private Apache Kafka brokers for tests and benchmarks: real KRaft single-node brokers.
 
-Used as a pytest plugin (``pytest_plugins = ["tests.servers.kafka"]``) it provides:
+Used as a pytest plugin (``pytest_plugins = ["setups.servers.kafka"]``) it provides:
 
 * ``kafka_broker`` (session): a :class:`KafkaBroker` (broker + controller in one JVM, loopback
   ports, its own log dir, ``-Xmx512m``, ``auto.create.topics.enable=false``) started once per
@@ -43,7 +43,7 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 from kafka.admin import NewTopic, TransactionState
 from kafka.structs import TopicPartition
 
-from tests.servers.local import free_port, stop_process
+from setups.servers.local import free_port, stop_process
 
 HOST = "127.0.0.1"
 REPO = Path(__file__).resolve().parents[2]

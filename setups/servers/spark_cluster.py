@@ -31,7 +31,7 @@ from pathlib import Path
 import pyspark
 import pytest
 
-from tests.servers.local import free_port
+from setups.servers.local import free_port
 
 HOST = "127.0.0.1"
 WORKERS = 2

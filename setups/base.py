@@ -1,0 +1,122 @@
+"""What every sink's test setup is: :class:`SinkSetup` (its running external system) and
+:class:`Target` (one fresh, empty target on it)."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
+
+from twophase import TwoPhaseCommitSink
+from twophase.testing.crash import SinkTarget
+
+
+class Proxy(Protocol):
+    """A TCP relay in front of a server (the chaos suite's fault proxy is one)."""
+
+    @property
+    def port(self) -> int: ...
+
+    @property
+    def address(self) -> str: ...
+
+
+#: Starts a relay to the given upstream port on loopback (and stops it on exit).
+ProxyFactory = Callable[[int], AbstractContextManager[Proxy]]
+
+
+@dataclass(eq=False)
+class Target:
+    """One fresh, empty target of a sink: the options the driver builds the sink from, what a
+    reader of it sees, what the server still holds in doubt for it."""
+
+    setup: SinkSetup = field(repr=False)
+    options: dict[str, Any]
+
+    @property
+    def factory(self) -> str:
+        return self.setup.factory
+
+    @property
+    def sink_target(self) -> SinkTarget:
+        """The sink as a driver process builds it (what the crash suite launches)."""
+        return SinkTarget(self.factory, self.options)
+
+    def build(self) -> TwoPhaseCommitSink[Any]:
+        return self.sink_target.build()
+
+    def visible(self) -> list[int]:
+        """The sorted event_id of every row a reader sees, repeats included."""
+        return sorted(self.setup.visible(self))
+
+    def in_doubt(self) -> list[Any]:
+        """What the server itself still holds open for this target (prepared transactions,
+        open uploads, open Kafka transactions): empty once every batch is finished."""
+        return self.setup.in_doubt(self)
+
+
+class SinkSetup(ABC):
+    """A sink's external system as the contract suite, the crash suite, the model, the chaos
+    suite and the benchmarks all take it: started by :meth:`started` (or built over servers
+    a test session already runs), fresh targets from :meth:`new_target`.
+
+    A subclass says how to start its server (behind a relay if given one), how to make a
+    fresh target and how to read one; ``killable`` if its server survives a SIGKILL with its
+    data (moto keeps objects in memory; SQLite has no server), ``networked`` if the sink
+    reaches it over TCP.
+    """
+
+    name: ClassVar[str]
+    factory: ClassVar[str]
+    killable: ClassVar[bool] = False
+    networked: ClassVar[bool] = True
+    #: Options of the model's targets (its examples are short-lived), over the defaults.
+    model_options: ClassVar[Mapping[str, Any]] = {}
+
+    def __init__(self, scratch: Path, proxy: Proxy | None = None) -> None:
+        self.scratch = scratch
+        self.proxy = proxy
+        self._numbers = itertools.count()
+
+    @classmethod
+    @abstractmethod
+    def started(cls, scratch: Path, proxy: ProxyFactory | None = None
+                ) -> AbstractContextManager[SinkSetup]:
+        """Start a private server with its files under ``scratch`` (behind ``proxy`` if
+        given: the sinks then reach it through the relay); stop it and delete all on exit."""
+
+    @abstractmethod
+    def target_options(self, **overrides: Any) -> dict[str, Any]:
+        """The sink options of a fresh, empty target (its table, topic or prefix made)."""
+
+    @abstractmethod
+    def visible(self, target: Target) -> list[int]:
+        """The event_id of every row a reader of ``target`` sees, read from the server."""
+
+    def in_doubt(self, target: Target) -> list[Any]:
+        """What the server holds open for ``target`` (see :meth:`Target.in_doubt`)."""
+        return []
+
+    def new_target(self, **overrides: Any) -> Target:
+        return Target(self, self.target_options(**overrides))
+
+    def kill_server(self) -> None:
+        raise NotImplementedError(f"{self.name} has no server to kill")
+
+    def start_server(self) -> None:
+        """Start the server again after :meth:`kill_server` (a no-op if it runs)."""
+        raise NotImplementedError(f"{self.name} has no server to start")
+
+    def number(self) -> int:
+        """A number not used before by this setup (for names of tables, prefixes, files)."""
+        return next(self._numbers)
+
+
+def relayed(proxy: ProxyFactory | None, port: int) -> AbstractContextManager[Proxy | None]:
+    """``proxy(port)``, or nothing when there is no relay."""
+    return proxy(port) if proxy is not None else contextlib.nullcontext()
