@@ -38,9 +38,10 @@ import pyarrow as pa
 from confluent_kafka import Producer
 
 from setups.servers.kafka import KafkaBroker, private_broker
-from sinks.kafka import KafkaSink, RecordShape
+from sinks.kafka import KafkaSink
 from sinks.kafka.arrow import columns_of
 from sinks.kafka.producer import PARTITIONER, librdkafka_names
+from sinks.kafka.records import RecordShape
 from twophase import Column
 from twophase.testing.contract import commit, context
 

@@ -16,9 +16,10 @@ import pytest
 from kafka import KafkaProducer
 
 from setups.servers.kafka import SHORT_MAX_TIMEOUT_MS, KafkaBroker
-from sinks.kafka import KafkaSink, pool_bound
+from sinks.kafka import KafkaSink
 from sinks.kafka.committer import describe
 from sinks.kafka.errors import classify
+from sinks.kafka.pool import pool_bound
 from tests.on_setup import KafkaTarget
 from twophase import (
     AbortOutcome,

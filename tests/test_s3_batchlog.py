@@ -10,8 +10,9 @@ import pytest
 from pyspark.sql import SparkSession
 
 from setups.servers.moto import MotoServer
-from sinks.s3 import META_TXN, S3Sink
+from sinks.s3 import S3Sink
 from sinks.s3.batchlog import COMPACT_INTERVAL, LOG_DIRECTORY, LOG_VERSION
+from sinks.s3.upload import META_TXN
 from tests.test_s3_sink import make_sink, objects, open_uploads
 from twophase import FatalError, Handle, RetryPolicy
 from twophase._coordinator import Coordinator

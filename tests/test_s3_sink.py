@@ -20,8 +20,9 @@ from botocore.exceptions import ClientError
 
 from setups.s3 import read_rows
 from setups.servers.moto import MotoServer
-from sinks.s3 import META_TXN, S3Sink
+from sinks.s3 import S3Sink
 from sinks.s3.errors import classify
+from sinks.s3.upload import META_TXN
 from tests.on_setup import S3Target
 from twophase import (
     AbortOutcome,

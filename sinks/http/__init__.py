@@ -26,30 +26,7 @@ module          role
 ==============  ===========================================================================
 """
 
-from sinks.http.committer import HttpCommitter
-from sinks.http.connection import HttpSettings
-from sinks.http.encoding import ENCODINGS
-from sinks.http.protocol import IDEMPOTENCY_KEY, REPLAYED, SIGNATURE, WELL_KNOWN, idempotency_key
-from sinks.http.sink import (
-    DEFAULT_KEY_EXPIRY_S,
-    DEFAULT_MAX_BYTES_PER_REQUEST,
-    DEFAULT_MAX_RECORDS_PER_REQUEST,
-    HttpSink,
-    HttpTransaction,
-)
+from sinks.http.protocol import IDEMPOTENCY_KEY, REPLAYED, SIGNATURE, WELL_KNOWN
+from sinks.http.sink import HttpSink
 
-__all__ = [
-    "DEFAULT_KEY_EXPIRY_S",
-    "DEFAULT_MAX_BYTES_PER_REQUEST",
-    "DEFAULT_MAX_RECORDS_PER_REQUEST",
-    "ENCODINGS",
-    "IDEMPOTENCY_KEY",
-    "REPLAYED",
-    "SIGNATURE",
-    "WELL_KNOWN",
-    "HttpCommitter",
-    "HttpSettings",
-    "HttpSink",
-    "HttpTransaction",
-    "idempotency_key",
-]
+__all__ = ["IDEMPOTENCY_KEY", "REPLAYED", "SIGNATURE", "WELL_KNOWN", "HttpSink"]

@@ -25,21 +25,6 @@ module          role
 ==============  ===========================================================================
 """
 
-from sinks.kafka.committer import KafkaCommitter
-from sinks.kafka.connection import KafkaSettings
-from sinks.kafka.pool import DEFAULT_ATTEMPT_SLOTS, pool_bound
-from sinks.kafka.records import RecordShape
-from sinks.kafka.registry import DEFAULT_REGISTRY_TOPIC
-from sinks.kafka.sink import DEFAULT_TRANSACTION_TIMEOUT_MS, KafkaSink, KafkaTransaction
+from sinks.kafka.sink import KafkaSink
 
-__all__ = [
-    "DEFAULT_ATTEMPT_SLOTS",
-    "DEFAULT_REGISTRY_TOPIC",
-    "DEFAULT_TRANSACTION_TIMEOUT_MS",
-    "KafkaCommitter",
-    "KafkaSettings",
-    "KafkaSink",
-    "KafkaTransaction",
-    "RecordShape",
-    "pool_bound",
-]
+__all__ = ["KafkaSink"]

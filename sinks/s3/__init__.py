@@ -22,25 +22,6 @@ module          role
 ==============  ===========================================================================
 """
 
-from sinks.s3.committer import S3Committer
-from sinks.s3.connection import S3Settings
-from sinks.s3.formats import FORMATS, arrow_type, unencodable
-from sinks.s3.keys import DEFAULT_KEY_TEMPLATE, KeyTemplate
-from sinks.s3.sink import DEFAULT_PART_SIZE, S3_MIN_PART_SIZE, S3Sink, S3Transaction
-from sinks.s3.upload import META_TXN, PartUploader
+from sinks.s3.sink import S3Sink
 
-__all__ = [
-    "DEFAULT_KEY_TEMPLATE",
-    "DEFAULT_PART_SIZE",
-    "FORMATS",
-    "META_TXN",
-    "S3_MIN_PART_SIZE",
-    "KeyTemplate",
-    "PartUploader",
-    "S3Committer",
-    "S3Settings",
-    "S3Sink",
-    "S3Transaction",
-    "arrow_type",
-    "unencodable",
-]
+__all__ = ["S3Sink"]
