@@ -1,9 +1,16 @@
-"""What every private test server needs: a free loopback port, and a way to stop its process."""
+"""What every private test server needs: a free loopback port, a way to stop its process, and
+(:class:`ServerProcess`) the life of a server process of its own."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import socket
 import subprocess
+import time
+from pathlib import Path
+from typing import Any, ClassVar
 
 HOST = "127.0.0.1"
 
@@ -26,3 +33,81 @@ def stop_process(process: subprocess.Popen[bytes] | None, timeout_s: float) -> N
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
+
+
+class ServerProcess:
+    """A private server process in a session of its own: started by a subclass's ``start``
+    through :meth:`_launch`, SIGKILLed with every child (:meth:`kill`, as a crash or a power
+    cut), stopped by its clean-shutdown signal, and waited for until :meth:`_ready`."""
+
+    #: The program's name, for messages.
+    program: ClassVar[str]
+    #: The signal of a clean (and quick) shutdown.
+    stop_signal: ClassVar[int] = signal.SIGTERM
+    ready_timeout_s: ClassVar[float] = 30.0
+    stop_timeout_s: ClassVar[float] = 30.0
+    poll_interval_s: ClassVar[float] = 0.05
+
+    def __init__(self, log: Path, port: int) -> None:
+        self.log, self.port = log, port
+        self._process: subprocess.Popen[bytes] | None = None
+
+    def _ready(self) -> bool:
+        """Whether the server takes connections now."""
+        raise NotImplementedError
+
+    def _launch(self, command: list[str], **popen: Any) -> None:
+        """Start ``command`` in a session of its own and wait until the server is ready."""
+        popen.setdefault("stdout", subprocess.DEVNULL)
+        popen.setdefault("stderr", subprocess.DEVNULL)
+        self._process = subprocess.Popen(command, stdin=subprocess.DEVNULL,
+                                         start_new_session=True, **popen)
+        deadline = time.monotonic() + self.ready_timeout_s
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                raise RuntimeError(f"{self.program} exited with {self._process.returncode} at "
+                                   f"start; log {self.log}:\n{self._log_tail()}")
+            if self._ready():
+                return
+            time.sleep(self.poll_interval_s)
+        raise RuntimeError(f"{self.program} on port {self.port} not ready after "
+                           f"{self.ready_timeout_s}s; log {self.log}:\n{self._log_tail()}")
+
+    def kill(self) -> None:
+        """SIGKILL the server and every process of its session (no shutdown, no flush)."""
+        process = self._process
+        if process is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        self._process = None
+
+    def stop(self) -> None:
+        """Shut down cleanly, or kill if it does not stop in time."""
+        process = self._process
+        if process is None:
+            return
+        process.send_signal(self.stop_signal)
+        try:
+            process.wait(timeout=self.stop_timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+        self._process = None
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    @property
+    def pid(self) -> int:
+        """The server's process id (a process group leader: its children are in its group)."""
+        if self._process is None:
+            raise RuntimeError(f"{self.program} is not running")
+        return self._process.pid
+
+    def _log_tail(self) -> str:
+        try:
+            return self.log.read_text(errors="replace")[-3000:]
+        except OSError:
+            return "(no log)"

@@ -25,10 +25,8 @@ import itertools
 import os
 import secrets
 import shutil
-import signal
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +35,7 @@ from typing import Any
 import pymysql
 import pytest
 
-from setups.servers.local import free_port
+from setups.servers.local import ServerProcess, free_port
 from twophase import Handle
 
 SERVER_BINARY = "mariadbd"
@@ -51,8 +49,6 @@ HOST = "127.0.0.1"
 DATABASE = "twophase_test"
 USER = "twophase"
 READY_TIMEOUT_S = 30.0
-STOP_TIMEOUT_S = 30.0
-POLL_INTERVAL_S = 0.05
 INSTALL_TIMEOUT_S = 120.0
 
 # Small and fast, but durable like production: every commit and prepare is fsynced to the redo
@@ -105,17 +101,17 @@ class ConnectionParams:
                 f"password='***', database={self.database!r})")
 
 
-class MariaDBServer:
+class MariaDBServer(ServerProcess):
     """One private mariadbd process on its own datadir, port and socket."""
 
+    program = SERVER_BINARY
+
     def __init__(self, base_dir: Path) -> None:
+        super().__init__(base_dir / "error.log", free_port(HOST))
         self.base_dir = base_dir
         self.datadir = base_dir / "data"
         self.socket = base_dir / "mariadb.sock"
-        self.error_log = base_dir / "error.log"
-        self.port = free_port(HOST)
         self.params = ConnectionParams(HOST, self.port, USER, secrets.token_hex(12), DATABASE)
-        self._process: subprocess.Popen[bytes] | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -139,50 +135,15 @@ class MariaDBServer:
         command = [
             _binary(SERVER_BINARY), "--no-defaults", f"--datadir={self.datadir}",
             f"--socket={self.socket}", f"--port={self.port}", f"--bind-address={HOST}",
-            f"--pid-file={self.base_dir / 'mariadbd.pid'}", f"--log-error={self.error_log}",
+            f"--pid-file={self.base_dir / 'mariadbd.pid'}", f"--log-error={self.log}",
             f"--tmpdir={self.base_dir}", *SERVER_OPTIONS, *self._user_option(),
         ]
-        self._process = subprocess.Popen(command, stdin=subprocess.DEVNULL,
-                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                         start_new_session=True)
-        self._wait_ready()
-
-    def kill(self) -> None:
-        """SIGKILL the server, as a crash or power cut would (no shutdown, no flush)."""
-        process = self._process
-        if process is None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            process.send_signal(signal.SIGKILL)
-        process.wait()
-        self._process = None
+        self._launch(command)
 
     def restart_after_kill(self) -> None:
         """kill -9 and start again on the same datadir and port (crash recovery runs)."""
         self.kill()
         self.start()
-
-    def stop(self) -> None:
-        """Shut down cleanly (SIGTERM), or kill if it does not stop in time."""
-        process = self._process
-        if process is None:
-            return
-        process.terminate()
-        try:
-            process.wait(timeout=STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            self.kill()
-        self._process = None
-
-    @property
-    def pid(self) -> int:
-        if self._process is None:
-            raise RuntimeError("the server is not running")
-        return self._process.pid
-
-    @property
-    def running(self) -> bool:
-        return self._process is not None and self._process.poll() is None
 
     # -- administration --------------------------------------------------------------------
 
@@ -235,28 +196,10 @@ class MariaDBServer:
     def _user_option() -> list[str]:
         return ["--user=root"] if os.geteuid() == 0 else []
 
-    def _ping(self) -> bool:
+    def _ready(self) -> bool:
         command = [_binary(ADMIN_BINARY), "--no-defaults", f"--socket={self.socket}",
                    f"--user={_os_user()}", "--connect-timeout=1", "ping"]
         return subprocess.run(command, capture_output=True, check=False).returncode == 0
-
-    def _wait_ready(self) -> None:
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self._process is not None and self._process.poll() is not None:
-                raise RuntimeError(f"mariadbd exited with {self._process.returncode} at start; "
-                                   f"log {self.error_log}:\n{self._log_tail()}")
-            if self._ping():
-                return
-            time.sleep(POLL_INTERVAL_S)
-        raise RuntimeError(f"mariadbd on port {self.port} not ready after {READY_TIMEOUT_S}s; "
-                           f"log {self.error_log}:\n{self._log_tail()}")
-
-    def _log_tail(self) -> str:
-        try:
-            return self.error_log.read_text(errors="replace")[-3000:]
-        except OSError:
-            return "(no error log)"
 
 
 @contextlib.contextmanager

@@ -33,7 +33,6 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +42,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from setups.servers.local import HOST, free_port
+from setups.servers.local import HOST, ServerProcess, free_port
 
 BIN_DIRS = tuple(sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True))
 INSTALL_HINT = "install Debian's PostgreSQL server: apt-get install postgresql"
@@ -52,8 +51,6 @@ SUPERUSER = "postgres"
 DATABASE = "twophase_test"
 USER = "twophase"
 READY_TIMEOUT_S = 60.0
-STOP_TIMEOUT_S = 30.0
-POLL_INTERVAL_S = 0.05
 INITDB_TIMEOUT_S = 120.0
 SERVER_SETTINGS = {
     "max_prepared_transactions": "64",
@@ -110,17 +107,19 @@ class PgParams:
                 f"password='***', database={self.database!r})")
 
 
-class PostgresServer:
+class PostgresServer(ServerProcess):
     """One private postgres process tree on its own data directory, port and socket."""
 
+    program = "postgres"
+    stop_signal = signal.SIGINT  # "fast" shutdown
+    ready_timeout_s = READY_TIMEOUT_S
+
     def __init__(self, base_dir: Path, settings: Mapping[str, str] | None = None) -> None:
+        super().__init__(base_dir / "server.log", free_port(HOST))
         self.base_dir = base_dir
         self.settings = {**SERVER_SETTINGS, **(settings or {})}
         self.datadir = base_dir / "data"
-        self.log = base_dir / "server.log"
-        self.port = free_port(HOST)
         self.params = PgParams(HOST, self.port, USER, secrets.token_hex(12), DATABASE)
-        self._process: subprocess.Popen[bytes] | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -147,43 +146,7 @@ class PostgresServer:
         for name, value in settings.items():
             command += ["-c", f"{name}={value}"]
         with self.log.open("ab") as log:
-            self._process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log,
-                                             stderr=subprocess.STDOUT, start_new_session=True,
-                                             **_run_as())
-        self._wait_ready()
-
-    def kill(self) -> None:
-        """SIGKILL the postmaster and every backend, as a crash would (no shutdown)."""
-        process = self._process
-        if process is None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-        self._process = None
-
-    def stop(self) -> None:
-        """Fast shutdown (SIGINT), or kill if it does not stop in time."""
-        process = self._process
-        if process is None:
-            return
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(timeout=STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            self.kill()
-        self._process = None
-
-    @property
-    def running(self) -> bool:
-        return self._process is not None and self._process.poll() is None
-
-    @property
-    def pid(self) -> int:
-        """The postmaster's process id (its backends are its children)."""
-        if self._process is None:
-            raise RuntimeError("the server is not running")
-        return self._process.pid
+            self._launch(command, stdout=log, stderr=subprocess.STDOUT, **_run_as())
 
     # -- administration --------------------------------------------------------------------
 
@@ -208,25 +171,12 @@ class PostgresServer:
                                password=params.password, dbname=params.database,
                                sslmode="disable", **options)
 
-    def _wait_ready(self) -> None:
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self._process is not None and self._process.poll() is not None:
-                raise RuntimeError(f"postgres exited with {self._process.returncode} at start; "
-                                   f"log {self.log}:\n{self._log_tail()}")
-            try:
-                with self.superuser():
-                    return
-            except psycopg.OperationalError:
-                time.sleep(POLL_INTERVAL_S)
-        raise RuntimeError(f"postgres on port {self.port} not ready after {READY_TIMEOUT_S}s; "
-                           f"log {self.log}:\n{self._log_tail()}")
-
-    def _log_tail(self) -> str:
+    def _ready(self) -> bool:
         try:
-            return self.log.read_text(errors="replace")[-3000:]
-        except OSError:
-            return "(no log)"
+            with self.superuser():
+                return True
+        except psycopg.OperationalError:
+            return False
 
 
 @contextlib.contextmanager
