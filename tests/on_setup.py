@@ -14,16 +14,18 @@ from twophase.testing.crash import SinkTarget
 
 
 class OnSetup:
-    """Inherit it before the suite; override the ``sink_setup`` fixture (a setup fixture of
-    ``tests/conftest.py``); ``target_options`` go to every target (or override the
+    """Inherit it before the suite and name the setup fixture of ``tests/conftest.py`` in
+    ``setup_fixture``; ``target_options`` go to every target (or override the
     ``target_overrides`` fixture where they need other fixtures)."""
 
+    setup_fixture: ClassVar[str]
     target_options: ClassVar[Mapping[str, Any]] = {}
     current: Target
 
     @pytest.fixture
-    def sink_setup(self) -> SinkSetup:
-        raise NotImplementedError("override sink_setup: return one of conftest's setups")
+    def sink_setup(self, request: pytest.FixtureRequest) -> SinkSetup:
+        setup: SinkSetup = request.getfixturevalue(self.setup_fixture)
+        return setup
 
     @pytest.fixture
     def target_overrides(self) -> Mapping[str, Any]:
@@ -48,36 +50,24 @@ class OnSetup:
 
 
 class SQLiteTarget(OnSetup):
-    @pytest.fixture
-    def sink_setup(self, sqlite_setup: SinkSetup) -> SinkSetup:
-        return sqlite_setup
+    setup_fixture = "sqlite_setup"
 
 
 class MySQLTarget(OnSetup):
-    @pytest.fixture
-    def sink_setup(self, mysql_setup: SinkSetup) -> SinkSetup:
-        return mysql_setup
+    setup_fixture = "mysql_setup"
 
 
 class PostgresTarget(OnSetup):
-    @pytest.fixture
-    def sink_setup(self, postgres_setup: SinkSetup) -> SinkSetup:
-        return postgres_setup
+    setup_fixture = "postgres_setup"
 
 
 class S3Target(OnSetup):
-    @pytest.fixture
-    def sink_setup(self, s3_setup: SinkSetup) -> SinkSetup:
-        return s3_setup
+    setup_fixture = "s3_setup"
 
 
 class KafkaTarget(OnSetup):
-    @pytest.fixture
-    def sink_setup(self, kafka_setup: SinkSetup) -> SinkSetup:
-        return kafka_setup
+    setup_fixture = "kafka_setup"
 
 
 class HttpTarget(OnSetup):
-    @pytest.fixture
-    def sink_setup(self, http_setup: SinkSetup) -> SinkSetup:
-        return http_setup
+    setup_fixture = "http_setup"

@@ -1,7 +1,8 @@
 """On a real Spark standalone cluster (a master and two workers, executors in their own JVMs and
 Python workers, in a mount namespace where the driver's disk is an empty tmpfs).
 
-The crash suite runs for the networked sinks (MySQL, S3, Kafka, HTTP) with the driver killed
+The crash suite runs for the networked sinks (MySQL and S3 in CI; PostgreSQL, Kafka and HTTP
+under ``-m long``) with the driver killed
 at every driver-side point and an executor killed after its pre-commit: with the state on the
 driver's disk (tasks cannot read it; they learn with the task which batches were decided before
 the run) and with the state on S3 (tasks read it there). Plus the proof that executors cannot
@@ -21,7 +22,7 @@ import pytest
 
 from setups.servers.moto import MotoServer
 from setups.servers.spark_cluster import SparkCluster
-from tests.on_setup import HttpTarget, KafkaTarget, MySQLTarget, S3Target
+from tests.on_setup import HttpTarget, KafkaTarget, MySQLTarget, PostgresTarget, S3Target
 from tests.test_failover import s3_state
 from twophase._state import StateStore
 from twophase.testing.crash import CrashSuite
@@ -61,6 +62,11 @@ class OnCluster:
 
 class TestMySQLOnCluster(OnCluster, MySQLTarget, CrashSuite):
     """State on the driver's disk: tasks cannot read it."""
+
+
+@pytest.mark.long
+class TestPostgresOnCluster(OnCluster, PostgresTarget, CrashSuite):
+    """Prepared transactions opened by executors, committed by the driver's session."""
 
 
 @pytest.mark.long
