@@ -55,8 +55,10 @@ class TestMySQLCrashes(MySQLTarget, CrashSuite):
         assert self.current.in_doubt() == []
 
 
+@pytest.mark.long
 class TestJsonLinesCrashes(CrashSuite):
-    """The sink a user wrote from the README survives the same crashes."""
+    """The sink a user wrote from the README survives the same crashes (its contract suite
+    runs in CI: tests/test_user_sink.py)."""
 
     @pytest.fixture
     def target(self, tmp_path: Path) -> SinkTarget:

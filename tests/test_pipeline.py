@@ -63,6 +63,7 @@ def _move_to_topic(broker: KafkaBroker, topic: str, feed: Path) -> None:
         path.unlink()
 
 
+@pytest.mark.long
 class TestKafkaToMySQL(KafkaSource, MySQLTarget, CrashSuite):
     """Kafka in, MariaDB out: no XA branch left prepared at the end."""
 
