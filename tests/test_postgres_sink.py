@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from setups import PostgresSetup, SinkSetup, Target
+from setups import PostgresSetup, Target
 from setups.servers.postgres import PgView, PostgresServer
 from sinks.postgres import PostgresSink
 from sinks.postgres.errors import ERRORS
-from tests.on_setup import OnSetup
+from tests.on_setup import PostgresTarget
 from twophase import (
     Column,
     CommitOutcome,
@@ -39,10 +39,8 @@ from twophase.testing.contract import (
 )
 
 
-class TestPostgresContract(OnSetup, SinkContract):
-    @pytest.fixture
-    def sink_setup(self, postgres_setup: PostgresSetup) -> SinkSetup:
-        return postgres_setup
+class TestPostgresContract(PostgresTarget, SinkContract):
+    """The shared contract over a fresh table of the private server."""
 
 
 @pytest.fixture
@@ -181,7 +179,8 @@ def test_prepared_transactions_disabled_is_named_by_its_setting(tmp_path: Path) 
     reaches it anyway (the check skipped) is a configuration error too, naming the setting."""
     with PostgresSetup.started(tmp_path, settings={"max_prepared_transactions": "0"}) as setup:
         view = setup.view
-        sink = PostgresSink(**setup.new_target().options)
+        sink = setup.new_target().build()
+        assert isinstance(sink, PostgresSink)
         with pytest.raises(ConfigurationError, match=r"max_prepared_transactions = 0.*Fix: set"):
             sink.check_schema(ORDER_COLUMNS)
         sink.create_tables()
