@@ -203,6 +203,19 @@ def test_a_concurrent_attempt_never_takes_over_a_pre_committed_transaction(
     assert kafka_broker.event_ids(kafka_topic) == [0, 1]
 
 
+def test_ids_described_in_one_request_leave_out_the_unknown_ones(
+        kafka_broker: KafkaBroker, kafka_topic: str) -> None:
+    """One unknown id fails a batched DescribeTransactions: each id is then described alone."""
+    sink = make_sink(kafka_broker, kafka_topic)
+    handle = prepare(sink, orders(0, 1))
+    tid = str(handle.data["transactional_id"])
+    described = describe(sink.settings.admin(), [tid, f"{kafka_topic}-never-used"])
+    assert list(described) == [tid]
+    assert (described[tid].producer_id, described[tid].producer_epoch) == (
+        handle.data["producer_id"], handle.data["epoch"])
+    assert commit(sink, handle) is CommitOutcome.COMMITTED
+
+
 # -- bad input ---------------------------------------------------------------------------------
 
 

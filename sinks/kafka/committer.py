@@ -62,6 +62,9 @@ log = logging.getLogger(__name__)
 
 _RETRY_CODES = frozenset({CONCURRENT_TRANSACTIONS, "COORDINATOR_LOAD_IN_PROGRESS",
                           "COORDINATOR_NOT_AVAILABLE", "NOT_COORDINATOR"})
+#: What a describe raises while an id's coordinator is being found (or has moved).
+_COORDINATOR_LOOKUP_ERRORS = (NodeNotReadyError, CoordinatorNotAvailableError,
+                              NotCoordinatorError)
 
 
 #: Quick in-place attempts at describing an id while its coordinator is looked up.
@@ -74,7 +77,7 @@ LOOKUP_BACKOFF_S = 0.05
 #: How long a commit or abort waits for the coordinator to finish writing its markers (then it
 #: is retried: the decision is logged, so the retry finds it and waits again).
 MARKERS_TIMEOUT_S = 30.0
-MARKERS_FIRST_BACKOFF_S = 0.005
+MARKERS_FIRST_BACKOFF_S = 0.001
 MARKERS_MAX_BACKOFF_S = 0.2
 
 
@@ -90,9 +93,19 @@ def deadline_of(handle: Handle) -> str:
 
 
 def describe(admin: KafkaAdminClient, tids: Iterable[str]) -> dict[str, TransactionDescription]:
-    """The coordinators' view of ``tids``; ids unknown to them are left out."""
+    """The coordinators' view of ``tids``; ids unknown to them are left out.
+
+    One request per coordinator; if it fails (one unknown id fails it all, or a coordinator
+    moved), each id is described on its own."""
+    tids = list(tids)
+    if len(tids) > 1:
+        try:
+            described: dict[str, TransactionDescription] = admin.describe_transactions(tids)
+            return described
+        except (TransactionalIdNotFoundError, *_COORDINATOR_LOOKUP_ERRORS):
+            log.debug("describing %s one by one", tids, exc_info=True)
     found: dict[str, TransactionDescription] = {}
-    for tid in tids:  # one unknown id fails a batched request: describe them one by one
+    for tid in tids:
         found.update(_describe_one(admin, tid))
     return found
 
@@ -106,7 +119,7 @@ def _describe_one(admin: KafkaAdminClient, tid: str) -> dict[str, TransactionDes
             return described
         except TransactionalIdNotFoundError:
             return {}
-        except (NodeNotReadyError, CoordinatorNotAvailableError, NotCoordinatorError):
+        except _COORDINATOR_LOOKUP_ERRORS:
             forget_coordinator(admin, tid)
             if attempt == LOOKUP_ATTEMPTS - 1:
                 raise

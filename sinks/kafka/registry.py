@@ -41,7 +41,10 @@ REGISTRY_PARTITION = 0
 #: Compaction settings: roll hourly so old entries of a pooled id are cleaned away.
 REGISTRY_CONFIGS = {"cleanup.policy": "compact", "segment.ms": "3600000",
                     "min.cleanable.dirty.ratio": "0.1"}
-POLL_MS = 200
+#: One wait for the next fetch while catching up to the end offset. Short: when the last
+#: thing to read is a transaction marker (after every commit), a poll returns no record and
+#: waits out its whole timeout, though the position has reached the end.
+POLL_MS = 5
 READ_TIMEOUT_S = 60.0
 
 _views: dict[tuple[Any, ...], _View] = {}

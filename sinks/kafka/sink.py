@@ -13,12 +13,17 @@ phase       calls                  a crash here leaves   resolved by            
 ==========  =====================  ====================  =====================  ==================
 begin       ListTransactions +     an initialised id     nothing to resolve;    RetryableError
             DescribeTransactions   with an empty or      an open transaction    (every slot held,
-            (pool slot), registry  registry-only open    is listed by           broker down),
-            read, InitProducerId   transaction, or       ``list_in_doubt`` and  FatalError (id
-            (aborts the slot's     nothing               aborted by the sweep,  committed before)
-            orphan), Describe-                           or taken over by the
-            Transactions (its                            next init, or timed
-            producer id, epoch),                         out by the broker
+            (pool slot: one        registry-only open    is listed by           broker down),
+            request), registry     transaction, or       ``list_in_doubt`` and  FatalError (id
+            read, while the        nothing               aborted by the sweep,  committed before)
+            producer connects;                           or taken over by the
+            Metadata (from an                            next init, or timed
+            advertised broker),                          out by the broker
+            InitProducerId
+            (aborts the slot's
+            orphan), Describe-
+            Transactions (its
+            producer id, epoch),
             registry record
             (flushed)
 write       Produce (librdkafka,   an open transaction   as begin               ConfigurationError
@@ -102,6 +107,7 @@ from twophase import (
     RetryableError,
     TransactionContext,
     TwoPhaseCommitSink,
+    TxnId,
 )
 from twophase.kit import CommitsViaCommitter, classified, namespace_from
 
@@ -238,22 +244,41 @@ class KafkaSink(CommitsViaCommitter, TwoPhaseCommitSink[KafkaTransaction]):
     # -- executor ------------------------------------------------------------------------------
 
     def begin_transaction(self, ctx: TransactionContext) -> KafkaTransaction:
-        txn = ctx.txn_id
-        with classified(classify, f"opening transaction {txn}", KAFKA_ERRORS):
+        with classified(classify, f"opening transaction {ctx.txn_id}", KAFKA_ERRORS):
             admin = self.settings.admin()
-            ids = candidates(self.transactional_id_prefix, txn, self.attempt_slots)
-            known = set(coordinator.list_ids(admin, partition_pattern(
-                self.transactional_id_prefix, txn)))
-            descriptions = coordinator.describe(admin, [tid for tid in ids if tid in known])
-            entries = registry.read(self.settings, self.registry_topic) if known else {}
-            tid = choose(txn, ids, descriptions, entries)
+            producer = self._producer_of_free_slot(admin, ctx.txn_id)
             opened_ms = int(time.time() * 1000)
-            producer = TransactionalProducer(self._producer_configs(), tid)
             try:
                 return self._open(ctx, producer, admin, opened_ms)
             except BaseException:
                 producer.abort()
                 raise
+
+    def _producer_of_free_slot(self, admin: Any, txn: TxnId) -> TransactionalProducer:
+        """A producer (not initialised) for the pooled id ``txn`` may take
+        (:func:`~sinks.kafka.pool.choose`). It is made for ``txn``'s first candidate before
+        the pool is looked up, so that it connects meanwhile; a producer never initialised
+        has not touched its id, so dropping it (another slot chosen, or none) is harmless."""
+        ids = candidates(self.transactional_id_prefix, txn, self.attempt_slots)
+        producer = TransactionalProducer(self._producer_configs(), ids[0])
+        try:
+            tid = self._free_slot(admin, txn, ids)
+        except BaseException:
+            producer.release()
+            raise
+        if tid == producer.transactional_id:
+            return producer
+        producer.release()
+        return TransactionalProducer(self._producer_configs(), tid)
+
+    def _free_slot(self, admin: Any, txn: TxnId, ids: Sequence[str]) -> str:
+        """The first of ``ids`` that ``txn`` may initialise, by the coordinator's description
+        of each and the registry (read only once the pool has been used)."""
+        known = set(coordinator.list_ids(admin, partition_pattern(
+            self.transactional_id_prefix, txn)))
+        descriptions = coordinator.describe(admin, [tid for tid in ids if tid in known])
+        entries = registry.read(self.settings, self.registry_topic) if known else {}
+        return choose(txn, ids, descriptions, entries)
 
     def _producer_configs(self) -> dict[str, Any]:
         configs = {**self.settings.librdkafka_configs(),
@@ -267,6 +292,7 @@ class KafkaSink(CommitsViaCommitter, TwoPhaseCommitSink[KafkaTransaction]):
     def _open(self, ctx: TransactionContext, producer: TransactionalProducer, admin: Any,
               opened_ms: int) -> KafkaTransaction:
         tid = producer.transactional_id
+        producer.connect(self.registry_topic, INIT_TIMEOUT_S)
         producer.begin(INIT_TIMEOUT_S)
         identity = _identity(admin, tid)
         deadline_ms = opened_ms + self.transaction_timeout_ms
