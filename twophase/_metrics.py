@@ -1,8 +1,8 @@
 """A query's cumulative counts, kept in its state file: the durable half of the metrics.
 
 Why the state file, and not counters in memory or prometheus_client's multiprocess mode:
-Spark runs a stream's ``commit`` in a fresh Python process per call (the Data Source path),
-on Spark Connect in the server's processes, and a crash or a restart kills them all. Counts
+Spark runs a stream's ``commit`` in a Python worker it may replace between calls (the Data
+Source path), on Spark Connect in the server's processes, and a crash or a restart kills them all. Counts
 kept in memory die with those processes; a multiprocess directory must be on the host of
 every one of them and resets with every restart. The state file is already written by the
 very steps being counted (the decision, the batch marked done), survives restarts and moves

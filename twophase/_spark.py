@@ -1,9 +1,9 @@
 """The Spark side of the protocol: what runs in executors and in Spark's commit process.
 
 Spark 4's Python Data Source API calls ``write(iterator)`` once per partition on an executor and
-``commit(messages, batchId)`` / ``abort(messages, batchId)`` on the driver, in a fresh Python
-process each time, on a fresh writer. Nothing survives in memory between those calls, so all
-they share is a :class:`RunConfig` (pickled with the data source class) and the state file.
+``commit(messages, batchId)`` / ``abort(messages, batchId)`` on the driver, in a Python worker
+that Spark may reuse or replace between calls, always on a fresh writer. Nothing can be counted
+on to survive in memory between those calls, so all they share is a :class:`RunConfig` (pickled with the data source class) and the state file.
 
 On Spark Connect the caller is a client and the driver is the server: :func:`on_spark_side`
 runs the takeover in a task there, and :class:`ForeachBatchWriter` writes each batch through
