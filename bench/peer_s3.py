@@ -7,7 +7,7 @@ own Parquet file sink through ``s3a://`` (Hadoop's S3A connector; at least once,
 The peer's jars: ``hadoop-aws`` at the version of the Hadoop client pyspark ships (3.5.0) and
 the AWS SDK v2 ``bundle`` it names, from Maven Central (``scripts/bench-jars``). S3A is pointed
 at moto with path-style access, plain HTTP and the server's static keys. Both write Parquet,
-Spark's default compression for the peer (snappy) and the sink's default (none) as a user
+Spark's default compression for the peer (snappy) and the sink's default (snappy too) as a user
 would leave them; every run writes into a fresh bucket, counted by reading back every Parquet
 object the run's writer made visible (the sink's objects; the files the peer's metadata log
 lists).

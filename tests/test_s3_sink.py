@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Mapping
+from dataclasses import replace
 from decimal import Decimal
 from typing import Any, ClassVar
 
@@ -294,6 +295,14 @@ def test_credentials_stay_out_of_repr_and_pickles_hold_no_client(moto_server: Mo
     secret = moto_server.options()["secret_access_key"]
     assert secret not in repr(sink) and secret not in repr(sink.settings)
     assert b"botocore" not in pickle.dumps(sink)
+
+
+def test_one_client_serves_every_bucket_of_an_endpoint(moto_server: MotoServer) -> None:
+    settings = make_sink(moto_server, "bucket-a").settings
+    assert replace(settings, bucket="bucket-b").client() is settings.client()
+    assert replace(settings, access_key_id="other").client() is not settings.client()
+    assert settings.client(max_attempts=1) is not settings.client()
+
 
 
 # -- a writer killed mid-upload ----------------------------------------------------------------

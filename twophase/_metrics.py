@@ -2,8 +2,8 @@
 
 Why the state file, and not counters in memory or prometheus_client's multiprocess mode:
 Spark runs a stream's ``commit`` in a Python worker it may replace between calls (the Data
-Source path), on Spark Connect in the server's processes, and a crash or a restart kills them all. Counts
-kept in memory die with those processes; a multiprocess directory must be on the host of
+Source path), on Spark Connect in the server's processes, and a crash or a restart kills them
+all. Counts kept in memory die with those processes; a multiprocess directory must be on the host of
 every one of them and resets with every restart. The state file is already written by the
 very steps being counted (the decision, the batch marked done), survives restarts and moves
 with the checkpoint, and is read by every process that can see the query: the driver (the

@@ -3,7 +3,8 @@
 Spark 4's Python Data Source API calls ``write(iterator)`` once per partition on an executor and
 ``commit(messages, batchId)`` / ``abort(messages, batchId)`` on the driver, in a Python worker
 that Spark may reuse or replace between calls, always on a fresh writer. Nothing can be counted
-on to survive in memory between those calls, so all they share is a :class:`RunConfig` (pickled with the data source class) and the state file.
+on to survive in memory between those calls, so all they share is a :class:`RunConfig`
+(pickled with the data source class) and the state file.
 
 On Spark Connect the caller is a client and the driver is the server: :func:`on_spark_side`
 runs the takeover in a task there, and :class:`ForeachBatchWriter` writes each batch through
@@ -37,6 +38,7 @@ from twophase._rows import INSTANT_TYPE, plain_rows, positions
 from twophase._state import NO_BATCH, State, StateStore
 from twophase._storage import FILE_SCHEME, local_path
 from twophase._task import Delivery, arrow_delivery, rows_delivery, run_transaction
+from twophase._workers import keep_out_of_worker_collections
 from twophase.errors import ConfigurationError, FatalError, TwoPhaseError
 from twophase.sink import Column, TransactionContext, TwoPhaseCommitSink
 
@@ -109,6 +111,7 @@ def write_partition(
     config: RunConfig, deliver: Delivery, *, batch: int, query_id: str
 ) -> TwoPhaseMessage:
     """Begin, write and pre-commit this task's rows; or nothing, if the batch is decided."""
+    keep_out_of_worker_collections()
     if batch <= config.decided_through:
         log.info("batch %d was decided before this run: its replay writes nothing", batch)
         return TwoPhaseMessage(query_id=query_id, handle=None)
@@ -234,6 +237,7 @@ def is_remote(location: str) -> bool:
 def commit_messages(
     config: RunConfig, messages: Sequence[WriterCommitMessage | None], batch: int
 ) -> None:
+    keep_out_of_worker_collections()
     present = _ours(messages)
     if len(present) < len(messages):
         raise FatalError(f"batch {batch}: {len(messages) - len(present)} of {len(messages)} "

@@ -18,7 +18,8 @@ module          role
 ``formats``     Parquet (from Arrow), CSV, JSON Lines (+ gzip); what each cannot hold
 ``keys``        object keys from a template; transaction ids read back from keys
 ``errors``      every S3 error code and how it is classified: the one place
-``connection``  settings (credentials hidden) and one boto3 client per process
+``connection``  settings (credentials hidden); one boto3 session per process, one client
+                per endpoint and credentials
 ==============  ===========================================================================
 """
 

@@ -1,15 +1,17 @@
 """Where the objects go and how the sink reaches them: :class:`S3Settings`, and boto3 clients.
 
-A client is made lazily, at most one per process and settings (boto3 clients are thread-safe),
-and never pickled: the sink holds only the settings. Credentials come from the options or from
-boto3's own chain; ``repr`` never shows them, and nothing logs them.
+A client is made lazily, at most one per process, connection and attempt count (boto3 clients
+are thread-safe; one serves every bucket of its endpoint and credentials), and never pickled:
+the sink holds only the settings. Every client of a process comes from one boto3 session, so
+botocore parses S3's service model once, not once per client. Credentials come from the options
+or from boto3's own chain; ``repr`` never shows them, and nothing logs them.
 """
 
 from __future__ import annotations
 
 import os
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import boto3
@@ -25,6 +27,7 @@ DEFAULT_MAX_ATTEMPTS = 3
 MAX_POOL_CONNECTIONS = 32
 
 _clients: dict[tuple[Any, ...], Any] = {}
+_sessions: dict[int, boto3.session.Session] = {}
 _clients_lock = threading.Lock()
 
 
@@ -49,13 +52,17 @@ class S3Settings:
         return f"s3://{self.bucket}" + (f" at {self.endpoint_url}" if self.endpoint_url else "")
 
     def client(self, *, max_attempts: int = DEFAULT_MAX_ATTEMPTS) -> Any:
-        """This process's client for these settings (made on first use)."""
-        key = (os.getpid(), self, max_attempts)
+        """This process's client for this endpoint and these credentials (made on first use)."""
+        key = (os.getpid(), self._connection(), max_attempts)
         with _clients_lock:
             client = _clients.get(key)
             if client is None:
                 client = _clients[key] = self._new_client(max_attempts)
             return client
+
+    def _connection(self) -> S3Settings:
+        """These settings without the bucket: what a client depends on."""
+        return replace(self, bucket="")
 
     def _new_client(self, max_attempts: int) -> Any:
         config = Config(
@@ -67,8 +74,16 @@ class S3Settings:
             read_timeout=self.read_timeout_s,
             max_pool_connections=MAX_POOL_CONNECTIONS,
         )
-        session = boto3.session.Session()
-        return session.client(
+        return _session().client(
             "s3", endpoint_url=self.endpoint_url, region_name=self.region,
             aws_access_key_id=self.access_key_id, aws_secret_access_key=self.secret_access_key,
             aws_session_token=self.session_token, config=config)
+
+
+def _session() -> boto3.session.Session:
+    """This process's boto3 session (call with ``_clients_lock`` held: sessions are not
+    thread-safe)."""
+    session = _sessions.get(os.getpid())
+    if session is None:
+        session = _sessions[os.getpid()] = boto3.session.Session()
+    return session

@@ -8,8 +8,9 @@ what the encoder holds (one record batch), whatever the partition's size.
 
 The upload itself is created with the first part (the transaction id goes into its metadata):
 a partition without rows creates none. :meth:`PartUploader.finish` uploads the last part (it
-may be smaller than the others) and returns the part numbers and ETags that
-``CompleteMultipartUpload`` needs.
+may be smaller than the others) on the calling thread while the earlier ones finish, and returns
+the part numbers and ETags that ``CompleteMultipartUpload`` needs: a partition of one part
+starts no thread at all.
 """
 
 from __future__ import annotations
@@ -103,7 +104,9 @@ class PartUploader:
         upload_id: str = reply["UploadId"]
         return upload_id
 
-    def _send(self, body: bytearray) -> None:
+    def _send(self, body: bytearray, *, last: bool = False) -> None:
+        """Upload ``body`` as the next part: in the background, or (``last``, or nothing may
+        be in flight) on this thread, which has to wait for it anyway."""
         if self.upload_id is None:
             self.upload_id = self._create()
         number = len(self._parts) + len(self._pending) + 1
@@ -111,7 +114,7 @@ class PartUploader:
             raise FatalError(
                 f"S3Sink: s3://{self.bucket}/{self.key} would need more than {MAX_PARTS} parts "
                 f"of {self.part_size} bytes.", fix="raise part_size= (or repartition finer)")
-        if self.max_in_flight <= 0:
+        if last or self.max_in_flight <= 0:
             self._parts.append(self._upload_part(number, body))
             return
         while len(self._pending) >= self.max_in_flight:
@@ -133,10 +136,10 @@ class PartUploader:
         """Upload the last part, wait for every part; None if nothing was ever written."""
         if self._size == 0:
             return None
-        if self._buffer:
-            part, self._buffer = self._buffer, bytearray()
-            self._send(part)
         try:
+            if self._buffer:
+                part, self._buffer = self._buffer, bytearray()
+                self._send(part, last=True)
             while self._pending:
                 self._parts.append(self._pending.popleft().result())
         finally:

@@ -1,0 +1,50 @@
+"""Spark's reused Python workers: the long-lived heap is kept out of their per-task collections
+(``twophase._workers``), in a process of their kind and only there."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from twophase._workers import FREEZE_AT_UNIT, SPARK_REUSE_WORKER_ENV
+
+#: Units of work as a reused worker runs them: each followed by the daemon's full collection.
+_UNITS_OF_WORK = """
+import gc, sys
+import pyarrow, boto3  # what a worker holds: Spark's Arrow reader, a sink's client library
+from twophase._workers import keep_out_of_worker_collections
+frozen = []
+for _ in range(int(sys.argv[1])):
+    keep_out_of_worker_collections()
+    gc.collect()  # what pyspark.daemon does after every task of a reused worker
+    frozen.append(gc.get_freeze_count())
+print(*frozen, len(gc.get_objects()))
+"""
+
+
+def units_of_work(units: int, *, reused: bool) -> tuple[list[int], int]:
+    """The freeze count after each unit, and the objects a collection still walks at the end."""
+    env = {key: value for key, value in os.environ.items() if key != SPARK_REUSE_WORKER_ENV}
+    if reused:
+        env[SPARK_REUSE_WORKER_ENV] = "1"
+    run = subprocess.run([sys.executable, "-c", _UNITS_OF_WORK, str(units)], env=env,
+                         capture_output=True, text=True, timeout=120, check=True)
+    *frozen, walked = (int(n) for n in run.stdout.split())
+    return frozen, walked
+
+
+def test_a_reused_worker_freezes_its_heap_once_at_its_second_unit_of_work() -> None:
+    frozen, walked = units_of_work(4, reused=True)
+    assert frozen[:FREEZE_AT_UNIT - 1] == [0] * (FREEZE_AT_UNIT - 1)
+    assert frozen[FREEZE_AT_UNIT - 1] > 20 * walked  # modules and clients: out of collections
+    assert len(set(frozen[FREEZE_AT_UNIT - 1:])) == 1  # once, never again
+
+
+@pytest.mark.parametrize("units", [1, 4])
+def test_any_other_process_keeps_its_heap_as_it_is(units: int) -> None:
+    frozen, walked = units_of_work(units, reused=False)
+    assert set(frozen) == {0}
+    assert walked > 10_000
