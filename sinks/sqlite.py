@@ -237,7 +237,8 @@ class SQLiteSink(TwoPhaseCommitSink[SQLiteTransaction]):
 
     def commit_on(self, handle: Handle, connection: sqlite3.Connection | None = None
                   ) -> CommitOutcome:
-        """Commit ``handle`` in one transaction (on ``connection``, else a fresh one)."""
+        """Commit ``handle`` in one transaction (on ``connection``, else a fresh one): what
+        ``commit`` and the committer both run, so a subclass overrides this one."""
         txn_id, stage = str(handle.txn_id), self.stage_table(handle.txn_id)
         with self._transaction(f"commit of {txn_id}", connection) as active:
             if self._recorded(active, COMMITTED_TABLE, txn_id):
@@ -259,7 +260,8 @@ class SQLiteSink(TwoPhaseCommitSink[SQLiteTransaction]):
 
     def abort_on(self, handle: Handle, connection: sqlite3.Connection | None = None
                  ) -> AbortOutcome:
-        """Abort ``handle`` in one transaction (on ``connection``, else a fresh one)."""
+        """Abort ``handle`` in one transaction (on ``connection``, else a fresh one): what
+        ``abort`` and the committer both run, so a subclass overrides this one."""
         txn_id = str(handle.txn_id)
         with self._transaction(f"abort of {txn_id}", connection) as active:
             if self._recorded(active, COMMITTED_TABLE, txn_id):

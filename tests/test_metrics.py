@@ -57,11 +57,12 @@ class FlakyCommits(SQLiteSink):
 
     failed_once: set[str]
 
-    def commit(self, handle: Handle) -> CommitOutcome:
+    def commit_on(self, handle: Handle, connection: sqlite3.Connection | None = None
+                  ) -> CommitOutcome:
         if str(handle.txn_id) not in self.failed_once:
             self.failed_once.add(str(handle.txn_id))
             raise RetryableError("the first commit attempt fails", fix="retried")
-        return super().commit(handle)
+        return super().commit_on(handle, connection)
 
 
 def test_the_coordinator_counts_into_the_state_and_the_collector_exports_it(
