@@ -29,6 +29,8 @@ abort        one transaction: drop the staging table   nothing (rolled back) or 
              and the marker
 ===========  ========================================  =====================================
 
+The driver commits and aborts through :class:`SQLiteCommitter`: one connection for a whole
+batch, recovery or cleanup pass (``commit_on`` / ``abort_on`` are the one home of both steps).
 ``commit`` of a transaction with neither a marker nor a commit record raises
 :class:`~twophase.errors.TransactionLostError` (someone aborted a decided transaction).
 Values: SQLite has no date, time or decimal types, so those become ISO 8601 text that sorts
