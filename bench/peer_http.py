@@ -3,7 +3,9 @@ against a plain at-least-once Python data source whose tasks POST their rows as 
 the same size with a fresh key each (no staging, no proof), to the same reference receiver
 (``python -m sinks.http.receiver``: bearer token and HMAC signature checked, every record stored
 in its SQLite store, an fsync per request). Spark has no HTTP writer; this is the floor a user
-would write by hand.
+would write by hand. Each run posts to a fresh URL path of the receiver (a target of
+``setups.http``: ``target.options["url"]``), read back from its store; the sink as a user would
+leave it (JSON, uncompressed, its default request size), staging under the setup's scratch.
 
     nice .venv/bin/python -m bench.spark_peers http [--files 4] [--rows-per-file 100000]
 """
@@ -11,7 +13,6 @@ would write by hand.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
 import time
 import uuid
@@ -24,12 +25,11 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceStreamWriter, WriterCommitMessage
 
 from bench.spark_peers import Contest, Peer
-from setups.servers.http_receiver import started
-from sinks.http import HttpSink
+from setups import HttpSetup
 from sinks.http.protocol import IDEMPOTENCY_KEY, SIGNATURE, key_header
 from sinks.http.signing import sign
 from sinks.http.sink import DEFAULT_MAX_RECORDS_PER_REQUEST
-from twophase.spark import write_stream
+from twophase.testing import Target
 
 RECORDS_PER_REQUEST = DEFAULT_MAX_RECORDS_PER_REQUEST  # the sink's default request size
 NAMES = ("event_id", "order_id", "status", "ts")
@@ -74,30 +74,21 @@ class PlainPostWriter(DataSourceStreamWriter):
         pass
 
 
+def plain(feed: DataFrame, target: Target, checkpoint: str) -> None:
+    options = {name: target.options[name] for name in ("url", "token", "signing_secret")}
+    (feed.writeStream.format(PlainPost.name()).options(**options)
+     .option("checkpointLocation", checkpoint).trigger(availableNow=True).start()
+     .awaitTermination())
+
+
 def start(spark: SparkSession, workdir: Path, stack: contextlib.ExitStack) -> Contest:
     spark.dataSource.register(PlainPost)
-    receiver = stack.enter_context(started(workdir / "receiver"))
-    numbers = itertools.count()
-
-    def twophase(feed: DataFrame, path: str, checkpoint: str) -> None:
-        sink = HttpSink(**receiver.sink_options(path), staging=f"{checkpoint}-staging")
-        write_stream(feed, sink, checkpoint_location=checkpoint,
-                     trigger={"availableNow": True}).awaitTermination()
-
-    def plain(feed: DataFrame, path: str, checkpoint: str) -> None:
-        options = receiver.sink_options(path)
-        (feed.writeStream.format(PlainPost.name()).options(**options)
-         .option("checkpointLocation", checkpoint).trigger(availableNow=True).start()
-         .awaitTermination())
-
-    def rows_at(path: str) -> int:
-        return len(set(receiver.event_ids(path)))
-
-    assert receiver.process is not None
-    return Contest(sink="HttpSink", peer_name="plain POST (Python data source)",
-                   twophase=twophase, peer=plain,
-                   new_destination=lambda: f"/hooks/peer{next(numbers)}", rows_at=rows_at,
-                   server_pid=receiver.process.pid)
+    setup = stack.enter_context(HttpSetup.started(workdir))
+    assert setup.receiver.process is not None
+    return Contest(sink="HttpSink", peer_name="plain POST (Python data source)", setup=setup,
+                   peer=plain, server_pid=setup.receiver.process.pid,
+                   overrides={"encoding": "json", "compression": None,
+                              "max_records_per_request": RECORDS_PER_REQUEST})
 
 
 PEER = Peer(jars=list, start=start)

@@ -38,11 +38,9 @@ from typing import Any
 from bench.state_store import NullSink
 from setups.servers.moto import private_server
 from sinks.sqlite import SQLiteSink
-from twophase import Handle
-from twophase._coordinator import Coordinator
-from twophase._handle import TxnId
-from twophase._state import STATE_FILE_NAME, Decision, State, StateStore
+from twophase import Handle, TxnId
 from twophase.testing.contract import NAMESPACE, QUERY_ID, context, orders
+from twophase.testing.protocol import Coordinator, Decision, State, StateStore
 
 PARTITIONS = (2, 4, 8, 16, 32, 64, 128, 256)
 ROWS_PER_BATCH = (1_000, 10_000, 100_000, 1_000_000)
@@ -127,7 +125,7 @@ def recovery_s(workdir: Path, handles: int) -> tuple[float, int]:
     decision = Decision(0, epoch, time.time(), tuple(prepared))
     store.update(lambda state: replace(state, query_id=QUERY_ID, pending=(decision,)),
                  epoch=epoch)
-    size = (workdir / "state" / STATE_FILE_NAME).stat().st_size
+    size = Path(store.path).stat().st_size
     started = time.perf_counter()
     new_epoch = store.start_run(NAMESPACE, {}).epoch
     with Coordinator(sink, store, namespace=NAMESPACE, epoch=new_epoch) as coordinator:
@@ -143,7 +141,7 @@ def idle_state_size(tmp: Path) -> int:
     """The state file of a query after 300 committed batches (history bounded)."""
     store = StateStore(tmp / "idle")
     overhead_ms(store, 300, DEFAULT_PARTITIONS, DEFAULT_ROWS)
-    return (tmp / "idle" / STATE_FILE_NAME).stat().st_size
+    return Path(store.path).stat().st_size
 
 
 def plot(path: Path, overhead: dict[str, dict[str, list[Any]]],

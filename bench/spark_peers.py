@@ -12,8 +12,9 @@ read with ``maxFilesPerTrigger=1`` and ``availableNow`` (one micro-batch per fil
 repartitioned to 2 partitions, in one ``local[2]`` SparkSession for every writer. Per sink,
 after one warm-up round, ``--rounds`` rounds of three writers, the order turning every round:
 the twophase sink (exactly-once), its peer (at-least-once, or a floor), and Spark's ``noop``
-(reading and shuffling only). Every run writes into a fresh destination of the same private
-server and counts only if the server then holds exactly the rows of the stream.
+(reading and shuffling only). Every run writes into a fresh, empty target of the same private
+server (the sink's test setup, ``setups``) and counts only if a reader of the target then sees
+exactly the rows of the stream.
 
 Printed per sink (markdown): median rows/s of each writer, every round's rate, CPU seconds per
 million rows of the Spark JVM, its Python workers (where the sinks' tasks run), the driver
@@ -23,13 +24,21 @@ the paired ratio sink / peer (per round, then the median).
 Plugging a sink in: a module ``bench/peer_<name>.py`` defines ``PEER = Peer(...)``:
 
 * ``jars()``: the jars the peer needs in ``spark.jars`` (fetched and cached; may be empty);
-* ``start(spark, workdir, stack)``: starts the private server (registering its stop on the
-  ``contextlib.ExitStack``) and returns a :class:`Contest`;
-* :class:`Contest`: ``twophase`` and ``peer`` writers, each ``(feed, destination, checkpoint)``
-  running a query to its end (``availableNow``); ``new_destination()`` making a fresh, empty
-  destination (table, topic, bucket prefix) and returning its name; ``rows_at(destination)``
-  counting the distinct rows there; ``server_pid``, the process whose CPU is the "server"
-  column (None: not counted).
+* ``start(spark, workdir, stack)``: starts the sink's test setup over a private server
+  (``setups.<Name>Setup.started``, its stop registered on the ``contextlib.ExitStack``) and
+  returns a :class:`Contest`;
+* :class:`Contest`: the sink's test setup (``setups.<name>``, a
+  :class:`twophase.testing.target.Setup`) and the ``peer`` writer, ``(feed, target,
+  checkpoint)`` running a query to its end (``availableNow``) into the target its destination
+  name comes from (``target.options``: the table, topic, database file, bucket and prefix, URL);
+  ``overrides`` of the setup's sink options (so the sink is built as a user would leave it);
+  ``server_pid``, the process whose CPU is the "server" column (None: not counted);
+  ``peer_visible`` when the target's own reader cannot read what the peer wrote; ``discard``
+  freeing a target once checked (dropping its table, deleting its database file).
+
+Every run gets a fresh target, ``setup.new_target(**overrides)``; the twophase writer is
+:func:`twophase` (``write_stream`` into ``target.build()``); a run counts only if a reader then
+sees exactly the stream's event ids, each once (``target.visible()``).
 
 ``python -m bench.spark_peers NAME`` imports ``bench.peer_NAME``. :func:`run_writer` and the
 ``/proc`` helpers are for modules that drive their own rounds.
@@ -52,9 +61,10 @@ from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 
-from twophase import TwoPhaseCommitSink
 from twophase.spark import write_stream
+from twophase.testing import Target
 from twophase.testing.driver import FEED_SCHEMA, generate_feed, local_session
+from twophase.testing.target import Setup
 
 PARTITIONS = 2
 DEFAULT_FILES = 4
@@ -63,22 +73,30 @@ DEFAULT_ROUNDS = 3
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 TWOPHASE, PEER, NOOP = "twophase", "peer", "noop"
+#: The options that name a target (the rest are addresses and secrets).
+WHERE = ("path", "table", "topic", "bucket", "prefix", "url")
 
-#: ``(feed, destination, checkpoint)``: run one query over the whole stream, to its end.
-Writer = Callable[[DataFrame, str, str], None]
+#: ``(feed, target, checkpoint)``: run one query over the whole stream into ``target``, to its
+#: end.
+Writer = Callable[[DataFrame, Target, str], None]
 
 
 @dataclass
 class Contest:
-    """One sink and its peer, writing into one private server."""
+    """One sink and its peer, writing into fresh targets of the sink's setup."""
 
     sink: str
     peer_name: str
-    twophase: Writer
+    setup: Setup
     peer: Writer
-    new_destination: Callable[[], str]
-    rows_at: Callable[[str], int]
     server_pid: int | None = None
+    #: Over the setup's sink options, for every target (``setup.new_target(**overrides)``).
+    overrides: dict[str, Any] = field(default_factory=dict)
+    #: The event ids a reader sees of what the peer wrote, when ``target.visible()`` can't
+    #: read it (Spark's file sink: its metadata log says which files count).
+    peer_visible: Callable[[Target], list[int]] | None = None
+    #: Frees a target once checked (drops its table), so no run leaves work to the next.
+    discard: Callable[[Target], object] | None = None
 
 
 @dataclass(frozen=True)
@@ -198,12 +216,10 @@ def read_parquet_feed(spark: SparkSession, workdir: Path) -> DataFrame:
             .parquet(str(workdir / "feed")).repartition(PARTITIONS))
 
 
-def twophase_writer(sink_for: Callable[[str], TwoPhaseCommitSink[Any]]) -> Writer:
-    """The twophase writer: ``write_stream`` of the feed into ``sink_for(destination)``."""
-    def write(feed: DataFrame, destination: str, checkpoint: str) -> None:
-        write_stream(feed, sink_for(destination), checkpoint_location=checkpoint,
-                     trigger={"availableNow": True}).awaitTermination()
-    return write
+def twophase(feed: DataFrame, target: Target, checkpoint: str) -> None:
+    """The twophase writer: ``write_stream`` of the feed into ``target.build()``."""
+    write_stream(feed, target.build(), checkpoint_location=checkpoint,
+                 trigger={"availableNow": True}).awaitTermination()
 
 
 #: Rows per JDBC batch of the JDBC peers (as a user would tune it).
@@ -211,9 +227,11 @@ JDBC_BATCH_SIZE = 10_000
 
 
 def jdbc_writer(url: str, driver: str, user: str, password: str) -> Writer:
-    """Spark's JDBC writer in ``foreachBatch`` (at least once), appending to the destination
-    table with ``batchsize`` JDBC_BATCH_SIZE and READ_COMMITTED."""
-    def write(feed: DataFrame, table: str, checkpoint: str) -> None:
+    """Spark's JDBC writer in ``foreachBatch`` (at least once), appending to the target's
+    table (``target.options["table"]``) with ``batchsize`` JDBC_BATCH_SIZE and READ_COMMITTED."""
+    def write(feed: DataFrame, target: Target, checkpoint: str) -> None:
+        table = target.options["table"]
+
         def write_batch(batch: DataFrame, _batch_id: int) -> None:
             (batch.write.format("jdbc").option("url", url).option("dbtable", table)
              .option("user", user).option("password", password).option("driver", driver)
@@ -225,7 +243,7 @@ def jdbc_writer(url: str, driver: str, user: str, password: str) -> Writer:
     return write
 
 
-def noop(feed: DataFrame, _destination: str, checkpoint: str) -> None:
+def noop(feed: DataFrame, _target: Target, checkpoint: str) -> None:
     """Spark's ``noop`` sink: the floor every writer starts from."""
     (feed.writeStream.format("noop").option("checkpointLocation", checkpoint)
      .trigger(availableNow=True).start().awaitTermination())
@@ -233,12 +251,12 @@ def noop(feed: DataFrame, _destination: str, checkpoint: str) -> None:
 
 # --- rounds -----------------------------------------------------------------------------------
 
-def run_writer(writer: Writer, feed: DataFrame, destination: str, checkpoint: str, *,
+def run_writer(writer: Writer, feed: DataFrame, target: Target, checkpoint: str, *,
                jvm: int, server_pid: int | None) -> Run:
     """One timed run of ``writer`` with the CPU each process spent on it."""
     before = cpu_snapshot(jvm, server_pid)
     started = time.perf_counter()
-    writer(feed, destination, checkpoint)
+    writer(feed, target, checkpoint)
     seconds = time.perf_counter() - started
     after = cpu_snapshot(jvm, server_pid)
     return Run("", seconds, {key: after[key] - before[key] for key in after})
@@ -247,24 +265,35 @@ def run_writer(writer: Writer, feed: DataFrame, destination: str, checkpoint: st
 def contest_rounds(spark: SparkSession, contest: Contest, feed: DataFrame, workdir: Path, *,
                    expected: int, rounds: int) -> list[Run]:
     """Round 0 warms up; then ``rounds`` rounds, the writers' order turning every round."""
-    writers: dict[str, Writer] = {TWOPHASE: contest.twophase, PEER: contest.peer, NOOP: noop}
+    writers: dict[str, Writer] = {TWOPHASE: twophase, PEER: contest.peer, NOOP: noop}
     order = list(writers)
     jvm = jvm_pid(spark)
     runs: list[Run] = []
     for number in range(rounds + 1):
         turn = number % len(order)
         for name in order[turn:] + order[:turn]:
-            destination = contest.new_destination()
+            target = contest.setup.new_target(**contest.overrides)
             checkpoint = str(workdir / f"ckpt-{contest.sink}-{name}-{number}")
-            run = run_writer(writers[name], feed, destination, checkpoint, jvm=jvm,
+            run = run_writer(writers[name], feed, target, checkpoint, jvm=jvm,
                              server_pid=contest.server_pid)
-            if name != NOOP and (seen := contest.rows_at(destination)) != expected:
-                raise SystemExit(f"{contest.sink}, {name}: {seen} rows at {destination}, "
-                                 f"{expected} written")
+            if name != NOOP:
+                check(contest, name, target, expected)
+            if contest.discard is not None:
+                contest.discard(target)
             if number:
                 run.writer = name
                 runs.append(run)
     return runs
+
+
+def check(contest: Contest, writer: str, target: Target, expected: int) -> None:
+    """Exit unless a reader of ``target`` sees ``expected`` rows, each event id once."""
+    read = contest.peer_visible if writer == PEER and contest.peer_visible else None
+    seen = read(target) if read is not None else target.visible()
+    if len(seen) != expected or len(set(seen)) != expected:
+        where = {key: value for key, value in target.options.items() if key in WHERE}
+        raise SystemExit(f"{contest.sink}, {writer}: {len(seen)} rows ({len(set(seen))} "
+                         f"distinct) visible in {where}, {expected} written")
 
 
 def report(contest: Contest, runs: list[Run], rows: int) -> str:

@@ -34,8 +34,8 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamWriter, WriterCom
 
 from sinks.sqlite import SQLiteSink
 from twophase import TwoPhaseCommitSink
-from twophase._state import StateStore
 from twophase.spark import write_stream
+from twophase.status import store_for
 from twophase.testing.driver import generate_feed, local_session, read_feed
 
 TABLE_DDL = ("CREATE TABLE orders (event_id INTEGER NOT NULL, order_id INTEGER NOT NULL, "
@@ -155,7 +155,7 @@ def main() -> int:
                 if rows != expected:
                     raise SystemExit(f"{mode}: {rows} rows written, {expected} expected")
                 rounds[mode].append(elapsed)
-        state = StateStore(workdir / "arrow-ckpt" / "twophase").read()
+        state = store_for(str(workdir / "arrow-ckpt")).read()
     spark.stop()
     if args.metrics:
         print_metrics_cost(args, expected, rounds)

@@ -24,11 +24,16 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from setups.servers.moto import private_server
-from twophase import AbortOutcome, CommitOutcome, Handle, TransactionContext, TwoPhaseCommitSink
-from twophase._coordinator import Coordinator
-from twophase._handle import TxnId
-from twophase._state import StateStore
+from twophase import (
+    AbortOutcome,
+    CommitOutcome,
+    Handle,
+    TransactionContext,
+    TwoPhaseCommitSink,
+    TxnId,
+)
 from twophase.testing.contract import NAMESPACE, QUERY_ID
+from twophase.testing.protocol import Coordinator, StateStore
 
 
 class NullSink(TwoPhaseCommitSink[TxnId]):

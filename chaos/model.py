@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from setups import SETUPS
-from twophase.testing.model import PROFILE_ENV, ExactlyOnceError, ModelStats, run_model
+from twophase.testing.model import PROFILE_ENV, ModelStats, run_model
+from twophase.testing.target import ExactlyOnceError
 
 log = logging.getLogger("chaos.model")
 
@@ -58,8 +59,7 @@ def run_sink(sink: str, *, examples: int, minutes: float, per_round: int) -> Tal
         while tally.examples < examples and time.monotonic() < deadline:
             wanted = min(per_round, examples - tally.examples)
             try:
-                stats = run_model(lambda: setup.new_target(**setup.model_options),
-                                  max_examples=wanted, state_root=scratch)
+                stats = run_model(setup.model_target, max_examples=wanted, state_root=scratch)
             except ExactlyOnceError as exc:
                 tally.violation = str(exc)
                 schedule = "\n".join(getattr(exc, "__notes__", ()))  # hypothesis's shrunk steps

@@ -48,9 +48,9 @@ from chaos.systems import (
     in_doubt,
 )
 from setups import Target
-from twophase._crash import CRASH_POINTS, signal_session
-from twophase._state import StateStore
+from twophase.testing.crash_points import CRASH_POINTS, signal_session
 from twophase.testing.driver import DriverSpec, RunResult, generate_feed, launch
+from twophase.testing.protocol import StateStore
 
 log = logging.getLogger(__name__)
 
@@ -123,17 +123,16 @@ class Round:
         result.rows_in = generate_feed(self.workdir / "feed", files=self.batches,
                                        rows_per_file=self.rows_per_batch,
                                        seed=self.rng.randrange(10**6))
-        self.spec = DriverSpec(input_dir=str(self.workdir / "feed"),
-                               checkpoint=str(self.workdir / "checkpoint"),
-                               sink_factory=self.target.factory, sink_kwargs=self.target.options,
-                               foreach_batch=foreach_batch)
+        self.spec = DriverSpec.into(self.target, self.workdir,
+                                    checkpoint=str(self.workdir / "checkpoint"),
+                                    foreach_batch=foreach_batch)
         self.store = self.spec.state_store()
         while self._next_batch() < self.batches and \
                 result.runs < self.batches * MAX_RUNS_PER_BATCH:
             kind = self._draw() if result.crash_runs < self.budget else None
             self._run(kind, result)
             self._restore()
-            seen = self.system.visible(self.target)
+            seen = self.target.visible()
             result.duplicates = max(result.duplicates, len(seen) - len(set(seen)))
         self._judge(result)
         result.seconds = time.monotonic() - started
@@ -272,7 +271,7 @@ class Round:
         return state.last_done_batch + 1 if state else 0
 
     def _judge(self, result: RoundResult) -> None:
-        seen = self.system.visible(self.target)
+        seen = self.target.visible()
         expected = set(range(result.rows_in))
         result.visible = len(seen)
         result.duplicates = max(result.duplicates, len(seen) - len(set(seen)) +

@@ -53,10 +53,6 @@ class System:
     def new_target(self) -> Target:
         return self.setup.new_target()
 
-    def visible(self, target: Target) -> list[int]:
-        """The sorted event_id of every row a reader of ``target`` sees."""
-        return target.visible()
-
     def kill_server(self) -> None:
         self.setup.kill_server()
 

@@ -1,6 +1,6 @@
 """The order-status feed, exactly once into SQLite or MySQL, from a Spark Connect client.
 
-The demo's pipeline (``python -m twophase.demo``: order events as JSON files with ``event_id``,
+The demo's pipeline (``scripts/demo``: order events as JSON files with ``event_id``,
 ``order_id``, ``status``, ``ts``, one file per micro-batch) driven from a thin client that
 talks gRPC to a Spark Connect server, as on Databricks serverless or shared-access compute.
 The server is the Spark driver: the takeover (the checks against the checkpoint and the

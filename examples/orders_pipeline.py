@@ -1,4 +1,4 @@
-"""Order events from Kafka, exactly once into MySQL or into another Kafka topic.
+"""Order events from Kafka, exactly once into MySQL, into another Kafka topic, or both.
 
 The job of the README's "A job": Spark's Kafka source reads order events (JSON records with
 ``event_id``, ``order_id``, ``status``, ``ts``) from ``--source-topic`` and writes them exactly
@@ -13,7 +13,20 @@ once, whatever crashes,
                                 ts DATETIME(6) NOT NULL, event_id BIGINT NOT NULL)
 
 * or, with ``--target-topic``, into a Kafka topic by Kafka transactions, every event keyed by
-  ``order_id`` (read it with ``isolation.level=read_committed``).
+  ``order_id`` (read it with ``isolation.level=read_committed``);
+
+* or, with ``--changes-topic``, into the table AND a Kafka topic of its changes, as one sink
+  group (the README's "Several systems, one decision"): member ``orders`` (the table, as
+  above) and member ``changes`` (one record per event upserted, keyed by ``order_id``, its
+  value the JSON of ``CHANGE_COLUMNS``: ``{"order_id":7,"status":"shipped","ts":"..."}``).
+  Every batch is decided once for both and committed table first, then topic: a consumer of
+  the topic (``read_committed``) always finds the order in the table, at that status or a
+  later one. The transactional outbox without an outbox table or CDC. A value needing more
+  than the event's columns (say, the table's name) would be a column added to the DataFrame
+  (``withColumn``) and named in ``columns``. The topic's transactions must live until their
+  commit: a batch that may outlast ``transaction_timeout_ms`` is not decided (the query
+  stops, and writes it again when started again), and one lost after its decision (a driver
+  down for longer) is reported as split.
 
 Spark's Kafka source must be on the classpath (``spark-submit --packages
 org.apache.spark:spark-sql-kafka-0-10_2.13:<spark version>``, or ``--jars`` here: what
@@ -24,7 +37,10 @@ org.apache.spark:spark-sql-kafka-0-10_2.13:<spark version>``, or ``--jars`` here
         --source-topic orders --checkpoint /data/checkpoints/orders_live \\
         --mysql-host db --mysql-user etl --mysql-database shop
 
-Stop it and start it again with the same ``--checkpoint``: it goes on where it stopped.
+Stop it and start it again with the same ``--checkpoint``: it goes on where it stopped. Keep
+a checkpoint's targets: the group's member names and their transactions' namespaces
+(``orders_live-orders``, ``orders_live-changes``) are how recovery finds what a crash left, so
+adding or dropping ``--changes-topic`` takes a new ``--checkpoint``.
 """
 
 from __future__ import annotations
@@ -45,6 +61,10 @@ from twophase.spark import write_stream
 EVENT_SCHEMA = "event_id BIGINT, order_id BIGINT, status STRING, ts TIMESTAMP"
 PASSWORD_ENV = "MYSQL_PASSWORD"  # noqa: S105 - the variable's name, not a password
 TRIGGER_INTERVAL = "10 seconds"
+#: The group's members, in the order they commit: the table before the topic of its changes.
+COMMIT_ORDER = ["orders", "changes"]
+#: The columns of a change record's value (its key is ``order_id``).
+CHANGE_COLUMNS = ["order_id", "status", "ts"]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -52,7 +72,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--bootstrap", required=True, help="Kafka bootstrap servers")
     parser.add_argument("--source-topic", required=True, help="the topic of order events")
     parser.add_argument("--checkpoint", required=True, help="Spark's checkpoint directory")
-    parser.add_argument("--target-topic", help="write to this Kafka topic instead of MySQL")
+    targets = parser.add_mutually_exclusive_group()
+    targets.add_argument("--target-topic", help="write to this Kafka topic instead of MySQL")
+    targets.add_argument("--changes-topic",
+                         help="write to MySQL and, as one group committed after the table, a "
+                              "record of each change to this Kafka topic")
     parser.add_argument("--mysql-host", default="localhost")
     parser.add_argument("--mysql-port", type=int, default=3306)
     parser.add_argument("--mysql-user", default="etl")
@@ -81,6 +105,12 @@ def build_sink(args: argparse.Namespace) -> TwoPhaseCommitSink[Any]:
                        database=args.mysql_database, table=args.mysql_table, mode="upsert")
 
 
+def build_changes_sink(args: argparse.Namespace) -> KafkaSink:
+    """The topic of the table's changes: key ``order_id``, value the JSON of its columns (the
+    group hands it only ``CHANGE_COLUMNS``)."""
+    return KafkaSink(args.bootstrap, args.changes_topic, key="order_id")
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO,
@@ -91,8 +121,14 @@ def main(argv: list[str] | None = None) -> None:
     spark = builder.getOrCreate()
     orders = read_orders(spark, args.bootstrap, args.source_topic)
     trigger = {"availableNow": True} if args.available_now else {"processingTime": TRIGGER_INTERVAL}
-    query = write_stream(orders, build_sink(args), checkpoint_location=args.checkpoint,
-                         trigger=trigger)
+    if args.changes_topic:
+        sinks = {"orders": build_sink(args), "changes": build_changes_sink(args)}
+        query = write_stream(orders, sinks, commit_order=COMMIT_ORDER,
+                             columns={"changes": CHANGE_COLUMNS},
+                             checkpoint_location=args.checkpoint, trigger=trigger)
+    else:
+        query = write_stream(orders, build_sink(args), checkpoint_location=args.checkpoint,
+                             trigger=trigger)
     query.awaitTermination()
     spark.stop()
 

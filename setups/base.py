@@ -1,5 +1,6 @@
 """What every sink's test setup is: :class:`SinkSetup` (its running external system) and
-:class:`Target` (one fresh, empty target on it)."""
+:class:`Target` (one fresh, empty target on it, the :class:`twophase.testing.Target` every
+suite takes)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
-from twophase import TwoPhaseCommitSink
-from twophase.testing.crash import SinkTarget
+from twophase import testing
 
 
 class Proxy(Protocol):
@@ -31,32 +31,15 @@ ProxyFactory = Callable[[int], AbstractContextManager[Proxy]]
 
 
 @dataclass(eq=False)
-class Target:
-    """One fresh, empty target of a sink: the options the driver builds the sink from, what a
-    reader of it sees, what the server still holds in doubt for it."""
+class Target(testing.Target):
+    """One fresh, empty target of a sink on its setup, which reads it."""
 
     setup: SinkSetup = field(repr=False)
-    options: dict[str, Any]
-
-    @property
-    def factory(self) -> str:
-        return self.setup.factory
-
-    @property
-    def sink_target(self) -> SinkTarget:
-        """The sink as a driver process builds it (what the crash suite launches)."""
-        return SinkTarget(self.factory, self.options)
-
-    def build(self) -> TwoPhaseCommitSink[Any]:
-        return self.sink_target.build()
 
     def visible(self) -> list[int]:
-        """The sorted event_id of every row a reader sees, repeats included."""
         return sorted(self.setup.visible(self))
 
     def in_doubt(self) -> list[Any]:
-        """What the server itself still holds open for this target (prepared transactions,
-        open uploads, open Kafka transactions): empty once every batch is finished."""
         return self.setup.in_doubt(self)
 
 
@@ -103,7 +86,11 @@ class SinkSetup(ABC):
         return []
 
     def new_target(self, **overrides: Any) -> Target:
-        return Target(self, self.target_options(**overrides))
+        return Target(self.factory, self.target_options(**overrides), self)
+
+    def model_target(self) -> Target:
+        """A fresh target for one example of the model (:attr:`model_options`)."""
+        return self.new_target(**self.model_options)
 
     def kill_server(self) -> None:
         raise NotImplementedError(f"{self.name} has no server to kill")

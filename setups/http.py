@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 from setups.base import Proxy, ProxyFactory, SinkSetup, Target, relayed
 from setups.servers.http_receiver import ReceiverProcess, new_path, started
 from setups.servers.moto import MotoServer
-from twophase._storage import S3_OPTIONS
+from twophase.kit import S3_OPTIONS
 
 #: Small requests, so that a partition's slice is several requests with a key each.
 RECORDS_PER_REQUEST = 30

@@ -1,1 +1,1 @@
-"""Prebuilt twophase sinks, one module per external system."""
+"""Prebuilt twophase sinks, one module or package per external system."""

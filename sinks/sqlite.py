@@ -1,6 +1,9 @@
 """``SQLiteSink``: exactly-once into a table of a local SQLite database (the embedded default).
 
-It is also the reference for writing a sink: each phase is a few lines of SQL.
+It is also the reference for writing a sink: each phase is a few lines of SQL. Commit and abort
+live in :class:`SQLiteCommitter`, which holds one connection for a batch's handles (the shape
+of a sink that shares something per batch; a sink without that need puts them on the sink, as
+``tests/user_sink.py`` does: see :mod:`twophase.sink`).
 
 Every transaction stages its rows in a table of its own, ``"_twophase_stage:<txn id>:<table>"``
 (untyped columns: values keep their type until they reach the target). Two bookkeeping tables
@@ -8,31 +11,42 @@ live beside the target: ``_twophase_prepared`` (one marker per pre-committed tra
 ``_twophase_committed`` (one record per committed transaction: the proof that a second commit is
 a no-op). Every phase is one local SQLite transaction, so it happens entirely or not at all.
 
-===========  ========================================  =====================================
-phase        what it does                              a crash here leaves behind
-===========  ========================================  =====================================
-begin        creates the staging table                 an empty staging table without a
-                                                       marker: in doubt, listed by
-                                                       ``list_in_doubt``, dropped by the
-                                                       next sweep or by cleanup
-write        appends rows to it, ``chunk_size`` rows   staged rows without a marker: as above
-             per transaction (converted before the
-             write lock is taken)
-pre-commit   one transaction: trial-insert the staged  as above (rolled back), or a prepared
-             rows into the target and roll that back   marker: durable, invisible; committed
-             (a constraint violation fails *now*, not  or aborted by the driver's decision
-             after the decision), write the marker
-commit       one transaction: copy the staged rows     nothing (rolled back) or everything;
-             into the target, drop the staging table   the commit record makes a repeated
-             and the marker, write the commit record   commit answer ALREADY_COMMITTED
-abort        one transaction: drop the staging table   nothing (rolled back) or nothing left
-             and the marker
-===========  ========================================  =====================================
+==========  ====================  ====================  ====================  ====================
+phase       calls                 a crash here leaves   resolved by           raises
+==========  ====================  ====================  ====================  ====================
+begin       ``CREATE TABLE`` the  an empty staging      the driver's sweep    RetryableError
+            staging table         table, no marker: in  or                    (busy, locked),
+                                  doubt, listed by      ``twophase.cleanup``  ConfigurationError
+                                  ``list_in_doubt``     drops it              (path, permission)
+write       ``INSERT`` into it,   staged rows without   as begin; Spark re-   SchemaMismatchError
+            ``chunk_size`` rows   a marker: as begin    runs the task         (a value sqlite3
+            per local                                                         cannot store),
+            transaction                                                       RetryableError
+            (converted before
+            the write lock is
+            taken)
+pre-commit  one transaction:      nothing new (rolled   an orphan (a marker   SchemaMismatchError
+            trial-insert the      back), or a prepared  no decision names)    (a constraint
+            staged rows into the  marker: durable,      is aborted by the     violation fails now,
+            target and roll       invisible             sweep or cleanup; a   not after the
+            back, write the                             decided one is        decision),
+            marker                                      committed             FatalError (the id
+                                                                              was committed once)
+commit      one transaction:      nothing (rolled       driver recovery       TransactionLostError
+            copy the staged rows  back) or everything;  commits again: the    (neither marker nor
+            into the target,      the commit record     record answers        record: aborted
+            drop the staging      makes a repeated      ALREADY_COMMITTED     outside),
+            table and marker,     commit                                      RetryableError
+            record it             ALREADY_COMMITTED
+abort       one transaction:      nothing (rolled       repeat it: nothing    FatalError (it is
+            drop the staging      back) or nothing      left is NOT_FOUND     committed),
+            table and the marker  left                                        RetryableError
+==========  ====================  ====================  ====================  ====================
 
-The driver commits and aborts through :class:`SQLiteCommitter`: one connection for a whole
-batch, recovery or cleanup pass (``commit_on`` / ``abort_on`` are the one home of both steps).
-``commit`` of a transaction with neither a marker nor a commit record raises
-:class:`~twophase.errors.TransactionLostError` (someone aborted a decided transaction).
+In doubt: ``list_in_doubt`` lists prepared markers and staging tables of the namespace (a
+staging table outlives its writer). Fencing: none beyond the state file's epoch (one host
+reaches a local file). Privileges: write access to the database file and its directory (WAL).
+
 Values: SQLite has no date, time or decimal types, so those become ISO 8601 text that sorts
 in time order and that SQLite's date functions read: a Spark ``TIMESTAMP`` (an instant) as UTC
 with its offset, ``2026-11-01T09:30:00.000000+00:00``, whatever the workers' time zone; a
@@ -42,7 +56,6 @@ as ``2026-11-01``; a ``DECIMAL`` as its exact digits. Everything else is stored 
 Modes: ``insert`` appends; ``upsert`` replaces rows with the same ``key`` (later rows win,
 batches apply in order).
 """
-
 from __future__ import annotations
 
 import contextlib
@@ -133,23 +146,26 @@ class SQLiteSink(TwoPhaseCommitSink[SQLiteTransaction]):
     ) -> None:
         if not table:
             raise ConfigurationError("SQLiteSink needs a table name.", fix="pass table='...'")
-        self.path = str(path)
+        self.database = SQLiteDatabase(str(path), busy_timeout_s)
         self.table = table
         self.mode = validate_mode("SQLiteSink", mode, key)
         self.key = tuple(key)
         self.chunk_size = validate_chunk_size("SQLiteSink", chunk_size)
-        self.busy_timeout_s = busy_timeout_s
 
     def __repr__(self) -> str:
         return f"SQLiteSink(path={self.path!r}, table={self.table!r}, mode={self.mode!r})"
 
-    def default_namespace(self) -> str:
-        return namespace_from(self.table, self.kind)
+    @property
+    def path(self) -> str:
+        return self.database.path
 
     @property
     def where(self) -> str:
         """The target, as messages name it."""
         return f"table {self.table!r} of SQLite database {self.path}"
+
+    def default_namespace(self) -> str:
+        return namespace_from(self.table, self.kind)
 
     def stage_table(self, txn_id: TxnId) -> str:
         """The staging table of one transaction of this sink."""
@@ -159,23 +175,19 @@ class SQLiteSink(TwoPhaseCommitSink[SQLiteTransaction]):
 
     def check_schema(self, columns: Sequence[Column]) -> None:
         """The kit's column checks (:func:`twophase.kit.check_columns`) on the table."""
-        with self._reading("schema check") as connection:
-            catalog = [TableColumn(name, required=bool(not_null) and default is None
-                                   and not primary_key)
-                       for _cid, name, _type, not_null, default, primary_key
-                       in connection.execute(f"PRAGMA table_info({quote(self.table)})")]
-            unique_keys = self._unique_keys(connection) if self.mode == "upsert" else []
-        check_columns(self.where, catalog, columns,
-                      upsert_key=self.key if self.mode == "upsert" else None,
+        with self.database.reading("schema check") as connection:
+            catalog = table_columns(connection, self.table)
+            unique_keys = unique_keys_of(connection, self.table) if self.upsert_key else []
+        check_columns(self.where, catalog, columns, upsert_key=self.upsert_key,
                       unique_keys=unique_keys)
 
     # -- executor --------------------------------------------------------------------------
 
     def begin_transaction(self, ctx: TransactionContext) -> SQLiteTransaction:
         stage = self.stage_table(ctx.txn_id)
-        connection = self._connect(f"begin of {ctx.txn_id}")
-        with self._transaction(f"begin of {ctx.txn_id}", connection):
-            self._create_bookkeeping(connection)
+        connection = self.database.connect(f"begin of {ctx.txn_id}")
+        with self.database.transaction(f"begin of {ctx.txn_id}", connection):
+            create_bookkeeping(connection)
             names = ", ".join(map(quote, ctx.column_names))  # untyped: values keep their type
             connection.execute(f"CREATE TABLE {quote(stage)} ({names})")
         return SQLiteTransaction(ctx, connection, stage)
@@ -196,31 +208,28 @@ class SQLiteSink(TwoPhaseCommitSink[SQLiteTransaction]):
         """One chunk of rows into the staging table, in a local transaction of its own."""
         insert = (f"INSERT INTO {quote(txn.stage)} "
                   f"VALUES ({', '.join('?' * len(txn.ctx.columns))})")
-        with self._transaction(f"write of {txn.ctx.txn_id}", txn.connection) as connection:
-            connection.executemany(insert, chunk)
+        with self.database.transaction(f"write of {txn.ctx.txn_id}", txn.connection) as conn:
+            conn.executemany(insert, chunk)
         txn.rows += len(chunk)
 
     def pre_commit(self, txn: SQLiteTransaction) -> Handle:
         txn_id = str(txn.ctx.txn_id)
-        with self._transaction(f"pre-commit of {txn_id}", txn.connection) as connection:
-            if self._recorded(connection, COMMITTED_TABLE, txn_id):
+        with self.database.transaction(f"pre-commit of {txn_id}", txn.connection) as conn:
+            if recorded(conn, COMMITTED_TABLE, txn_id):
                 raise transaction_id_reused(txn.ctx.txn_id, where=self.where)
-            connection.execute("SAVEPOINT trial")
-            self._apply_staged(connection, txn.stage)  # raises now if a row does not fit
-            connection.execute("ROLLBACK TO trial")
-            connection.execute(
-                f"INSERT INTO {PREPARED_TABLE} (txn_id, target, rows, prepared_at) "
-                "VALUES (?, ?, ?, ?)",
-                (txn_id, self.table, txn.rows, time.time()),
-            )
+            conn.execute("SAVEPOINT trial")
+            apply_staged(conn, self.table, txn.stage, self.upsert_key)  # a bad row fails now
+            conn.execute("ROLLBACK TO trial")
+            conn.execute(f"INSERT INTO {PREPARED_TABLE} (txn_id, target, rows, prepared_at) "
+                         "VALUES (?, ?, ?, ?)", (txn_id, self.table, txn.rows, time.time()))
         txn.connection.close()
         return self.handle(txn.ctx.txn_id, txn.rows)
 
     def discard(self, txn: SQLiteTransaction) -> None:
         """Drop the staging table now; if that fails too, a sweep or cleanup drops it later."""
         try:
-            with self._transaction(f"discard of {txn.ctx.txn_id}", txn.connection) as connection:
-                self._drop_staged(connection, str(txn.ctx.txn_id), txn.stage)
+            with self.database.transaction(f"discard of {txn.ctx.txn_id}", txn.connection) as c:
+                drop_staged(c, str(txn.ctx.txn_id), txn.stage)
         except TwoPhaseError as exc:
             log.warning("could not discard %s, it stays in doubt: %s", txn.ctx.txn_id, exc)
         finally:
@@ -231,79 +240,38 @@ class SQLiteSink(TwoPhaseCommitSink[SQLiteTransaction]):
     def committer(self) -> SQLiteCommitter:
         return SQLiteCommitter(self)
 
-    def commit(self, handle: Handle) -> CommitOutcome:
-        return self.commit_on(handle)
-
-    def abort(self, handle: Handle) -> AbortOutcome:
-        return self.abort_on(handle)
-
-    def commit_on(self, handle: Handle, connection: sqlite3.Connection | None = None
-                  ) -> CommitOutcome:
-        """Commit ``handle`` in one transaction (on ``connection``, else a fresh one): what
-        ``commit`` and the committer both run, so a subclass overrides this one."""
-        txn_id, stage = str(handle.txn_id), self.stage_table(handle.txn_id)
-        with self._transaction(f"commit of {txn_id}", connection) as active:
-            if self._recorded(active, COMMITTED_TABLE, txn_id):
-                return CommitOutcome.ALREADY_COMMITTED
-            if not self._recorded(active, PREPARED_TABLE, txn_id):
-                raise transaction_lost(
-                    handle, where=self.where,
-                    why="it is neither prepared nor recorded as committed: aborted outside "
-                    "this query (a cleanup with a too short threshold?), or its proof of "
-                    "commit was purged")
-            self._apply_staged(active, stage)
-            self._drop_staged(active, txn_id, stage)
-            active.execute(
-                f"INSERT INTO {COMMITTED_TABLE} (txn_id, target, rows, committed_at) "
-                "VALUES (?, ?, ?, ?)",
-                (txn_id, self.table, handle.rows, time.time()),
-            )
-            return CommitOutcome.COMMITTED
-
-    def abort_on(self, handle: Handle, connection: sqlite3.Connection | None = None
-                 ) -> AbortOutcome:
-        """Abort ``handle`` in one transaction (on ``connection``, else a fresh one): what
-        ``abort`` and the committer both run, so a subclass overrides this one."""
-        txn_id = str(handle.txn_id)
-        with self._transaction(f"abort of {txn_id}", connection) as active:
-            if self._recorded(active, COMMITTED_TABLE, txn_id):
-                raise FatalError(
-                    f"refusing to abort transaction {txn_id}: it is already committed.",
-                    fix="this is a bug in the caller: a committed transaction was decided",
-                )
-            dropped = self._drop_staged(active, txn_id, self.stage_table(handle.txn_id))
-            return AbortOutcome.ABORTED if dropped else AbortOutcome.NOT_FOUND
-
     def list_in_doubt(self, namespace: str) -> list[Handle]:
-        prefix = f"{namespace}."
-        with self._reading("listing of in-doubt transactions") as connection:
-            prepared = dict(connection.execute(
-                f"SELECT txn_id, rows FROM {PREPARED_TABLE} WHERE target = ?", (self.table,)
-            ).fetchall()) if self._has_table(connection, PREPARED_TABLE) else {}
-            staged = [name[len(STAGE_PREFIX):].partition(STAGE_SEPARATOR)[0]
-                      for (name,) in connection.execute(
-                          "SELECT name FROM sqlite_master WHERE type = 'table' AND "
-                          "substr(name, 1, ?) = ? AND substr(name, -?) = ?",
-                          (len(STAGE_PREFIX), STAGE_PREFIX, len(self.table) + 1,
-                           STAGE_SEPARATOR + self.table))]
+        with self.database.reading("listing of in-doubt transactions") as conn:
+            prepared = prepared_rows(conn, self.table)
+            staged = staged_txn_ids(conn, self.table)
         in_doubt = {txn_id: prepared.get(txn_id, 0) for txn_id in [*prepared, *staged]
-                    if txn_id.startswith(prefix)}
+                    if txn_id.startswith(f"{namespace}.")}
         return [self.handle(TxnId.parse(txn_id), rows) for txn_id, rows in in_doubt.items()]
 
     def purge_commit_records(self, namespace: str, older_than: datetime) -> int:
-        with self._transaction("purge of commit records") as connection:
-            self._create_bookkeeping(connection)
-            cursor = connection.execute(
+        with self.database.transaction("purge of commit records") as conn:
+            create_bookkeeping(conn)
+            return conn.execute(
                 f"DELETE FROM {COMMITTED_TABLE} WHERE target = ? AND "
                 "substr(txn_id, 1, ?) = ? AND committed_at < ?",
                 (self.table, len(namespace) + 1, f"{namespace}.", as_utc(older_than).timestamp()),
-            )
-            return cursor.rowcount
+            ).rowcount
 
-    # -- SQL pieces ------------------------------------------------------------------------
+    @property
+    def upsert_key(self) -> tuple[str, ...] | None:
+        """The key rows are upserted on, None in insert mode."""
+        return self.key if self.mode == "upsert" else None
 
-    def _connect(self, what: str) -> sqlite3.Connection:
-        with self._guarded(what):
+
+@dataclass(frozen=True)
+class SQLiteDatabase:
+    """Connections to one database file and its local transactions, errors classified."""
+
+    path: str
+    busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S
+
+    def connect(self, what: str) -> sqlite3.Connection:
+        with self.guarded(what):
             connection = sqlite3.connect(self.path, timeout=self.busy_timeout_s,
                                          isolation_level=None, check_same_thread=False)
             connection.execute("PRAGMA journal_mode=WAL")
@@ -311,13 +279,13 @@ class SQLiteSink(TwoPhaseCommitSink[SQLiteTransaction]):
             return connection
 
     @contextlib.contextmanager
-    def _transaction(
+    def transaction(
         self, what: str, connection: sqlite3.Connection | None = None
     ) -> Iterator[sqlite3.Connection]:
         """One write transaction; on a fresh connection (closed after) unless one is given."""
-        active = connection or self._connect(what)
+        active = connection or self.connect(what)
         try:
-            with self._guarded(what):
+            with self.guarded(what):
                 active.execute("BEGIN IMMEDIATE")
                 try:
                     yield active
@@ -330,71 +298,99 @@ class SQLiteSink(TwoPhaseCommitSink[SQLiteTransaction]):
                 active.close()
 
     @contextlib.contextmanager
-    def _reading(self, what: str) -> Iterator[sqlite3.Connection]:
-        connection = self._connect(what)
+    def reading(self, what: str) -> Iterator[sqlite3.Connection]:
+        connection = self.connect(what)
         try:
-            with self._guarded(what):
+            with self.guarded(what):
                 yield connection
         finally:
             connection.close()
 
-    @staticmethod
-    def _create_bookkeeping(connection: sqlite3.Connection) -> None:
-        connection.execute(
-            f"CREATE TABLE IF NOT EXISTS {PREPARED_TABLE} (txn_id TEXT PRIMARY KEY, "
-            "target TEXT NOT NULL, rows INTEGER NOT NULL, prepared_at REAL NOT NULL)"
-        )
-        connection.execute(
-            f"CREATE TABLE IF NOT EXISTS {COMMITTED_TABLE} (txn_id TEXT PRIMARY KEY, "
-            "target TEXT NOT NULL, rows INTEGER NOT NULL, committed_at REAL NOT NULL)"
-        )
-
-    def _apply_staged(self, connection: sqlite3.Connection, stage: str) -> None:
-        """Insert (or upsert) the staged rows into the target, in the order they were written."""
-        columns = self._columns(connection, stage)
-        names = ", ".join(map(quote, columns))
-        sql = (f"INSERT INTO {quote(self.table)} ({names}) SELECT {names} "
-               f"FROM {quote(stage)} WHERE true ORDER BY rowid")
-        if self.mode == "upsert":
-            updates = ", ".join(f"{quote(c)} = excluded.{quote(c)}"
-                                for c in columns if c not in self.key)
-            sql += f" ON CONFLICT ({', '.join(map(quote, self.key))}) DO " + (
-                f"UPDATE SET {updates}" if updates else "NOTHING")
-        connection.execute(sql)
-
-    def _drop_staged(self, connection: sqlite3.Connection, txn_id: str, stage: str) -> bool:
-        """Drop the staging table and the marker of ``txn_id``; True if there was either."""
-        existed = self._has_table(connection, stage)
-        connection.execute(f"DROP TABLE IF EXISTS {quote(stage)}")
-        marker = connection.execute(
-            f"DELETE FROM {PREPARED_TABLE} WHERE txn_id = ?", (txn_id,)).rowcount
-        return existed or bool(marker)
-
-    @staticmethod
-    def _recorded(connection: sqlite3.Connection, table: str, txn_id: str) -> bool:
-        query = f"SELECT 1 FROM {table} WHERE txn_id = ?"
-        return connection.execute(query, (txn_id,)).fetchone() is not None
-
-    @staticmethod
-    def _has_table(connection: sqlite3.Connection, table: str) -> bool:
-        query = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?"
-        return connection.execute(query, (table,)).fetchone() is not None
-
-    @staticmethod
-    def _columns(connection: sqlite3.Connection, table: str) -> list[str]:
-        return [row[1] for row in connection.execute(f"PRAGMA table_info({quote(table)})")]
-
-    def _unique_keys(self, connection: sqlite3.Connection) -> list[tuple[str, ...]]:
-        table = quote(self.table)
-        primary_key = tuple(row[1] for row in connection.execute(f"PRAGMA table_info({table})")
-                            if row[5])
-        return [primary_key] + [
-            tuple(row[2] for row in connection.execute(f"PRAGMA index_info({quote(index[1])})"))
-            for index in connection.execute(f"PRAGMA index_list({table})") if index[2]
-        ]
-
-    def _guarded(self, what: str) -> contextlib.AbstractContextManager[None]:
+    def guarded(self, what: str) -> contextlib.AbstractContextManager[None]:
         return classified(_classify, f"{what} on {self.path}", sqlite3.Error)
+
+
+# -- SQL pieces ------------------------------------------------------------------------------
+
+def apply_staged(connection: sqlite3.Connection, table: str, stage: str,
+                 upsert_key: Sequence[str] | None) -> None:
+    """Insert (or upsert on ``upsert_key``) the staged rows into ``table``, in the order they
+    were written."""
+    columns = column_names(connection, stage)
+    names = ", ".join(map(quote, columns))
+    sql = (f"INSERT INTO {quote(table)} ({names}) SELECT {names} "
+           f"FROM {quote(stage)} WHERE true ORDER BY rowid")
+    if upsert_key:
+        updates = ", ".join(f"{quote(c)} = excluded.{quote(c)}"
+                            for c in columns if c not in upsert_key)
+        sql += f" ON CONFLICT ({', '.join(map(quote, upsert_key))}) DO " + (
+            f"UPDATE SET {updates}" if updates else "NOTHING")
+    connection.execute(sql)
+
+
+def create_bookkeeping(connection: sqlite3.Connection) -> None:
+    for table, stamp in ((PREPARED_TABLE, "prepared_at"), (COMMITTED_TABLE, "committed_at")):
+        connection.execute(
+            f"CREATE TABLE IF NOT EXISTS {table} (txn_id TEXT PRIMARY KEY, "
+            f"target TEXT NOT NULL, rows INTEGER NOT NULL, {stamp} REAL NOT NULL)")
+
+
+def drop_staged(connection: sqlite3.Connection, txn_id: str, stage: str) -> bool:
+    """Drop the staging table and the marker of ``txn_id``; True if there was either."""
+    existed = has_table(connection, stage)
+    connection.execute(f"DROP TABLE IF EXISTS {quote(stage)}")
+    marker = connection.execute(
+        f"DELETE FROM {PREPARED_TABLE} WHERE txn_id = ?", (txn_id,)).rowcount
+    return existed or bool(marker)
+
+
+def recorded(connection: sqlite3.Connection, table: str, txn_id: str) -> bool:
+    query = f"SELECT 1 FROM {table} WHERE txn_id = ?"
+    return connection.execute(query, (txn_id,)).fetchone() is not None
+
+
+def has_table(connection: sqlite3.Connection, table: str) -> bool:
+    query = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?"
+    return connection.execute(query, (table,)).fetchone() is not None
+
+
+def prepared_rows(connection: sqlite3.Connection, target: str) -> dict[str, int]:
+    """Row counts of the prepared markers of ``target``, by transaction id."""
+    if not has_table(connection, PREPARED_TABLE):
+        return {}
+    return dict(connection.execute(
+        f"SELECT txn_id, rows FROM {PREPARED_TABLE} WHERE target = ?", (target,)).fetchall())
+
+
+def staged_txn_ids(connection: sqlite3.Connection, target: str) -> list[str]:
+    """The transaction ids of every staging table of ``target``."""
+    suffix = STAGE_SEPARATOR + target
+    return [name[len(STAGE_PREFIX):].partition(STAGE_SEPARATOR)[0]
+            for (name,) in connection.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table' AND "
+                "substr(name, 1, ?) = ? AND substr(name, -?) = ?",
+                (len(STAGE_PREFIX), STAGE_PREFIX, len(suffix), suffix))]
+
+
+def column_names(connection: sqlite3.Connection, table: str) -> list[str]:
+    return [row[1] for row in connection.execute(f"PRAGMA table_info({quote(table)})")]
+
+
+def table_columns(connection: sqlite3.Connection, table: str) -> list[TableColumn]:
+    """The table's columns as :func:`twophase.kit.check_columns` reads them."""
+    return [TableColumn(name, required=bool(not_null) and default is None and not primary_key)
+            for _cid, name, _type, not_null, default, primary_key
+            in connection.execute(f"PRAGMA table_info({quote(table)})")]
+
+
+def unique_keys_of(connection: sqlite3.Connection, table: str) -> list[tuple[str, ...]]:
+    quoted = quote(table)
+    primary_key = tuple(row[1] for row in connection.execute(f"PRAGMA table_info({quoted})")
+                        if row[5])
+    return [primary_key] + [
+        tuple(row[2] for row in connection.execute(f"PRAGMA index_info({quote(index[1])})"))
+        for index in connection.execute(f"PRAGMA index_list({quoted})") if index[2]
+    ]
 
 
 #: SQLite's primary result codes (``sqlite_errorcode & 0xFF``), classified once.
@@ -471,11 +467,13 @@ def _to_text(value: Any) -> Any:
 
 
 class SQLiteCommitter(Committer):
-    """One connection for every commit and abort of a batch, a recovery or a cleanup pass,
-    lent to one thread at a time (SQLite has one writer: parallel commits would only queue).
-    A fresh connection per handle would re-read the schema (every staging table) and
-    checkpoint the write-ahead log at each close: a recovery of 1,000 handles took 3.4 s that
-    way, 0.5 s on one connection."""
+    """Every commit and abort of a batch, a recovery or a cleanup pass, on one connection lent
+    to one thread at a time (SQLite has one writer: parallel commits would only queue).
+
+    Why not on the sink: a fresh connection per handle re-reads the schema (one staging table
+    per pending transaction) and checkpoints the write-ahead log when it closes; a recovery of
+    1,000 handles took 4.6 s that way, 0.5 s on one connection (``bench/scaling.py``).
+    """
 
     sink: SQLiteSink
 
@@ -485,16 +483,38 @@ class SQLiteCommitter(Committer):
         self._lock = threading.Lock()
 
     def commit(self, handle: Handle) -> CommitOutcome:
-        with self._lock:
-            return self.sink.commit_on(handle, self._connected(f"commit of {handle.txn_id}"))
+        sink, txn_id, stage = self.sink, str(handle.txn_id), self.sink.stage_table(handle.txn_id)
+        with self._lock, sink.database.transaction(f"commit of {txn_id}", self._connected()) as c:
+            create_bookkeeping(c)  # a database that lost them lost the transaction too
+            if recorded(c, COMMITTED_TABLE, txn_id):
+                return CommitOutcome.ALREADY_COMMITTED
+            if not recorded(c, PREPARED_TABLE, txn_id):
+                raise transaction_lost(
+                    handle, where=sink.where,
+                    why="it is neither prepared nor recorded as committed: aborted outside "
+                    "this query (a cleanup with a too short threshold?), or its proof of "
+                    "commit was purged")
+            apply_staged(c, sink.table, stage, sink.upsert_key)
+            drop_staged(c, txn_id, stage)
+            c.execute(f"INSERT INTO {COMMITTED_TABLE} (txn_id, target, rows, committed_at) "
+                      "VALUES (?, ?, ?, ?)", (txn_id, sink.table, handle.rows, time.time()))
+            return CommitOutcome.COMMITTED
 
     def abort(self, handle: Handle) -> AbortOutcome:
-        with self._lock:
-            return self.sink.abort_on(handle, self._connected(f"abort of {handle.txn_id}"))
+        txn_id = str(handle.txn_id)
+        with self._lock, self.sink.database.transaction(f"abort of {txn_id}",
+                                                         self._connected()) as c:
+            create_bookkeeping(c)
+            if recorded(c, COMMITTED_TABLE, txn_id):
+                raise FatalError(
+                    f"refusing to abort transaction {txn_id}: it is already committed.",
+                    fix="this is a bug in the caller: a committed transaction was decided")
+            dropped = drop_staged(c, txn_id, self.sink.stage_table(handle.txn_id))
+            return AbortOutcome.ABORTED if dropped else AbortOutcome.NOT_FOUND
 
-    def _connected(self, what: str) -> sqlite3.Connection:
+    def _connected(self) -> sqlite3.Connection:
         if self._connection is None:
-            self._connection = self.sink._connect(what)
+            self._connection = self.sink.database.connect("commit")
         return self._connection
 
     def close(self) -> None:

@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from setups.servers.prometheus import promtool
 from twophase import cleanup
-from twophase._metrics import retry_key
+from twophase._metrics import MEMBERS_LOST, key, retry_key
 from twophase._state import BatchRecord, StateStore
 from twophase.metrics import StateCollector
 
@@ -28,7 +28,9 @@ DASHBOARD = RULES_DIR.parent / "grafana" / "twophase.json"
 
 #: Per alert: its condition, and a looser one that also fires where it must stay silent.
 LOOSENED = {
-    "TwoPhaseTransactionLost": ("[1h]) > 0", "[1h]) >= 0"),
+    "TwoPhaseTransactionLost": ("transactions_lost_total[1h]) > 0",
+                                "transactions_lost_total[1h]) >= 0"),
+    "TwoPhaseGroupBatchSplit": ("members_lost_total[1h]) > 0", "members_lost_total[1h]) >= 0"),
     "TwoPhaseBatchPendingTooLong": ("_seconds > 600", "_seconds > -1"),
     "TwoPhaseOrphansOlderThanCleanupAge": ("_seconds > twophase_cleanup", "_seconds >= 0 * "
                                            "twophase_cleanup"),
@@ -71,7 +73,7 @@ def exported_names(tmp_path: Path) -> set[str]:
     done = BatchRecord(batch=0, epoch=1, txns=1, rows=1, already_committed=0, decided_at=1.0,
                        done_at=2.0, decision_ms=1.0, commit_ms=1.0)
     store.update(lambda state: replace(state, history=(done,)).counted(
-        {retry_key("commit", TimeoutError()): 1}), epoch=None)
+        {retry_key("commit", TimeoutError()): 1, key(MEMBERS_LOST, "events"): 1}), epoch=None)
     registry = CollectorRegistry()
     registry.register(StateCollector([store]))
     names = {sample.name for family in text_string_to_metric_families(

@@ -22,7 +22,6 @@ import pytest
 
 from setups.servers.moto import MotoServer
 from setups.servers.spark_cluster import SparkCluster
-from tests.on_setup import HttpTarget, KafkaTarget, MySQLTarget, PostgresTarget, S3Target
 from tests.test_failover import s3_state
 from twophase._state import StateStore
 from twophase.testing.crash import CrashSuite
@@ -60,27 +59,37 @@ class OnCluster:
         return disk
 
 
-class TestMySQLOnCluster(OnCluster, MySQLTarget, CrashSuite):
+class TestMySQLOnCluster(OnCluster, CrashSuite):
     """State on the driver's disk: tasks cannot read it."""
 
+    setup_fixture = "mysql_setup"
+
 
 @pytest.mark.long
-class TestPostgresOnCluster(OnCluster, PostgresTarget, CrashSuite):
+class TestPostgresOnCluster(OnCluster, CrashSuite):
     """Prepared transactions opened by executors, committed by the driver's session."""
 
+    setup_fixture = "postgres_setup"
+
 
 @pytest.mark.long
-class TestHttpOnCluster(OnCluster, HttpTarget, CrashSuite):
+class TestHttpOnCluster(OnCluster, CrashSuite):
     """Staging on a directory the driver and executors share (as a shared file system)."""
 
+    setup_fixture = "http_setup"
+
 
 @pytest.mark.long
-class TestKafkaOnCluster(OnCluster, KafkaTarget, CrashSuite):
+class TestKafkaOnCluster(OnCluster, CrashSuite):
     """Transactions opened by executors, committed by the driver with EndTxn."""
 
+    setup_fixture = "kafka_setup"
 
-class TestS3OnCluster(OnCluster, S3Target, CrashSuite):
+
+class TestS3OnCluster(OnCluster, CrashSuite):
     """State on S3: tasks read it there, and the driver's disk holds nothing of it."""
+
+    setup_fixture = "s3_setup"
 
     @pytest.fixture
     def state(self, moto_server: MotoServer) -> tuple[str | None, dict[str, Any]]:

@@ -26,11 +26,12 @@ from typing import Any
 import pytest
 
 from setups.servers.connect import ConnectServer
-from tests.on_setup import MySQLTarget, SQLiteTarget
 from twophase._crash import kill_session
 from twophase._state import NO_BATCH
-from twophase.testing.crash import LOST_STATE_MESSAGE, CrashSuite, SinkTarget
+from twophase.testing import Target
+from twophase.testing.crash import LOST_STATE_MESSAGE, CrashSuite
 from twophase.testing.driver import AVAILABLE_NOW, DriverSpec, RunResult, generate_feed, launch
+from twophase.testing.suite import TargetSuite
 
 pytestmark = [pytest.mark.spark]
 
@@ -54,15 +55,13 @@ RUN_FENCED = r"Query \[id = {query}, runId = ([0-9a-f-]+)\] terminated with erro
 RUN_STOPPED = r"Stopping existing streaming query \[id={query}, runId=([0-9a-f-]+)\]"
 
 
-def client_spec(server: ConnectServer, target: SinkTarget, tmp_path: Path,
+def client_spec(server: ConnectServer, target: Target, tmp_path: Path,
                 **fields: Any) -> DriverSpec:
     """A Connect client streaming the order feed in ``tmp_path/feed`` into ``target``."""
-    return DriverSpec(input_dir=str(tmp_path / "feed"), checkpoint=str(tmp_path / "ckpt"),
-                      sink_factory=target.factory, sink_kwargs=target.options,
-                      remote=server.url, **fields)
+    return DriverSpec.into(target, tmp_path, remote=server.url, **fields)
 
 
-def assert_finished(spec: DriverSpec, target: SinkTarget, *, last_batch: int) -> None:
+def assert_finished(spec: DriverSpec, target: Target, *, last_batch: int) -> None:
     """The state has nothing pending up to ``last_batch``, the sink nothing in doubt."""
     state = spec.state_store().read()
     assert state is not None
@@ -83,15 +82,12 @@ def wait_until(condition: Callable[[], bool], what: str) -> None:
         time.sleep(POLL_INTERVAL_S)
 
 
-class DeliverySuite:
+class DeliverySuite(TargetSuite):
     """Each adapter, and a batch job, from a Connect client: every row exactly once."""
-
-    def visible(self, target: SinkTarget) -> list[int]:
-        raise NotImplementedError
 
     @pytest.mark.parametrize("foreach_batch", [False, True], ids=["data_source", "foreach_batch"])
     def test_a_stream_from_a_connect_client_is_delivered_exactly_once(
-        self, connect: ConnectServer, target: SinkTarget, tmp_path: Path, *,
+        self, connect: ConnectServer, target: Target, tmp_path: Path, *,
         foreach_batch: bool
     ) -> None:
         expected = list(range(generate_feed(tmp_path / "feed", files=FILES,
@@ -99,11 +95,11 @@ class DeliverySuite:
         spec = client_spec(connect, target, tmp_path, foreach_batch=foreach_batch)
         run = launch(spec, workdir=tmp_path / "client")
         assert run.returncode == 0, f"the client failed: see {run.log}"
-        assert self.visible(target) == expected
+        assert target.visible() == expected
         assert_finished(spec, target, last_batch=FILES - 1)
 
     def test_a_batch_job_from_a_connect_client_is_delivered_exactly_once(
-        self, connect: ConnectServer, target: SinkTarget, tmp_path: Path
+        self, connect: ConnectServer, target: Target, tmp_path: Path
     ) -> None:
         expected = list(range(generate_feed(tmp_path / "feed", files=FILES,
                                             rows_per_file=ROWS_PER_FILE)))
@@ -111,13 +107,15 @@ class DeliverySuite:
                            state_location=str(tmp_path / "state"))
         run = launch(spec, workdir=tmp_path / "client")
         assert run.returncode == 0, f"the client failed: see {run.log}"
-        assert self.visible(target) == expected
+        assert target.visible() == expected
         assert_finished(spec, target, last_batch=0)
 
 
-class TestSQLiteFromConnect(SQLiteTarget, DeliverySuite):
+class TestSQLiteFromConnect(DeliverySuite):
+    setup_fixture = "sqlite_setup"
+
     def test_a_trigger_the_server_cannot_parse_is_refused_before_the_takeover(
-        self, connect: ConnectServer, target: SinkTarget, tmp_path: Path
+        self, connect: ConnectServer, target: Target, tmp_path: Path
     ) -> None:
         """The client sends the interval unparsed: it is parsed on the server before the
         takeover, which would otherwise fence a live run of the query for nothing."""
@@ -127,10 +125,10 @@ class TestSQLiteFromConnect(SQLiteTarget, DeliverySuite):
         assert refused.returncode != 0 and not refused.crashed
         assert "ConfigurationError: Spark refuses the trigger" in refused.log.read_text()
         assert spec.state_store().read() is None, "the takeover ran"
-        assert self.visible(target) == []
+        assert target.visible() == []
 
     def test_the_checks_before_the_takeover_run_on_the_server_and_refuse_on_the_client(
-        self, connect: ConnectServer, target: SinkTarget, tmp_path: Path
+        self, connect: ConnectServer, target: Target, tmp_path: Path
     ) -> None:
         """The checkpoint is read on the server's side: a restart whose state is gone is
         refused, with twophase's own error raised in the client, and writes nothing."""
@@ -147,10 +145,10 @@ class TestSQLiteFromConnect(SQLiteTarget, DeliverySuite):
         log = refused.log.read_text()
         assert "twophase.errors.ConfigurationError: the checkpoint" in log, log[-3000:]
         assert LOST_STATE_MESSAGE in log
-        assert self.visible(target) == expected
+        assert target.visible() == expected
 
     def test_the_example_delivers_the_feed_exactly_once(
-        self, connect: ConnectServer, target: SinkTarget, tmp_path: Path
+        self, connect: ConnectServer, target: Target, tmp_path: Path
     ) -> None:
         """``examples/connect_pipeline.py`` as a user runs it (through foreachBatch)."""
         expected = list(range(generate_feed(tmp_path / "feed", files=FILES,
@@ -164,11 +162,11 @@ class TestSQLiteFromConnect(SQLiteTarget, DeliverySuite):
         run = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True,
                              timeout=EXAMPLE_TIMEOUT_S, check=False)
         assert run.returncode == 0, f"the example failed:\n{run.stdout[-3000:]}{run.stderr[-3000:]}"
-        assert self.visible(target) == expected
+        assert target.visible() == expected
 
 
-class TestMySQLFromConnect(MySQLTarget, DeliverySuite):
-    pass
+class TestMySQLFromConnect(DeliverySuite):
+    setup_fixture = "mysql_setup"
 
 
 # -- crashes -------------------------------------------------------------------------------
@@ -199,36 +197,35 @@ class ConnectCrashSuite(CrashSuite):
         return replace(run, crashed=self.server.killed(), log=self.server.log)
 
 
-class TestSQLiteConnectCrashes(SQLiteTarget, ConnectCrashSuite):
-    pass
+class TestSQLiteConnectCrashes(ConnectCrashSuite):
+    setup_fixture = "sqlite_setup"
 
 
 @pytest.mark.long
-class TestSQLiteForeachBatchConnectCrashes(SQLiteTarget, ConnectCrashSuite):
+class TestSQLiteForeachBatchConnectCrashes(ConnectCrashSuite):
+    setup_fixture = "sqlite_setup"
     foreach_batch = True
 
 
 @pytest.mark.long
-class TestMySQLConnectCrashes(MySQLTarget, ConnectCrashSuite):
-    pass
+class TestMySQLConnectCrashes(ConnectCrashSuite):
+    setup_fixture = "mysql_setup"
 
 
 @pytest.mark.long
-class TestMySQLForeachBatchConnectCrashes(MySQLTarget, ConnectCrashSuite):
+class TestMySQLForeachBatchConnectCrashes(ConnectCrashSuite):
+    setup_fixture = "mysql_setup"
     foreach_batch = True
 
 
 # -- clients that die or compete -----------------------------------------------------------
 
 
-class TakeoverSuite:
+class TakeoverSuite(TargetSuite):
     """A stream whose client dies, or that a second client starts while the first runs."""
 
-    def visible(self, target: SinkTarget) -> list[int]:
-        raise NotImplementedError
-
     def test_a_killed_clients_query_runs_on_until_a_new_client_takes_it_over(
-        self, connect: ConnectServer, target: SinkTarget, tmp_path: Path
+        self, connect: ConnectServer, target: Target, tmp_path: Path
     ) -> None:
         """kill -9 of the client leaves its query running on the server (its session lives
         on); the restarted client's run fences it and Spark stops it: nothing twice."""
@@ -248,12 +245,12 @@ class TakeoverSuite:
         wait_until(lambda: done_through(spec) > at_kill, "the query goes on without a client")
         restarted = launch(replace(spec, trigger=AVAILABLE_NOW), workdir=tmp_path / "restarted")
         assert restarted.returncode == 0, f"the restarted client failed: see {restarted.log}"
-        assert self.visible(target) == expected
+        assert target.visible() == expected
         assert_finished(spec, target, last_batch=TAKEOVER_FILES - 1)
         self.assert_old_run_ended(connect, spec)
 
     def test_a_second_client_takes_the_query_over_from_a_running_one(
-        self, connect: ConnectServer, target: SinkTarget, tmp_path: Path
+        self, connect: ConnectServer, target: Target, tmp_path: Path
     ) -> None:
         """Two live clients start the same query: the second's run fences the first's, and
         Spark stops the first's run (its client sees its query end): nothing twice."""
@@ -273,7 +270,7 @@ class TakeoverSuite:
             runner.join(WAIT_TIMEOUT_S)
         assert first, "the first client's query was not stopped by the second's start"
         assert second.returncode == 0, f"the second client failed: see {second.log}"
-        assert self.visible(target) == expected
+        assert target.visible() == expected
         assert_finished(spec, target, last_batch=TAKEOVER_FILES - 1)
         self.assert_old_run_ended(connect, spec)
 
@@ -291,10 +288,10 @@ class TakeoverSuite:
         assert started[0] in ended, f"the old run {started[0]} runs on: see {server.log}"
 
 
-class TestSQLiteTakeovers(SQLiteTarget, TakeoverSuite):
-    pass
+class TestSQLiteTakeovers(TakeoverSuite):
+    setup_fixture = "sqlite_setup"
 
 
 @pytest.mark.long
-class TestMySQLTakeovers(MySQLTarget, TakeoverSuite):
-    pass
+class TestMySQLTakeovers(TakeoverSuite):
+    setup_fixture = "mysql_setup"

@@ -14,16 +14,17 @@ from pathlib import Path
 import pytest
 
 from setups import MySQLSetup
-from tests.on_setup import MySQLTarget, S3Target, SQLiteTarget
-from tests.user_sink import JsonLinesSink
+from tests.test_user_sink import JsonLinesTarget
 from twophase._crash import AFTER_DECISION, AFTER_PRE_COMMIT
-from twophase.testing.crash import CrashSuite, SinkTarget
+from twophase.testing import Target
+from twophase.testing.crash import CrashSuite
 from twophase.testing.driver import DriverSpec, generate_feed, launch
 
 pytestmark = [pytest.mark.spark, pytest.mark.crash]
 
 
-class TestSQLiteCrashes(SQLiteTarget, CrashSuite):
+class TestSQLiteCrashes(CrashSuite):
+    setup_fixture = "sqlite_setup"
     check_lost_state = True  # the state deleted after a crash at every point: refused
 
 
@@ -32,27 +33,28 @@ class TestForeachBatchCrashes(TestSQLiteCrashes):
     foreach_batch = True
 
 
-class TestMySQLCrashes(MySQLTarget, CrashSuite):
+class TestMySQLCrashes(CrashSuite):
+    setup_fixture = "mysql_setup"
+
     def test_a_server_killed_while_branches_are_prepared_loses_nothing(
-        self, target: SinkTarget, mysql_setup: MySQLSetup, tmp_path: Path
+        self, target: Target, mysql_setup: MySQLSetup, tmp_path: Path
     ) -> None:
         """The driver killed with branches prepared (undecided, then decided), then kill -9
         of MariaDB while the driver is down; the restarts deliver every row exactly once."""
         points = (AFTER_PRE_COMMIT, AFTER_DECISION)
         expected = list(range(generate_feed(tmp_path / "feed", files=len(points) + 2,
                                             rows_per_file=self.rows_per_file)))
-        spec = DriverSpec(input_dir=str(tmp_path / "feed"), checkpoint=str(tmp_path / "ckpt"),
-                          sink_factory=target.factory, sink_kwargs=target.options)
+        spec = DriverSpec.into(target, tmp_path)
         for batch, point in enumerate(points, start=1):
             crashed = launch(spec, workdir=tmp_path / "runs", crash_at=f"{point}@{batch}")
             assert crashed.crashed, f"the driver did not die at {point}: see {crashed.log}"
-            assert self.current.in_doubt(), "nothing was prepared when the driver died"
+            assert target.in_doubt(), "nothing was prepared when the driver died"
             mysql_setup.kill_server()
             mysql_setup.server.restart_after_kill()
         finished = launch(spec, workdir=tmp_path / "runs")
         assert finished.returncode == 0, f"the last run failed: see {finished.log}"
-        assert self.current.visible() == expected
-        assert self.current.in_doubt() == []
+        assert target.visible() == expected
+        assert target.in_doubt() == []
 
 
 @pytest.mark.long
@@ -61,13 +63,11 @@ class TestJsonLinesCrashes(CrashSuite):
     runs in CI: tests/test_user_sink.py)."""
 
     @pytest.fixture
-    def target(self, tmp_path: Path) -> SinkTarget:
-        return SinkTarget("tests.user_sink:JsonLinesSink", {"directory": str(tmp_path / "out")})
-
-    def visible(self, target: SinkTarget) -> list[int]:
-        rows = JsonLinesSink(target.options["directory"]).rows()
-        return sorted(row["event_id"] for row in rows)
+    def target(self, tmp_path: Path) -> JsonLinesTarget:
+        return JsonLinesTarget.in_directory(tmp_path / "out")
 
 
-class TestS3Crashes(S3Target, CrashSuite):
+class TestS3Crashes(CrashSuite):
     """A crash leaves open uploads, never a visible duplicate."""
+
+    setup_fixture = "s3_setup"

@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 
 from setups.servers.moto import MotoServer
-from tests.on_setup import S3Target
 from twophase.testing.crash import CrashSuite
 
 pytestmark = [pytest.mark.spark, pytest.mark.crash]
@@ -28,7 +27,8 @@ def s3_state(server: MotoServer) -> tuple[str, dict[str, Any]]:
                                            "access_key_id", "secret_access_key")})
 
 
-class TestS3DriverFailover(S3Target, CrashSuite):
+class TestS3DriverFailover(CrashSuite):
+    setup_fixture = "s3_setup"
     fresh_host_per_run = True
 
     @pytest.fixture

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import re
 from functools import cache
+from itertools import takewhile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -20,11 +21,13 @@ MATRIX_HEADING = "## Matrix"
 NODE_ID = re.compile(r"`(tests/[\w/]+\.py::[\w:]+(?:\[[\w.-]+\])?)`")
 
 
-def matrix_rows(text: str) -> list[str]:
-    """The body rows of the first table after the matrix heading."""
-    _, found, after = text.partition(MATRIX_HEADING)
-    assert found, f"{GUARANTEES} has no {MATRIX_HEADING!r} section"
-    table = [line for line in after.splitlines() if line.startswith("|")]
+def table_rows(text: str, heading: str) -> list[str]:
+    """The body rows of the first Markdown table after ``heading`` (a line or part of one)."""
+    _, found, after = text.partition(heading)
+    assert found, f"no {heading!r} in the text"
+    lines = after.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith("|")), len(lines))
+    table = list(takewhile(lambda line: line.startswith("|"), lines[start:]))
     return table[2:]  # skip the header and the |---| line
 
 
@@ -80,7 +83,7 @@ def exists(node_id: str) -> bool:
 
 
 def test_every_row_of_the_matrix_names_tests_that_exist() -> None:
-    rows = matrix_rows(GUARANTEES.read_text())
+    rows = table_rows(GUARANTEES.read_text(), MATRIX_HEADING)
     assert rows, "the matrix is empty"
     without = [row for row in rows if not NODE_ID.findall(row)]
     missing = sorted({node for row in rows for node in NODE_ID.findall(row) if not exists(node)})
@@ -100,4 +103,5 @@ def test_the_check_sees_inherited_tests_and_refuses_missing_ones() -> None:
     assert not exists("tests/test_model.py::test_that_does_not_exist")
     assert not exists("tests/test_nothing.py::test_model_over_every_sink[sqlite]")
     assert not exists("tests/test_model.py::test_model_over_sqlite")
-    assert matrix_rows(f"{MATRIX_HEADING}\n\n| a | b |\n|---|---|\n| x | y |\n") == ["| x | y |"]
+    assert table_rows(f"{MATRIX_HEADING}\n\n| a | b |\n|---|---|\n| x | y |\n\n| c |\n",
+                      MATRIX_HEADING) == ["| x | y |"]

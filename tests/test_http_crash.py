@@ -10,21 +10,24 @@ import pytest
 
 from setups.http import s3_staging
 from setups.servers.moto import MotoServer
-from tests.on_setup import HttpTarget
 from twophase.testing.crash import CrashSuite
 
 pytestmark = [pytest.mark.spark, pytest.mark.crash]
 
 
-class TestHttpCrashes(HttpTarget, CrashSuite):
+class TestHttpCrashes(CrashSuite):
     """Requests staged, then sent with idempotency keys: a crash leaves staged requests or
     requests the receiver replays, never a record delivered twice."""
 
+    setup_fixture = "http_setup"
+
 
 @pytest.mark.long
-class TestHttpS3StagingCrashes(HttpTarget, CrashSuite):
+class TestHttpS3StagingCrashes(CrashSuite):
     """The same, staging on S3 (the executors and the driver share no disk): the manifest
     written last seals a pre-commit."""
+
+    setup_fixture = "http_setup"
 
     @pytest.fixture
     def target_overrides(self, moto_server: MotoServer, s3_bucket: str) -> Mapping[str, Any]:

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from tests.on_setup import KafkaTarget
 from twophase.testing.crash import CrashSuite
 
 pytestmark = [pytest.mark.spark, pytest.mark.crash]
 
 
-class TestKafkaCrashes(KafkaTarget, CrashSuite):
+class TestKafkaCrashes(CrashSuite):
     """A crash leaves open transactions (invisible to read_committed), never a duplicate."""
+
+    setup_fixture = "kafka_setup"

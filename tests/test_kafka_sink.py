@@ -20,7 +20,6 @@ from sinks.kafka import KafkaSink
 from sinks.kafka.committer import describe
 from sinks.kafka.errors import classify
 from sinks.kafka.pool import pool_bound
-from tests.on_setup import KafkaTarget
 from twophase import (
     AbortOutcome,
     Column,
@@ -55,7 +54,8 @@ def make_sink(broker: KafkaBroker, topic: str, **options: Any) -> KafkaSink:
     return sink
 
 
-class TestKafkaContract(KafkaTarget, SinkContract):
+class TestKafkaContract(SinkContract):
+    setup_fixture = "kafka_setup"
     purges_commit_records = False
     has_schema = False  # a topic has no columns: only the named key/value columns are checked
     target_options: ClassVar[Mapping[str, Any]] = {"transaction_timeout_ms": 60_000,

@@ -1,11 +1,16 @@
-"""The sink kit's pieces on their own: error tables, the committer's pool, the column checks."""
+"""The sink kit's pieces on their own: error tables, the committer's pool, the column checks,
+the one S3 client."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 import pytest
+from botocore.exceptions import ClientError
 
 from twophase import (
     Column,
@@ -14,7 +19,15 @@ from twophase import (
     RetryableError,
     SchemaMismatchError,
 )
-from twophase.kit import Condition, ConnectionPool, ErrorTable, TableColumn, check_columns
+from twophase.kit import (
+    Condition,
+    ConnectionPool,
+    ErrorTable,
+    S3Errors,
+    S3Settings,
+    TableColumn,
+    check_columns,
+)
 from twophase.testing.contract import ORDER_COLUMNS
 
 TABLE = ErrorTable(
@@ -117,3 +130,57 @@ def test_the_column_checks_pass_what_fits() -> None:
                   unique_keys=[["event_id"]])
     check_columns(WHERE, [TableColumn("EVENT_ID")], [Column("event_id", "bigint")],
                   upsert_key=(), unique_keys=[["Event_Id"]], case_sensitive=False)
+
+
+# -- the one S3 client ---------------------------------------------------------------------------
+
+SECRET = "s3cret-never-shown"
+S3 = S3Settings("bucket-a", endpoint_url="http://127.0.0.1:9", region="us-east-1",
+                access_key_id="key", secret_access_key=SECRET)
+
+
+def test_one_s3_client_serves_every_bucket_and_one_session_every_client() -> None:
+    assert replace(S3, bucket="bucket-b").client() is S3.client()
+    other = replace(S3, access_key_id="other")
+    assert other.client() is not S3.client()
+    assert S3.client(max_attempts=1) is not S3.client()
+    # one boto3 session per process: S3's service model is parsed once, for every client
+    model = S3.client().meta.service_model._service_description
+    assert other.client().meta.service_model._service_description is model
+
+
+def test_s3_settings_refuse_unknown_options_and_half_a_key_and_hide_the_secrets() -> None:
+    with pytest.raises(ConfigurationError,
+                       match=r"staging_options: unknown S3 options \['password'\].*Fix: use only"):
+        S3Settings.of("b", {"password": "x"}, named="staging_options")
+    with pytest.raises(ConfigurationError, match="go together"):
+        S3Settings.of("b", {"access_key_id": "key"}, named="state_options")
+    assert S3Settings.of("bucket-a", {"region": "us-east-1"}, named="x").region == "us-east-1"
+    assert SECRET not in repr(S3)
+
+
+def s3_error(code: str, status: int) -> ClientError:
+    return ClientError({"Error": {"Code": code, "Message": "no"},
+                        "ResponseMetadata": {"HTTPStatusCode": status}}, "GetObject")
+
+
+def test_s3_errors_are_classified_once_and_a_refusal_names_the_callers_permissions() -> None:
+    errors = S3Errors(("s3:GetObject", "s3:PutObject"))
+    refused = errors.classify(s3_error("AccessDenied", 403), "GetObject of s3://b/k")
+    assert isinstance(refused, ConfigurationError)
+    assert str(refused) == ("S3: GetObject of s3://b/k failed: AccessDenied (no). Fix: grant "
+                            "s3:GetObject and s3:PutObject on the bucket and prefix to these "
+                            "credentials")
+    assert isinstance(errors.classify(s3_error("WhoKnows", 502), "x"), RetryableError)
+    unknown = errors.classify(s3_error("WhoKnows", 400), "x")
+    assert type(unknown) is FatalError
+    assert isinstance(errors.error(S3Errors.NO_SUCH_BUCKET, "HeadBucket"), ConfigurationError)
+    assert S3Errors.code(s3_error("NoSuchKey", 404)) in S3Errors.NOT_FOUND
+    assert (S3Errors.code(ValueError()), S3Errors.status(ValueError())) == (None, 0)
+
+
+def test_the_kit_imports_boto3_only_once_a_client_is_made() -> None:
+    script = "import sys, twophase.kit; print('boto3' in sys.modules, 'botocore' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          check=True, timeout=60)
+    assert done.stdout.split() == ["False", "False"]

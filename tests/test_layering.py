@@ -1,9 +1,11 @@
 """The layers, enforced both ways.
 
-``twophase/`` is at the bottom and knows no sink and no test; ``sinks/`` stand on twophase's
-public face only; ``setups/`` (one test setup per sink, and the servers) stands on both and
-knows no suite; ``tests/``, ``chaos/`` and ``bench/`` sit on top: they take the setups from
-``setups/``, chaos and bench import no test module, and none imports another in a circle.
+``twophase/`` is at the bottom and knows no sink, test or example, and its modules import each
+other in no circle (not even inside a function or for the type checker); ``sinks/`` stand on
+twophase's public face for sinks only, and no sink on another; ``setups/`` (one test setup per
+sink, and the servers) stands on both and knows no suite; ``tests/``, ``chaos/`` and
+``bench/`` sit on top: they take the setups from ``setups/``, chaos and bench import no test
+module, and none imports another in a circle.
 The public face of twophase, for a sink:
 
 ================================  ==============================================================
@@ -15,8 +17,11 @@ module                            what a sink takes from it
 ``twophase.errors``               the error taxonomy (also re-exported by ``twophase``)
 ================================  ==============================================================
 
-Tests also take ``twophase.testing`` (the suites) and, for now, private modules: they test
-the framework's insides. Everything else under ``twophase._*`` is internal.
+``setups/``, ``chaos/``, ``bench/`` and ``examples/`` (the demo among them) take any public
+module of twophase, none whose name has a part starting with ``_``: besides the above,
+``twophase.spark``, ``twophase.status``, ``twophase.metrics`` and ``twophase.testing`` (whose
+``crash_points`` and ``protocol`` serve harnesses). Tests also take private modules: they test
+the framework's insides.
 """
 
 from __future__ import annotations
@@ -25,24 +30,38 @@ import ast
 from collections.abc import Iterable
 from pathlib import Path
 
+import pytest
+
 import twophase
 
 REPO = Path(twophase.__file__).resolve().parents[1]
-FORBIDDEN_IN_FRAMEWORK = ("sinks", "setups", "tests", "chaos", "bench")
+FORBIDDEN_IN_FRAMEWORK = ("sinks", "setups", "tests", "chaos", "bench", "examples")
 PUBLIC_FOR_SINKS = frozenset({"twophase", "twophase.kit", "twophase.errors"})
 TOP = ("bench", "chaos", "tests")
+#: What stands on twophase's public face without being a sink.
+EDGES = ("setups", "chaos", "bench", "examples")
 
 
-def imported_modules(path: Path) -> set[str]:
-    """Every absolute module a file imports (``from x import y`` counts as ``x``)."""
+def imported_modules(path: Path, root: Path = REPO) -> set[str]:
+    """Every absolute module a file imports: ``from x import y`` counts as ``x.y`` if that is
+    a module of the tree at ``root`` (``from twophase import _crash``), else as ``x``."""
     tree = ast.parse(path.read_text(), filename=str(path))
     names: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.add(node.module)
+            submodules = {f"{node.module}.{alias.name}" for alias in node.names
+                          if _is_module(root, f"{node.module}.{alias.name}")}
+            names.update(submodules)
+            if len(submodules) < len(node.names):
+                names.add(node.module)
     return names
+
+
+def _is_module(root: Path, name: str) -> bool:
+    path = root.joinpath(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
 
 
 def _files(package: str) -> list[Path]:
@@ -63,6 +82,42 @@ def sink_offenders(paths: Iterable[Path]) -> set[str]:
     return {f"{_relative(path)}: {name}" for path in paths for name in imported_modules(path)
             if (name.split(".")[0] == "twophase" and name not in PUBLIC_FOR_SINKS)
             or name.split(".")[0] in TOP}
+
+
+def is_private(name: str) -> bool:
+    """A module of twophase's insides: a part of its name after ``twophase`` starts with ``_``."""
+    root, *parts = name.split(".")
+    return root == "twophase" and any(part.startswith("_") for part in parts)
+
+
+def private_offenders(paths: Iterable[Path]) -> set[str]:
+    """Imports of twophase's private modules (``twophase._crash``, ``twophase.testing._x``)."""
+    return {f"{_relative(path)}: {name}" for path in paths for name in imported_modules(path)
+            if is_private(name)}
+
+
+def foreign_sink_offenders(paths: Iterable[Path], root: Path = REPO) -> set[str]:
+    """Imports of one sink by another (a module of ``sinks/X`` importing ``sinks.Y``): what two
+    sinks share belongs in twophase's public face."""
+    return {f"{_relative(path)}: {name}" for path in paths
+            for name in imported_modules(path, root)
+            if name.startswith("sinks.") and name.split(".")[1] != sink_of(path, root)}
+
+
+def sink_of(path: Path, root: Path = REPO) -> str:
+    """The sink a file of ``root/sinks`` belongs to: ``s3`` for ``sinks/s3/sink.py``,
+    ``sqlite`` for ``sinks/sqlite.py``."""
+    return path.relative_to(root / "sinks").parts[0].removesuffix(".py")
+
+
+def module_graph(root: Path, package: str) -> dict[str, set[str]]:
+    """Which of ``package``'s top-level modules (its ``__init__`` named ``package``) import
+    which others."""
+    modules = {package if path.stem == "__init__" else f"{package}.{path.stem}": path
+               for path in sorted((root / package).glob("*.py"))}
+    return {module: {name for name in imported_modules(path, root)
+                     if name in modules and name != module}
+            for module, path in modules.items()}
 
 
 def importers_of(paths: Iterable[Path], package: str) -> set[str]:
@@ -96,12 +151,24 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 # -- the tree as it is ---------------------------------------------------------------------------
 
-def test_the_framework_imports_no_sink_test_chaos_or_bench() -> None:
+def test_the_framework_imports_no_sink_test_chaos_bench_or_example() -> None:
     assert framework_offenders(_files("twophase")) == set()
+
+
+def test_the_framework_modules_import_each_other_in_no_circle() -> None:
+    assert cycles(module_graph(REPO, "twophase")) == []
 
 
 def test_sinks_import_only_the_public_face_of_twophase() -> None:
     assert sink_offenders(_files("sinks")) == set()
+
+
+def test_no_sink_imports_another_sink() -> None:
+    assert foreign_sink_offenders(_files("sinks")) == set()
+
+
+def test_setups_chaos_bench_and_examples_import_no_private_module_of_twophase() -> None:
+    assert private_offenders(path for edge in EDGES for path in _files(edge)) == set()
 
 
 def test_the_setups_import_no_suite() -> None:
@@ -124,14 +191,61 @@ def test_the_rules_catch_each_kind_of_offender(tmp_path: Path) -> None:
     module = tmp_path / "m.py"
     module.write_text("import os\nfrom sinks.sqlite import SQLiteSink\nimport tests.x as t\n"
                       "from twophase._rows import rows_of\nfrom twophase.kit import chunks\n"
-                      "from . import sibling\n")
+                      "from twophase import _crash, TxnId\nfrom . import sibling\n")
     assert imported_modules(module) == {"os", "sinks.sqlite", "tests.x", "twophase._rows",
-                                        "twophase.kit"}
+                                        "twophase.kit", "twophase", "twophase._crash"}
     names = {entry.split(": ")[1] for entry in sink_offenders([module])}
-    assert names == {"tests.x", "twophase._rows"}
+    assert names == {"tests.x", "twophase._rows", "twophase._crash"}
     assert cycles({"bench": {"tests"}, "chaos": {"tests"}, "tests": {"chaos"}}) == [
         ["chaos", "tests"]]
     assert cycles({"bench": {"chaos"}, "chaos": {"tests"}, "tests": {"bench"}}) == [
         ["bench", "chaos", "tests"]]
     assert cycles({"bench": {"tests"}, "chaos": {"tests"}, "tests": set()}) == []
 
+
+
+def _tree(root: Path, files: dict[str, str]) -> list[Path]:
+    """``files`` (path: source) written under ``root``; their paths."""
+    paths = []
+    for name, source in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(source)
+        paths.append(path)
+    return paths
+
+
+@pytest.mark.parametrize("edge", EDGES)
+def test_the_rules_catch_a_private_import_at_an_edge(tmp_path: Path, edge: str) -> None:
+    paths = _tree(tmp_path, {f"{edge}/m.py": "from twophase._crash import CRASH_POINTS\n"
+                             "from twophase import _state, TxnId\nimport twophase._handle\n"
+                             "from twophase.testing.crash_points import CRASH_ENV\n"
+                             "from twophase.testing.protocol import StateStore\n"})
+    assert {entry.split(": ")[1] for entry in private_offenders(paths)} == {
+        "twophase._crash", "twophase._state", "twophase._handle"}
+
+
+def test_the_rules_catch_a_sink_importing_another_sink(tmp_path: Path) -> None:
+    paths = _tree(tmp_path, {
+        "sinks/__init__.py": "",
+        "sinks/alpha/__init__.py": "from sinks.alpha.sink import AlphaSink\n",
+        "sinks/alpha/sink.py": "from sinks.alpha import errors\nfrom sinks import beta\n"
+                               "from twophase import TwoPhaseCommitSink\n",
+        "sinks/alpha/errors.py": "import sinks.gamma\n",
+        "sinks/beta/__init__.py": "",
+        "sinks/gamma.py": "from sinks.beta import Beta\n"})
+    assert {entry.removeprefix(f"{tmp_path}/") for entry in foreign_sink_offenders(
+        paths, tmp_path)} == {"sinks/alpha/sink.py: sinks.beta",
+                              "sinks/alpha/errors.py: sinks.gamma",
+                              "sinks/gamma.py: sinks.beta"}
+
+
+def test_the_rules_catch_a_circle_among_framework_modules(tmp_path: Path) -> None:
+    _tree(tmp_path, {"twophase/__init__.py": "from twophase.a import A\n",
+                     "twophase/a.py": "from twophase import _b\n",
+                     "twophase/_b.py": "from twophase import c\nimport twophase.d\n",
+                     "twophase/c.py": "import os\n",
+                     "twophase/d.py": "from twophase import A\n"})
+    graph = module_graph(tmp_path, "twophase")
+    assert graph["twophase._b"] == {"twophase.c", "twophase.d"}
+    assert cycles(graph) == [["twophase", "twophase.a", "twophase._b", "twophase.d"]]

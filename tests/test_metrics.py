@@ -12,6 +12,7 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
@@ -22,7 +23,7 @@ from setups.servers.connect import ConnectServer
 from setups.servers.local import HOST, free_port, stop_process
 from setups.servers.prometheus import PrometheusServer
 from setups.sqlite import ORDERS_DDL
-from sinks.sqlite import SQLiteSink
+from sinks.sqlite import SQLiteCommitter, SQLiteSink
 from twophase import CommitOutcome, Handle, RetryableError, RetryPolicy
 from twophase._coordinator import Coordinator
 from twophase._crash import AFTER_DECISION
@@ -52,24 +53,27 @@ def _sample_key(name: str, labels: dict[str, str]) -> str:
     return name + (f"{extra}" if extra else "")
 
 
-class FlakyCommits(SQLiteSink):
+class FlakyCommitter(SQLiteCommitter):
     """Every transaction's first commit attempt fails as retryable."""
 
-    failed_once: set[str]
+    failed_once: ClassVar[set[str]] = set()
 
-    def commit_on(self, handle: Handle, connection: sqlite3.Connection | None = None
-                  ) -> CommitOutcome:
+    def commit(self, handle: Handle) -> CommitOutcome:
         if str(handle.txn_id) not in self.failed_once:
             self.failed_once.add(str(handle.txn_id))
             raise RetryableError("the first commit attempt fails", fix="retried")
-        return super().commit_on(handle, connection)
+        return super().commit(handle)
+
+
+class FlakyCommits(SQLiteSink):
+    def committer(self) -> SQLiteCommitter:
+        return FlakyCommitter(self)
 
 
 def test_the_coordinator_counts_into_the_state_and_the_collector_exports_it(
     orders_db: Path, tmp_path: Path
 ) -> None:
     sink = FlakyCommits(orders_db, "orders")
-    sink.failed_once = set()
     store = StateStore(tmp_path / "state")
     epoch = store.start_run("orders", {"sink": sink.kind}).epoch
     with Coordinator(sink, store, namespace="orders", epoch=epoch, retry=FAST_RETRY) as run:
@@ -219,7 +223,7 @@ def test_prometheus_sees_a_driver_crash_with_a_decided_batch_and_its_recovery(
 CONNECT_CLIENT = """
 import json, sys
 from pyspark.sql import SparkSession
-from sinks.sqlite import SQLiteSink
+from sinks.sqlite import SQLiteCommitter, SQLiteSink
 from twophase.spark import write_stream
 from twophase.testing.driver import read_feed
 spec = json.loads(sys.argv[1])

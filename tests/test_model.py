@@ -13,11 +13,13 @@ profile (``chaos/model.py`` runs it per sink and prints the counts).
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,18 +27,21 @@ import pytest
 from hypothesis import Phase
 
 from setups import SQLiteSetup
-from twophase import Handle
+from twophase import CommitOutcome, Handle
 from twophase._coordinator import Coordinator
 from twophase._state import Decision, State, StateStore
+from twophase.group import commit_stages
 from twophase.testing.model import (
     PROFILE_ENV,
-    ExactlyOnceError,
     ModelStats,
     run_model,
 )
+from twophase.testing.target import ExactlyOnceError, GroupTarget, Target
 
 #: Examples per sink in the CI profile (the long profile ignores these).
 CI_EXAMPLES = {"sqlite": 150, "mysql": 40, "s3": 20, "kafka": 10, "http": 60, "postgres": 30}
+#: Examples of the model over a sink group (two SQLite tables) in the CI profile.
+GROUP_CI_EXAMPLES = 60
 MEMORY_FS = Path("/dev/shm")
 #: The broken variants must be caught within this many examples (over SQLite), found but not
 #: shrunk (shrinking a schedule takes minutes; a real failure of the model is shrunk).
@@ -46,7 +51,8 @@ FIND_ONLY = (Phase.explicit, Phase.generate)
 
 def ci_examples(sink: str) -> int | None:
     """The sink's CI bound, or None under the long profile (its own count applies)."""
-    return None if os.environ.get(PROFILE_ENV) == "long" else CI_EXAMPLES[sink]
+    return None if os.environ.get(PROFILE_ENV) == "long" else {
+        **CI_EXAMPLES, "group": GROUP_CI_EXAMPLES}[sink]
 
 
 # -- a fresh external system per example: the sink's setup's new target ------------------------
@@ -76,13 +82,47 @@ def report(sink: str, stats: ModelStats) -> None:
 def test_model_over_every_sink(name: str, scratch: Path, request: pytest.FixtureRequest) -> None:
     setup = (SQLiteSetup(scratch) if name == "sqlite"  # on tmpfs: the model fsyncs a lot
              else request.getfixturevalue(f"{name}_setup"))
-    stats = run_model(lambda: setup.new_target(**setup.model_options),
-                      max_examples=ci_examples(name), state_root=str(scratch))
+    stats = run_model(setup.model_target, max_examples=ci_examples(name),
+                      state_root=str(scratch))
     report(name, stats)
     assert stats.examples >= 1
 
 
+def sqlite_group(setup: SQLiteSetup) -> Target:
+    """Two fresh SQLite tables as one sink group (each its own database file)."""
+    return GroupTarget.of({"orders": setup.new_target(), "changes": setup.new_target()})
+
+
+def test_model_over_a_sink_group(scratch: Path) -> None:
+    """Crashes also between the members' commits; every member exactly once, in order."""
+    stats = run_model(functools.partial(sqlite_group, SQLiteSetup(scratch)),
+                      max_examples=ci_examples("group"),
+                      state_root=str(scratch))
+    report("group", stats)
+    assert stats.examples >= 1
+
+
 # -- broken protocols: the model must catch each ------------------------------------------------
+
+
+class CommitsMembersOutOfOrder(Coordinator):
+    """Commits a sink group's last member first."""
+
+    def _commit_all(self, decision: Decision) -> list[CommitOutcome]:
+        stages = commit_stages(self.sink, decision.handles)[::-1]
+        return [outcome for stage in stages
+                for outcome in self._commit_stage(decision.batch, stage)]
+
+
+class DecidesWithAMemberUnprepared(Coordinator):
+    """Decides a sink group's batch with the last member of one partition left out."""
+
+    def _decide(self, batch: int, query_id: str, handles: Sequence[Handle]) -> Decision:
+        first, *rest = handles
+        members = dict(first.data["members"])
+        members.pop(next(reversed(members)))
+        return super()._decide(batch, query_id, [replace(first, data={"members": members}),
+                                                 *rest])
 
 
 class CommitsBeforeTheDecisionIsDurable(Coordinator):
@@ -125,10 +165,17 @@ class NeverSweepsOrphans(Coordinator):
     pytest.param({"coordinator_class": AbortsADecidedBatch}, id="abort-a-decided-batch"),
     pytest.param({"store_class": ForgetsTheEpoch}, id="forget-the-epoch-check"),
     pytest.param({"coordinator_class": NeverSweepsOrphans}, id="never-sweep-orphans"),
+    pytest.param({"coordinator_class": CommitsMembersOutOfOrder, "group": True},
+                 id="commit-a-group-out-of-order"),
+    pytest.param({"coordinator_class": DecidesWithAMemberUnprepared, "group": True},
+                 id="decide-a-group-with-a-member-unprepared"),
 ])
 def test_the_model_catches_a_broken_protocol(scratch: Path, variant: dict[str, Any]) -> None:
+    setup = SQLiteSetup(scratch)
+    new_target = (functools.partial(sqlite_group, setup) if variant.pop("group", False)
+                  else setup.new_target)
     with pytest.raises(ExactlyOnceError) as caught:
-        run_model(SQLiteSetup(scratch).new_target, max_examples=BROKEN_BUDGET, derandomize=True,
+        run_model(new_target, max_examples=BROKEN_BUDGET, derandomize=True,
                   phases=FIND_ONLY, state_root=str(scratch), **variant)
     schedule = "\n".join(getattr(caught.value, "__notes__", ()))
     print(f"\ncaught: {caught.value}\n{schedule}")

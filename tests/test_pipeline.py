@@ -23,7 +23,6 @@ import pytest
 from setups.servers.kafka import KafkaBroker, spark_kafka_jars
 from setups.servers.mariadb import Db, MariaDBServer
 from sinks.kafka import KafkaSink
-from tests.on_setup import KafkaTarget, MySQLTarget
 from twophase.testing.crash import CrashSuite, FeedSource
 from twophase.testing.driver import generate_feed
 
@@ -64,12 +63,16 @@ def _move_to_topic(broker: KafkaBroker, topic: str, feed: Path) -> None:
 
 
 @pytest.mark.long
-class TestKafkaToMySQL(KafkaSource, MySQLTarget, CrashSuite):
+class TestKafkaToMySQL(KafkaSource, CrashSuite):
     """Kafka in, MariaDB out: no XA branch left prepared at the end."""
 
+    setup_fixture = "mysql_setup"
 
-class TestKafkaToKafka(KafkaSource, KafkaTarget, CrashSuite):
+
+class TestKafkaToKafka(KafkaSource, CrashSuite):
     """Kafka in and out: no open transaction holds rows of the target topic at the end."""
+
+    setup_fixture = "kafka_setup"
 
 
 @pytest.fixture

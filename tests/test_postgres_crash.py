@@ -6,16 +6,18 @@ from __future__ import annotations
 
 import pytest
 
-from tests.on_setup import PostgresTarget
 from twophase.testing.crash import CrashSuite
 
 pytestmark = [pytest.mark.spark, pytest.mark.crash]
 
 
-class TestPostgresCrashes(PostgresTarget, CrashSuite):
+class TestPostgresCrashes(CrashSuite):
     """The data source path: COPY of Arrow's CSV."""
+
+    setup_fixture = "postgres_setup"
 
 
 @pytest.mark.long
-class TestPostgresForeachBatchCrashes(PostgresTarget, CrashSuite):
+class TestPostgresForeachBatchCrashes(CrashSuite):
+    setup_fixture = "postgres_setup"
     foreach_batch = True

@@ -18,7 +18,6 @@ from setups import PostgresSetup, Target
 from setups.servers.postgres import PgView, PostgresServer
 from sinks.postgres import PostgresSink
 from sinks.postgres.errors import ERRORS
-from tests.on_setup import PostgresTarget
 from twophase import (
     Column,
     CommitOutcome,
@@ -39,8 +38,10 @@ from twophase.testing.contract import (
 )
 
 
-class TestPostgresContract(PostgresTarget, SinkContract):
+class TestPostgresContract(SinkContract):
     """The shared contract over a fresh table of the private server."""
+
+    setup_fixture = "postgres_setup"
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 from collections.abc import Mapping
-from dataclasses import replace
 from decimal import Decimal
 from typing import Any, ClassVar
 
@@ -24,7 +23,6 @@ from setups.servers.moto import MotoServer
 from sinks.s3 import S3Sink
 from sinks.s3.errors import classify
 from sinks.s3.upload import META_TXN
-from tests.on_setup import S3Target
 from twophase import (
     AbortOutcome,
     Column,
@@ -69,7 +67,8 @@ def open_uploads(server: MotoServer, bucket: str) -> list[str]:
             server.client().list_multipart_uploads(Bucket=bucket).get("Uploads", ())]
 
 
-class TestS3ParquetContract(S3Target, SinkContract):
+class TestS3ParquetContract(SinkContract):
+    setup_fixture = "s3_setup"
     purges_commit_records = False  # the proof of commit is the object itself
     has_schema = False  # an object takes any columns
     target_options: ClassVar[Mapping[str, Any]] = {"format": "parquet", "part_size": PART_SIZE}
@@ -295,14 +294,6 @@ def test_credentials_stay_out_of_repr_and_pickles_hold_no_client(moto_server: Mo
     secret = moto_server.options()["secret_access_key"]
     assert secret not in repr(sink) and secret not in repr(sink.settings)
     assert b"botocore" not in pickle.dumps(sink)
-
-
-def test_one_client_serves_every_bucket_of_an_endpoint(moto_server: MotoServer) -> None:
-    settings = make_sink(moto_server, "bucket-a").settings
-    assert replace(settings, bucket="bucket-b").client() is settings.client()
-    assert replace(settings, access_key_id="other").client() is not settings.client()
-    assert settings.client(max_attempts=1) is not settings.client()
-
 
 
 # -- a writer killed mid-upload ----------------------------------------------------------------

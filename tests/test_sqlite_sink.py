@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from sinks.sqlite import SQLiteSink
-from tests.on_setup import SQLiteTarget
 from twophase import (
     AbortOutcome,
     Column,
@@ -25,8 +24,10 @@ def visible(reader: sqlite3.Connection) -> list[int]:
     return [row[0] for row in reader.execute("SELECT event_id FROM orders ORDER BY event_id")]
 
 
-class TestSQLiteContract(SQLiteTarget, SinkContract):
+class TestSQLiteContract(SinkContract):
     """The contract over a fresh database file per test."""
+
+    setup_fixture = "sqlite_setup"
 
 
 def stage_tables(reader: sqlite3.Connection) -> list[str]:

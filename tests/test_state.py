@@ -207,12 +207,17 @@ def test_s3_locations_and_their_errors_name_the_fix(moto_server: MotoServer,
     assert StateStore.for_checkpoint("s3a://bucket/cp", options).path == \
         "s3://bucket/cp/twophase/state.json"
     refuses(lambda: StateStore("s3://no-such-bucket-here/x", options).start_run("orders", {}),
-            r"s3://no-such-bucket-here/x/state.json: NoSuchBucket.*Fix: create the bucket")
+            r"s3://no-such-bucket-here/x/state.json failed: NoSuchBucket.*Fix: create the bucket")
     refuses(lambda: StateStore("hdfs://nn/cp/twophase"), r"not at 'hdfs://.*Fix: pass "
             r"state_location='s3://bucket/prefix'")
-    refuses(lambda: StateStore("s3://b/x", {"endpoint": "typo"}), r"unknown S3 state options")
+    refuses(lambda: StateStore("s3://b/x", {"endpoint": "typo"}),
+            r"state_options: unknown S3 options \['endpoint'\]")
     refuses(lambda: StateStore(tmp_path, {"region": "x"}), r"only with an s3:// state location")
     bucket = moto_checking_credentials.new_bucket("state")
     wrong = {**s3_options(moto_checking_credentials), "secret_access_key": "wrong"}
     refuses(lambda: StateStore(f"s3://{bucket}/x", wrong).read(),
-            r"SignatureDoesNotMatch.*Fix: .*s3:GetObject and s3:PutObject")
+            r"SignatureDoesNotMatch.*Fix: fix the credentials")
+    key_id, secret = moto_checking_credentials.add_user("lister", ["s3:ListBucket"])
+    lister = {**wrong, "access_key_id": key_id, "secret_access_key": secret}
+    refuses(lambda: StateStore(f"s3://{bucket}/x", lister).read(),
+            r"AccessDenied.*Fix: grant s3:GetObject and s3:PutObject on the bucket")

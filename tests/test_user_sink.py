@@ -3,13 +3,23 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.user_sink import JsonLinesSink
-from twophase import TwoPhaseCommitSink
+from twophase.testing import Target
 from twophase.testing.contract import SinkContract
+
+
+class JsonLinesTarget(Target):
+    """A fresh directory of JSON-lines files, read as a reader of the files reads it."""
+
+    @classmethod
+    def in_directory(cls, directory: Path) -> JsonLinesTarget:
+        return cls("tests.user_sink:JsonLinesSink", {"directory": str(directory)})
+
+    def visible(self) -> list[int]:
+        return sorted(row["event_id"] for row in JsonLinesSink(**self.options).rows())
 
 
 class TestJsonLinesContract(SinkContract):
@@ -17,9 +27,5 @@ class TestJsonLinesContract(SinkContract):
     has_schema = False  # JSON lines take any columns
 
     @pytest.fixture
-    def sink(self, tmp_path: Path) -> JsonLinesSink:
-        return JsonLinesSink(tmp_path / "out")
-
-    def visible(self, sink: TwoPhaseCommitSink[Any]) -> list[int]:
-        assert isinstance(sink, JsonLinesSink)
-        return sorted(row["event_id"] for row in sink.rows())
+    def target(self, tmp_path: Path) -> JsonLinesTarget:
+        return JsonLinesTarget.in_directory(tmp_path / "out")

@@ -19,6 +19,7 @@ from twophase.errors import (
     TransactionLostError,
     TwoPhaseError,
 )
+from twophase.group import SinkGroup
 from twophase.sink import (
     AbortOutcome,
     Column,
@@ -41,6 +42,7 @@ __all__ = [
     "RetryPolicy",
     "RetryableError",
     "SchemaMismatchError",
+    "SinkGroup",
     "StateCorruptError",
     "TransactionContext",
     "TransactionLostError",

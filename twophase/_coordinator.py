@@ -37,6 +37,7 @@ from twophase._crash import (
     AFTER_DECISION,
     BEFORE_DECISION,
     BEFORE_DONE,
+    BETWEEN_MEMBERS,
     MID_COMMIT,
     crash_point,
 )
@@ -44,9 +45,11 @@ from twophase._handle import Handle, TxnId, query_key
 from twophase._metrics import (
     BATCHES_COMMITTED,
     BATCHES_DECIDED,
+    BATCHES_EXPIRING,
     BATCHES_GIVEN_UP,
     COMMIT_SECONDS,
     DECISION_SECONDS,
+    MEMBERS_LOST,
     ORPHANS_ABORTED,
     ORPHANS_FOUND,
     ROWS_COMMITTED,
@@ -55,6 +58,7 @@ from twophase._metrics import (
     TRANSACTIONS_LOST,
     Counts,
     Tally,
+    key,
     observation,
     retry_key,
 )
@@ -68,6 +72,7 @@ from twophase.errors import (
     TransactionLostError,
     TwoPhaseError,
 )
+from twophase.group import CommitStage, commit_stages
 from twophase.sink import AbortOutcome, CommitOutcome, Committer, TwoPhaseCommitSink
 
 log = logging.getLogger(__name__)
@@ -78,6 +83,14 @@ P = ParamSpec("P")
 #: How long a failed batch's abort waits before it sweeps a second time: longer than Spark
 #: takes to end a cancelled Python task (``spark.python.task.killTimeout``, 2 s by default).
 STRAGGLER_GRACE_S = 3.0
+#: The deadline gate's margin: how long before a transaction's deadline (see
+#: ``TwoPhaseCommitSink.commit_deadline``) a batch holding it is no longer decided. Longer than
+#: a decision and the commits after it take, retries included.
+DEADLINE_MARGIN_S = 30.0
+
+#: What a named crash point does when the driver reaches it (``twophase._crash.crash_point``:
+#: SIGKILL the session if the environment arms it there; the model springs its traps instead).
+CrashPoint = Callable[[str, int], None]
 
 
 Step = Callable[Concatenate["Coordinator", P], R]
@@ -110,12 +123,18 @@ class Coordinator:
         namespace: str,
         epoch: int,
         retry: RetryPolicy | None = None,
+        crash_point: CrashPoint = crash_point,
+        straggler_grace_s: float = STRAGGLER_GRACE_S,
+        deadline_margin_s: float = DEADLINE_MARGIN_S,
     ) -> None:
         self.sink = sink
         self.store = store
         self.namespace = namespace
         self.epoch = epoch
         self.retry = retry or RetryPolicy()
+        self.crash_point = crash_point
+        self.straggler_grace_s = straggler_grace_s
+        self.deadline_margin_s = deadline_margin_s
         self._committer: Committer | None = None  # opened on first use, closed by close()
         self._claimed: str | None = None  # the query the committer is fenced for
         #: Counts of this process not written yet (see twophase._metrics).
@@ -156,11 +175,12 @@ class Coordinator:
             raise FatalError(f"batch {batch} was given up by this run and cannot be decided.",
                              fix="restart the query; it replays the batch")
         self._sweep(state, query_id, up_to_batch=batch, keep=handles)
-        crash_point(BEFORE_DECISION, batch)
+        self._refuse_expiring(batch, handles)
+        self.crash_point(BEFORE_DECISION, batch)
         started = time.monotonic()
         decision = self._decide(batch, query_id, handles)
         decision_ms = (time.monotonic() - started) * 1000
-        crash_point(AFTER_DECISION, batch)
+        self.crash_point(AFTER_DECISION, batch)
         self._finish(decision, decision_ms=decision_ms)
 
     @_step
@@ -187,7 +207,7 @@ class Coordinator:
             return
         self._claim(query_id)
         self._sweep(state, query_id, up_to_batch=batch, keep=())
-        time.sleep(STRAGGLER_GRACE_S)  # tasks Spark cancelled end meanwhile: sweep what they left
+        time.sleep(self.straggler_grace_s)  # cancelled tasks end meanwhile: sweep what they left
         self._sweep(state, query_id, up_to_batch=batch, keep=())
         log.warning("batch %d failed and was aborted: none of its rows are visible", batch)
 
@@ -318,7 +338,7 @@ class Coordinator:
                         what=f"publishing batch {decision.batch}",
                         on_retry=self._retried("publish"))
         commit_ms = (time.monotonic() - started) * 1000
-        crash_point(BEFORE_DONE, decision.batch)
+        self.crash_point(BEFORE_DONE, decision.batch)
         record = BatchRecord(
             batch=decision.batch,
             epoch=decision.epoch,
@@ -341,14 +361,53 @@ class Coordinator:
                  record.already_committed, commit_ms)
 
     def _commit_all(self, decision: Decision) -> list[CommitOutcome]:
-        """Commit the first handle, then the rest in parallel (the mid-commit crash point)."""
-        if not decision.handles:
-            return []
-        first, *rest = decision.handles
-        outcomes = [self._commit_one(first)]
-        crash_point(MID_COMMIT, decision.batch)
-        outcomes.extend(self._in_parallel(self._commit_one, rest))
+        """Commit the decision stage by stage (a sink group's members in their order, any
+        other sink's handles in one stage); a lost transaction after an earlier stage
+        committed splits the batch, and says so."""
+        outcomes: list[CommitOutcome] = []
+        committed: list[str] = []
+        for number, stage in enumerate(commit_stages(self.sink, decision.handles)):
+            if number:
+                self.crash_point(BETWEEN_MEMBERS, decision.batch)
+            try:
+                outcomes.extend(self._commit_stage(decision.batch, stage))
+            except TransactionLostError as exc:
+                if stage.member is None:
+                    raise
+                self.tally.add(key(MEMBERS_LOST, stage.member))
+                raise _split(decision.batch, committed, stage.member, exc) from exc
+            committed.append(str(stage.member))
         return outcomes
+
+    def _commit_stage(self, batch: int, stage: CommitStage) -> list[CommitOutcome]:
+        """Commit the first handle, then the rest in parallel (the mid-commit crash point)."""
+        if not stage.handles:
+            return []
+        first, *rest = stage.handles
+        outcomes = [self._commit_one(first)]
+        self.crash_point(MID_COMMIT, batch)
+        outcomes.extend(self._in_parallel(self._commit_one, rest, stage.parallelism))
+        return outcomes
+
+    def _refuse_expiring(self, batch: int, handles: Sequence[Handle]) -> None:
+        """The deadline gate: a transaction that may expire before the batch's commit could
+        end is not decided; the batch is given up instead (aborted, replayed by Spark)."""
+        latest_safe = time.time() + self.deadline_margin_s
+        expiring = [(handle, deadline) for handle in handles
+                    if (deadline := self.sink.commit_deadline(handle)) is not None
+                    and deadline < latest_safe]
+        if not expiring:
+            return
+        handle, deadline = min(expiring, key=lambda pair: pair[1])
+        self.tally.add(BATCHES_EXPIRING)
+        self._abort_all(handles)
+        raise RetryableError(
+            f"batch {batch} is not decided: transaction {handle.txn_id} may expire in "
+            f"{max(deadline - time.time(), 0):.0f} s, less than the {self.deadline_margin_s:.0f} s "
+            "its commit may take; deciding it could leave the batch half-visible. Its "
+            "transactions are aborted and the batch is written again.",
+            fix="let the sink's transactions live longer (Kafka: transaction_timeout_ms) or "
+            "make batches quicker to write (fewer rows per trigger, more partitions)")
 
     def _commit_one(self, handle: Handle) -> CommitOutcome:
         self.sink.require_own(handle)
@@ -378,10 +437,12 @@ class Coordinator:
     def _abort_all(self, handles: Sequence[Handle]) -> list[AbortOutcome | None]:
         return self._in_parallel(self.abort_quietly, handles)
 
-    def _in_parallel(self, action: Callable[[Handle], R], items: Sequence[Handle]) -> list[R]:
-        if len(items) <= 1 or self.sink.commit_parallelism <= 1:
+    def _in_parallel(self, action: Callable[[Handle], R], items: Sequence[Handle],
+                     parallelism: int | None = None) -> list[R]:
+        parallelism = parallelism or self.sink.commit_parallelism
+        if len(items) <= 1 or parallelism <= 1:
             return [action(item) for item in items]
-        workers = min(self.sink.commit_parallelism, len(items))
+        workers = min(parallelism, len(items))
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="twophase") as pool:
             return list(pool.map(action, items))
 
@@ -405,6 +466,16 @@ def abort_through(committer: Committer, sink: TwoPhaseCommitSink[Any], handle: H
     sink.require_own(handle)
     return retry.call(lambda: committer.abort(handle), what=f"abort of transaction {handle.txn_id}",
                       on_retry=on_retry)
+
+
+def _split(batch: int, committed: Sequence[str], member: str,
+           lost: TransactionLostError) -> TransactionLostError:
+    return TransactionLostError(
+        f"batch {batch} is split: member(s) {', '.join(map(repr, committed)) or 'none'} "
+        f"committed it, but member {member!r} lost a decided transaction: {lost.cause}",
+        fix=(lost.fix or "") + " The batch's rows are in the committed members and not in "
+        f"{member!r}: reconcile {member!r} from them (see README, 'Several systems, one "
+        "decision').")
 
 
 def _gave_up(current: State, batch: int, query_id: str) -> State:

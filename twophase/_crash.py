@@ -39,14 +39,19 @@ AFTER_DECISION = "after_decision"  # driver: decision durable, nothing committed
 MID_COMMIT = "mid_commit"  # driver: the first handle committed, the others not
 BEFORE_DONE = "before_done"  # driver: every handle committed, batch not marked done
 CRASH_POINTS = (AFTER_PRE_COMMIT, BEFORE_DECISION, AFTER_DECISION, MID_COMMIT, BEFORE_DONE)
+#: A sink group's: every transaction of a member committed, the next member's not begun.
+BETWEEN_MEMBERS = "between_members"
+#: The points a sink group's driver passes, in protocol order.
+GROUP_CRASH_POINTS = (*CRASH_POINTS[:-1], BETWEEN_MEMBERS, BEFORE_DONE)
 
 
 def _parse(spec: str | None) -> tuple[str, int | None] | None:
     if not spec:
         return None
     point, _, batch = spec.partition("@")
-    if point not in CRASH_POINTS:
-        raise ValueError(f"{CRASH_ENV}={spec!r}: unknown point; known: {', '.join(CRASH_POINTS)}")
+    if point not in GROUP_CRASH_POINTS:
+        raise ValueError(f"{CRASH_ENV}={spec!r}: unknown point; known: "
+                         f"{', '.join(GROUP_CRASH_POINTS)}")
     return point, int(batch) if batch else None
 
 

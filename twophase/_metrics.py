@@ -22,17 +22,13 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
-
-from twophase.errors import ConfigurationError
-
-if TYPE_CHECKING:
-    from twophase._state import StateStore
 
 #: The counters (names in the state file; the exported names add ``twophase_`` and ``_total``).
 BATCHES_DECIDED = "batches_decided"
 BATCHES_COMMITTED = "batches_committed"
 BATCHES_GIVEN_UP = "batches_given_up"
+#: Batches the deadline gate refused to decide: a transaction might expire before its commit.
+BATCHES_EXPIRING = "batches_expiring"
 ROWS_COMMITTED = "rows_committed"
 TRANSACTIONS_COMMITTED = "transactions_committed"
 ORPHANS_FOUND = "orphans_found"
@@ -42,6 +38,9 @@ RUNS_FENCED = "runs_fenced"
 STATE_WRITE_RACES = "state_write_races"
 #: Labelled by the operation retried and the kind of error: retries:commit:OperationalError.
 RETRIES = "retries"
+#: A sink group's decided batches found split (a member lost a decided transaction after an
+#: earlier member committed), labelled by the member lost: members_lost:events.
+MEMBERS_LOST = "members_lost"
 
 #: The histograms, in seconds.
 DECISION_SECONDS = "decision_seconds"
@@ -107,16 +106,3 @@ class Tally:
             left = merged(self._counts, {name: -value for name, value in written.items()})
             self._counts = {name: value for name, value in left.items() if value}
 
-
-def serve_query_metrics(listen: int | str | None, store: StateStore, sink: str) -> None:
-    """``metrics_port=``: serve this process's metrics on ``listen`` and report the query
-    whose state is ``store`` there (nothing if ``listen`` is None)."""
-    if listen is None:
-        return
-    try:
-        from twophase import metrics  # noqa: PLC0415 - prometheus_client is an extra
-    except ImportError as exc:
-        raise ConfigurationError("metrics_port needs prometheus_client, which is not installed.",
-                                 fix="pip install 'twophase[metrics]'") from exc
-    metrics.serve(listen)
-    metrics.watch(store, sink=sink)

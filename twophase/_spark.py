@@ -19,7 +19,7 @@ import pickle
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 from pyspark import TaskContext, cloudpickle
 from pyspark.sql.datasource import (
@@ -30,7 +30,7 @@ from pyspark.sql.datasource import (
 )
 
 from twophase import errors
-from twophase._coordinator import Coordinator
+from twophase._coordinator import Coordinator, CrashPoint
 from twophase._crash import AFTER_PRE_COMMIT, crash_point
 from twophase._handle import Handle, TxnId
 from twophase._retry import RetryPolicy
@@ -107,21 +107,39 @@ def columns_of(schema: StructType) -> tuple[Column, ...]:
 # -- executor ------------------------------------------------------------------------------
 
 
+class TaskAttempt(Protocol):
+    """What :func:`write_partition` reads of Spark's ``TaskContext``."""
+
+    def partitionId(self) -> int: ...  # noqa: N802 - Spark's name
+
+    def attemptNumber(self) -> int: ...  # noqa: N802 - Spark's name
+
+    def taskAttemptId(self) -> int: ...  # noqa: N802 - Spark's name
+
+
 def write_partition(
-    config: RunConfig, deliver: Delivery, *, batch: int, query_id: str
+    config: RunConfig, deliver: Delivery, *, batch: int, query_id: str,
+    task: TaskAttempt | None = None, crash_point: CrashPoint = crash_point,
+    discard_on_failure: bool = True,
 ) -> TwoPhaseMessage:
-    """Begin, write and pre-commit this task's rows; or nothing, if the batch is decided."""
+    """Begin, write and pre-commit this task's rows; or nothing, if the batch is decided.
+
+    ``task`` is Spark's running task unless given; ``crash_point`` and ``discard_on_failure``
+    (False: a failed transaction is left as a killed executor leaves it) serve a simulated
+    executor (:mod:`twophase.testing.model`).
+    """
     keep_out_of_worker_collections()
     if batch <= config.decided_through:
         log.info("batch %d was decided before this run: its replay writes nothing", batch)
         return TwoPhaseMessage(query_id=query_id, handle=None)
-    task = _task()
+    task = _task() if task is None else task
     txn_id = TxnId.open(namespace=config.namespace, query_id=query_id, epoch=config.epoch,
                         batch=batch, partition=task.partitionId(), attempt=task.taskAttemptId())
     if task.attemptNumber() > 0:
         _abort_failed_attempts(config, txn_id)
     ctx = TransactionContext(txn_id, config.columns)
-    handle = run_transaction(config.sink, ctx, deliver, retry=config.retry)
+    handle = run_transaction(config.sink, ctx, deliver, retry=config.retry,
+                             discard_on_failure=discard_on_failure)
     crash_point(AFTER_PRE_COMMIT, batch)
     if config.tasks_read_state and _can_never_be_decided(config.store().read(), config.epoch,
                                                          batch):

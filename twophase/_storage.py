@@ -16,11 +16,13 @@ local path  a temporary file (0600, fsynced),     ``flock`` on ``state.lock`` be
 ==========  ====================================  ==============================================
 
 An S3 location is ``s3://bucket/prefix`` (``s3a://`` is the same location, as Hadoop names
-it); its options (``endpoint_url``, ``region``, ``path_style``, ``access_key_id``,
-``secret_access_key``, ``session_token``) default to boto3's chain (``AWS_*`` variables, the
-config files, an instance role; ``AWS_ENDPOINT_URL_S3`` for a compatible store). Access to the
-prefix is the bucket policy's business: grant the query's principal ``s3:GetObject`` and
-``s3:PutObject`` on it and nobody else (see the README).
+it); its options (:data:`~twophase._s3.S3_OPTIONS`: ``endpoint_url``, ``region``,
+``path_style``, ``access_key_id``, ``secret_access_key``, ``session_token``...) default to
+boto3's chain (``AWS_*`` variables, the config files, an instance role;
+``AWS_ENDPOINT_URL_S3`` for a compatible store). The client and the verdict on its errors are
+the framework's one S3 client (:mod:`twophase._s3`). Access to the prefix is the bucket
+policy's business: grant the query's principal ``s3:GetObject`` and ``s3:PutObject`` on it and
+nobody else (see the README).
 """
 
 from __future__ import annotations
@@ -29,30 +31,29 @@ import contextlib
 import fcntl
 import logging
 import os
-import threading
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from twophase.errors import ConfigurationError, RetryableError
-from twophase.kit import split_s3_location
+from twophase._s3 import S3Errors, S3Settings, boto_errors
+from twophase.errors import ConfigurationError
+from twophase.kit import classified, split_s3_location
 
 log = logging.getLogger(__name__)
 
 S3_SCHEMES = ("s3://", "s3a://")
 FILE_SCHEME = "file:"
 LOCK_FILE_NAME = "state.lock"
-S3_OPTIONS = frozenset({"endpoint_url", "region", "path_style", "access_key_id",
-                        "secret_access_key", "session_token"})
 #: Attempts of one S3 request inside boto3 (throttling, 5xx, connection resets).
-S3_MAX_ATTEMPTS = 5
-S3_TIMEOUT_S = 20.0
-
-#: Errors no retry cures: a missing bucket, refused or missing credentials.
-_REFUSED = frozenset({"NoCredentialsError", "PartialCredentialsError", "AccessDenied",
-                      "InvalidAccessKeyId", "SignatureDoesNotMatch", "403", "NoSuchBucket",
-                      "InvalidBucketName"})
+STATE_S3_MAX_ATTEMPTS = 5
+#: How the state store reaches S3 unless its options say otherwise: a state file is small (a
+#: request silent for 20 s is retried), and every write carries a checksum.
+STATE_S3_DEFAULTS = {"connect_timeout_s": 20.0, "read_timeout_s": 20.0,
+                     "checksums": "when_supported"}
+STATE_S3_ERRORS = S3Errors(permissions=("s3:GetObject", "s3:PutObject"))
+#: Codes of a conditional write that lost a race (the file changed or went meanwhile).
+_LOST_RACE = S3Errors.NOT_FOUND | {S3Errors.PRECONDITION_FAILED, S3Errors.CONDITIONAL_CONFLICT}
 
 _DIR_MODE = 0o700
 _FILE_MODE = 0o600
@@ -205,47 +206,44 @@ class LocalStorage:
 class S3Storage:
     """An object in S3, replaced by conditional writes (S3 swaps whole objects atomically)."""
 
-    bucket: str
+    settings: S3Settings
     key: str
-    options: Mapping[str, Any] = field(default_factory=dict, repr=False)
     conditional = True
 
     @classmethod
     def at(cls, location: str, file_name: str, options: Mapping[str, Any]) -> S3Storage:
-        unknown = set(options) - S3_OPTIONS
-        if unknown:
-            raise ConfigurationError(f"unknown S3 state options {sorted(unknown)}.",
-                                     fix=f"use only {', '.join(sorted(S3_OPTIONS))}")
         bucket, prefix = split_s3_location(location, named="the state location",
                                            fix="pass state_location='s3://bucket/prefix'")
-        return cls(bucket, join(prefix, file_name).lstrip("/"), dict(options))
+        settings = S3Settings.of(bucket, {**STATE_S3_DEFAULTS, **options}, named="state_options")
+        return cls(settings, join(prefix, file_name).lstrip("/"))
 
     @property
     def location(self) -> str:
-        return f"s3://{self.bucket}/{self.key}"
+        return f"s3://{self.settings.bucket}/{self.key}"
 
     def read(self) -> Versioned | None:
-        client, errors = _s3_client(self.options)
-        try:
-            reply = client.get_object(Bucket=self.bucket, Key=self.key)
+        with self._classified("GetObject"):
+            try:
+                reply = self._client().get_object(Bucket=self.settings.bucket, Key=self.key)
+            except boto_errors() as exc:
+                if S3Errors.code(exc) in S3Errors.NOT_FOUND:
+                    return None
+                raise
             return Versioned(reply["Body"].read(), reply["ETag"])
-        except errors as exc:
-            if _code(exc) in ("NoSuchKey", "404"):
-                return None
-            raise self._failed("read", exc) from exc
 
     def replace(self, data: bytes, version: str | None) -> str | None:
         condition = {"IfMatch": version} if version else {"IfNoneMatch": "*"}
-        client, errors = _s3_client(self.options)
-        try:
-            reply = client.put_object(Bucket=self.bucket, Key=self.key, Body=data,
-                                      ContentType="application/json", **condition)
-        except errors as exc:
-            if _code(exc) in ("PreconditionFailed", "ConditionalRequestConflict", "NoSuchKey"):
-                log.info("state %s changed while it was being updated: applying the change "
-                         "again", self.location)
-                return None
-            raise self._failed("write", exc) from exc
+        with self._classified("PutObject"):
+            try:
+                reply = self._client().put_object(
+                    Bucket=self.settings.bucket, Key=self.key, Body=data,
+                    ContentType="application/json", **condition)
+            except boto_errors() as exc:
+                if S3Errors.code(exc) in _LOST_RACE:
+                    log.info("state %s changed while it was being updated: applying the change "
+                             "again", self.location)
+                    return None
+                raise
         etag: str = reply["ETag"]
         return etag
 
@@ -256,55 +254,9 @@ class S3Storage:
     def tidy(self) -> None:
         """Nothing: an S3 write is whole or absent."""
 
-    def _failed(self, what: str, exc: BaseException) -> Exception:
-        code = _code(exc) or type(exc).__name__
-        if code in _REFUSED:
-            return ConfigurationError(
-                f"cannot {what} the state {self.location}: {code}.",
-                fix="create the bucket and grant the query's credentials s3:GetObject and "
-                "s3:PutObject on the state prefix (state options or boto3's chain)")
-        return RetryableError(f"cannot {what} the state {self.location}: {code} ({exc}).",
-                              fix="retried automatically; if it persists, check the endpoint, "
-                              "the network and the credentials")
+    def _client(self) -> Any:
+        return self.settings.client(max_attempts=STATE_S3_MAX_ATTEMPTS)
 
-
-def _code(exc: BaseException) -> str | None:
-    response: Any = getattr(exc, "response", None)
-    if not isinstance(response, dict):
-        return None
-    code = response.get("Error", {}).get("Code")
-    return str(code) if code is not None else None
-
-
-S3Errors = tuple[type[BaseException], ...]
-_clients: dict[tuple[int, tuple[tuple[str, Any], ...]], tuple[Any, S3Errors]] = {}
-_clients_lock = threading.Lock()
-
-
-def _s3_client(options: Mapping[str, Any]) -> tuple[Any, S3Errors]:
-    """This process's boto3 client for ``options`` (thread-safe), and botocore's errors."""
-    key = (os.getpid(), tuple(sorted(options.items())))
-    with _clients_lock:
-        if key not in _clients:
-            _clients[key] = _new_s3_client(options)
-        return _clients[key]
-
-
-def _new_s3_client(options: Mapping[str, Any]) -> tuple[Any, S3Errors]:
-    try:
-        import boto3  # noqa: PLC0415 - only a state on S3 needs it
-        from botocore.config import Config  # noqa: PLC0415
-        from botocore.exceptions import BotoCoreError, ClientError  # noqa: PLC0415
-    except ImportError as exc:
-        raise ConfigurationError("a state on S3 needs boto3, which is not installed.",
-                                 fix="pip install 'twophase[s3]'") from exc
-    config = Config(
-        s3={"addressing_style": "path" if options.get("path_style") else "auto"},
-        retries={"max_attempts": S3_MAX_ATTEMPTS, "mode": "standard"},
-        connect_timeout=S3_TIMEOUT_S, read_timeout=S3_TIMEOUT_S)
-    client = boto3.session.Session().client(
-        "s3", endpoint_url=options.get("endpoint_url"), region_name=options.get("region"),
-        aws_access_key_id=options.get("access_key_id"),
-        aws_secret_access_key=options.get("secret_access_key"),
-        aws_session_token=options.get("session_token"), config=config)
-    return client, (ClientError, BotoCoreError)
+    def _classified(self, request: str) -> contextlib.AbstractContextManager[None]:
+        return classified(STATE_S3_ERRORS.classify, f"{request} of the state {self.location}",
+                          boto_errors())

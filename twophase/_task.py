@@ -26,15 +26,17 @@ Delivery = Callable[[TwoPhaseCommitSink[Any], Any], None]
 
 def run_transaction(
     sink: TwoPhaseCommitSink[Any], ctx: TransactionContext, deliver: Delivery, *,
-    retry: RetryPolicy = DEFAULT_RETRY,
+    retry: RetryPolicy = DEFAULT_RETRY, discard_on_failure: bool = True,
 ) -> Handle:
-    """begin (retried: nothing exists yet), deliver the rows, pre-commit; discard on failure."""
+    """begin (retried: nothing exists yet), deliver the rows, pre-commit; discard on failure
+    (unless ``discard_on_failure`` is False: as a killed process, which runs no handler)."""
     txn = retry.call(lambda: sink.begin_transaction(ctx), what=f"begin of {ctx.txn_id}")
     try:
         deliver(sink, txn)
         return sink.pre_commit(txn)
     except BaseException:
-        _discard_quietly(sink, txn, ctx.txn_id)
+        if discard_on_failure:
+            _discard_quietly(sink, txn, ctx.txn_id)
         raise
 
 

@@ -31,7 +31,10 @@ age: nothing of the query then holds a lock on the target. The query is not star
 next start goes on from there.
 
 Config file (TOML), one ``[[target]]`` per sink; an option written ``{ env = "NAME" }`` is read
-from the environment (keep passwords out of the file)::
+from the environment (keep passwords out of the file), also in a sink group's members'
+options (``sink = "twophase:SinkGroup"``, ``options = { members = { orders = { sink = ...,
+options = {...} }, ... }, commit_order = [...] }``: decided batches roll forward member by
+member in that order)::
 
     [[target]]
     sink = "sinks.mysql:MySQLXASink"
@@ -363,8 +366,11 @@ def _resolve_env(options: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _from_env(key: str, value: Any) -> Any:
-    """An option written ``{ env = "NAME" }`` is the value of $NAME."""
-    if not (isinstance(value, Mapping) and set(value) == {"env"}):
+    """An option written ``{ env = "NAME" }`` is the value of $NAME, also inside a table (a
+    sink group's members' options)."""
+    if isinstance(value, Mapping) and set(value) != {"env"}:
+        return _resolve_env(value)
+    if not isinstance(value, Mapping):
         return value
     if value["env"] not in os.environ:
         raise ConfigurationError(f"option {key!r} reads ${value['env']}, which is unset.",

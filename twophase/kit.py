@@ -15,8 +15,6 @@ piece                          what it does
 :func:`transaction_lost`       the one wording of "a decided transaction is gone"
 :func:`transaction_id_reused`  the one wording of "this id was already committed"
 :func:`as_utc`                 an instant in UTC; a naive datetime is a wall clock, read as UTC
-:class:`CommitsViaCommitter`   ``commit``/``abort`` of one handle through a fresh committer,
-                               for a sink whose :class:`~twophase.Committer` does the work
 :class:`ConnectionPool`        connections a committer's threads share (up to
                                ``commit_parallelism`` of them), one thread at a time each
 :class:`PooledCommitter`       a :class:`~twophase.Committer` whose threads borrow pooled
@@ -26,6 +24,14 @@ piece                          what it does
 :func:`validate_namespace`     a namespace usable in transaction ids, else ConfigurationError
 :func:`query_key`              the part of a query id that goes into transaction ids
 :func:`rows_of`                Arrow record batches as rows of the types ``write`` gets
+:class:`S3Settings`            an S3 bucket and how to reach it (credentials out of ``repr``);
+                               ``client()``: one boto3 client per process, endpoint,
+                               credentials and attempt count, all of one boto3 session
+:data:`S3_OPTIONS`             the options an S3 location takes (``S3Settings``' fields)
+:class:`S3Errors`              every S3 error classified once (the fix names the caller's
+                               permissions), and the codes a caller steers by
+:func:`boto_errors`            the botocore errors to catch around boto3 calls
+:func:`split_s3_location`      the bucket and the key or prefix of ``s3://bucket/...``
 =============================  ================================================================
 """
 
@@ -43,6 +49,14 @@ from typing import Any, Generic, Literal, TypeVar
 
 from twophase._handle import NAMESPACE_MAX_LENGTH, Handle, TxnId, query_key, validate_namespace
 from twophase._rows import INSTANT_TYPE, rows_of
+from twophase._s3 import (
+    DEFAULT_S3_MAX_ATTEMPTS,
+    S3_OPTIONS,
+    S3Checksums,
+    S3Errors,
+    S3Settings,
+    boto_errors,
+)
 from twophase.errors import (
     ConfigurationError,
     FatalError,
@@ -52,25 +66,28 @@ from twophase.errors import (
 )
 from twophase.sink import (
     DEFAULT_COMMIT_PARALLELISM,
-    AbortOutcome,
     Column,
-    CommitOutcome,
     Committer,
 )
 
 __all__ = [
     "DEFAULT_CHUNK_SIZE",
     "DEFAULT_COMMIT_PARALLELISM",
+    "DEFAULT_S3_MAX_ATTEMPTS",
     "INSTANT_TYPE",
     "MODES",
-    "CommitsViaCommitter",
+    "S3_OPTIONS",
     "Condition",
     "ConnectionPool",
     "ErrorTable",
     "Mode",
     "PooledCommitter",
+    "S3Checksums",
+    "S3Errors",
+    "S3Settings",
     "TableColumn",
     "as_utc",
+    "boto_errors",
     "check_columns",
     "chunks",
     "classified",
@@ -256,23 +273,6 @@ def split_s3_location(location: str, *, named: str, fix: str) -> tuple[str, str]
     if not bucket:
         raise ConfigurationError(f"{named} {location!r} names no bucket.", fix=fix)
     return bucket, rest
-
-
-class CommitsViaCommitter:
-    """For a sink whose committer does the work (a pool, a producer, a session): ``commit``
-    and ``abort`` of a single handle open a committer, use it and close it. List it before
-    :class:`~twophase.TwoPhaseCommitSink` among the bases."""
-
-    def committer(self) -> Committer:
-        raise NotImplementedError("a sink using CommitsViaCommitter returns its committer")
-
-    def commit(self, handle: Handle) -> CommitOutcome:
-        with self.committer() as committer:
-            return committer.commit(handle)
-
-    def abort(self, handle: Handle) -> AbortOutcome:
-        with self.committer() as committer:
-            return committer.abort(handle)
 
 
 class ConnectionPool(Generic[C]):

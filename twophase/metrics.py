@@ -22,6 +22,8 @@ metric                                         meaning
 ``twophase_batches_committed_total``           decided batches committed and marked done
 ``twophase_batches_given_up_total``            batches aborted before a decision (nothing
                                                of them visible)
+``twophase_batches_expiring_total``            batches not decided because a transaction
+                                               might expire before its commit (replayed)
 ``twophase_rows_committed_total``              rows made visible
 ``twophase_transactions_committed_total``      sink transactions of committed batches
 ``twophase_decision_write_duration_seconds``   histogram: writing a decision to the state
@@ -39,6 +41,9 @@ metric                                         meaning
 ``twophase_state_write_races_total``           state writes that lost a race (S3)
 ``twophase_retries_total``                     retries of retryable errors, by ``operation``
                                                and ``kind`` (the class of the error)
+``twophase_members_lost_total``                a sink group's batches split: ``member`` lost
+                                               a decided transaction after an earlier member
+                                               committed the batch (page)
 ``twophase_state_readable``                    1 if the state file could be read, else 0
 =============================================  ==============================================
 """
@@ -82,6 +87,8 @@ _COUNTERS = (
     (counts.BATCHES_DECIDED, "batches_decided", "Batches decided (written to the state)."),
     (counts.BATCHES_COMMITTED, "batches_committed", "Decided batches committed and done."),
     (counts.BATCHES_GIVEN_UP, "batches_given_up", "Batches aborted before a decision."),
+    (counts.BATCHES_EXPIRING, "batches_expiring",
+     "Batches not decided: a transaction might expire before its commit."),
     (counts.ROWS_COMMITTED, "rows_committed", "Rows made visible."),
     (counts.TRANSACTIONS_COMMITTED, "transactions_committed",
      "Sink transactions of committed batches."),
@@ -148,6 +155,9 @@ class _Families:
                          for name, exported, doc in _COUNTERS}
         self.retries = CounterMetricFamily(PREFIX + "retries", "Retries of retryable errors.",
                                            labels=(*LABELS, "operation", "kind"))
+        self.members_lost = CounterMetricFamily(
+            PREFIX + "members_lost", "Sink group batches split: a member lost a decided "
+            "transaction after an earlier member committed.", labels=(*LABELS, "member"))
         self.histograms = {name: HistogramMetricFamily(PREFIX + exported, doc, labels=LABELS)
                            for name, exported, doc in _HISTOGRAMS}
         self.gauges = {
@@ -176,6 +186,9 @@ class _Families:
             if name.startswith(counts.RETRIES + ":"):
                 operation, _, kind = name.removeprefix(counts.RETRIES + ":").partition(":")
                 self.retries.add_metric([*labels, operation, kind], value)
+            elif name.startswith(counts.MEMBERS_LOST + ":"):
+                member = name.removeprefix(counts.MEMBERS_LOST + ":")
+                self.members_lost.add_metric([*labels, member], value)
         for name, histogram in self.histograms.items():
             histogram.add_metric(labels, _buckets(metrics, name),
                                  sum_value=metrics.get(counts.key(name, counts.SUM), 0.0))
@@ -190,6 +203,7 @@ class _Families:
     def all(self) -> Iterator[Metric]:
         yield from self.counters.values()
         yield self.retries
+        yield self.members_lost
         yield from self.histograms.values()
         yield from self.gauges.values()
         yield self.readable

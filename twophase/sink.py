@@ -23,6 +23,7 @@ method                       runs on   meaning
                                        committed, publish it as a whole (a manifest)
 ``abort(handle)``            driver    throw it away; idempotent
 ``list_in_doubt(ns)``        driver    this namespace's transactions not yet resolved
+``commit_deadline(handle)``  driver    optional: when a pre-committed transaction may expire
 ``purge_commit_records``     cron      optional: forget old proofs of commit
 ===========================  ========  ========================================================
 
@@ -70,12 +71,10 @@ The rules, as a sink author needs them:
 * **commit and abort** run in the driver or any later process (recovery, cleanup), any number
   of times, after a crash of either side, and **concurrently on one sink object** (up to
   ``commit_parallelism`` threads): keep no per-call state on ``self`` (a committer shares
-  connections between those threads through :class:`twophase.kit.ConnectionPool`; a sink
-  whose committer does the work takes ``commit``/``abort`` from
-  :class:`twophase.kit.CommitsViaCommitter`). ``commit`` returns
-  COMMITTED or ALREADY_COMMITTED, and must *prove* the latter (a commit record, a marker row,
-  object metadata, a replayed response); when it can prove neither it raises
-  :class:`TransactionLostError`. ``abort`` of something unknown returns NOT_FOUND.
+  connections between those threads through :class:`twophase.kit.ConnectionPool`).
+  ``commit`` returns COMMITTED or ALREADY_COMMITTED, and must *prove* the latter (a commit
+  record, a marker row, object metadata, a replayed response); when it can prove neither it
+  raises :class:`TransactionLostError`. ``abort`` of something unknown returns NOT_FOUND.
 * **list_in_doubt** returns every transaction of the namespace that the system still holds
   and that is not resolved: the pre-committed ones *and* those begun but never pre-committed
   that outlive their writer (staged rows, an open upload). A begun transaction that the system
@@ -100,12 +99,24 @@ The rules, as a sink author needs them:
   ``discard``: when ``begin_transaction`` acquires something (a connection, an upload).
   ``default_namespace``: derive it from the target (table, topic, prefix) so two sinks of one
   job do not share a namespace. ``committer``: when committing wants a connection, producer
-  or session shared by a batch's handles, or state that must not be pickled. ``fence``: when
+  or session shared by a batch's handles, or state that must not be pickled (see "Where
+  commit and abort live"). ``fence``: when
   a zombie run on another host could still reach the system between its last state check and
   its commit. ``Committer.finish_batch``: when readers want a batch at once (a manifest, a
   log of committed files); it runs after the batch's last commit, before the batch is marked
   done, so after a crash it runs again: make it idempotent. ``purge_commit_records``:
   when proofs of commit accumulate. ``commit_parallelism``: 1 for a system with one writer.
+
+**Where commit and abort live: in one place.** A simple sink implements ``commit`` and
+``abort`` on the sink (``sinks.sqlite``, the README's example); the framework commits through
+the default :class:`Committer`, which calls them. A sink whose commits share something per
+batch (a connection pool, a producer, a session) implements them in a :class:`Committer`
+subclass that ``committer()`` returns, and leaves ``commit``/``abort`` off the sink: the base
+class then runs ``sink.commit(handle)`` through a committer of its own (opened, used, closed).
+Never both: a class that defines ``commit`` or ``abort`` *and* ``committer`` is refused when
+it is defined (a subclass of a prebuilt sink that overrides ``commit`` would otherwise be
+bypassed by its committer); one that defines neither is refused when it is built. The driver
+checks that each handle is of this sink's ``kind`` before it commits or aborts it.
 
 A sink object is configuration: it is pickled to executors, so keep connections out of it and
 open them in ``begin_transaction``/``commit``. Raise the errors of :mod:`twophase.errors` with a
@@ -119,7 +130,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, Self, TypeVar
 
 from twophase._handle import Handle, TxnId
 from twophase._rows import rows_of
@@ -131,6 +142,8 @@ if TYPE_CHECKING:
 DEFAULT_COMMIT_PARALLELISM = 8
 
 TxnT = TypeVar("TxnT")
+#: Where a sink class commits and aborts (:attr:`TwoPhaseCommitSink.commits_on`).
+CommitHome = Literal["sink", "committer"]
 
 
 class CommitOutcome(enum.Enum):
@@ -177,13 +190,18 @@ class Committer:
     The driver (and cleanup) never call ``sink.commit`` directly: they open
     ``sink.committer()``, ``fence`` it once per query, and commit or abort every handle of the
     batch through it, from up to ``commit_parallelism`` threads at once. This default one
-    delegates to the sink. A sink returns its own subclass to hold what should live for the
-    batch in this process and never be pickled: a connection or a pool, a producer, an HTTP
-    session, the epoch it claimed when fencing.
+    calls the sink's own ``commit`` and ``abort``. A sink returns its own subclass to hold what
+    should live for the batch in this process and never be pickled (a connection or a pool, a
+    producer, an HTTP session, the epoch it claimed when fencing); that subclass is then the
+    one home of the sink's commit and abort, and defines both.
     """
 
     def __init__(self, sink: TwoPhaseCommitSink[Any]) -> None:
         self.sink = sink
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        _require_both(cls, Committer, "committer")
 
     def fence(self, namespace: str, query_id: str, epoch: int) -> None:
         """Claim ``epoch`` for the query before the first commit (see ``sink.fence``)."""
@@ -216,10 +234,32 @@ class Committer:
 class TwoPhaseCommitSink(ABC, Generic[TxnT]):
     """Base class of every sink; subclass it for your own system (see ``sinks.sqlite``)."""
 
-    #: Stamped into every handle; ``commit``/``abort`` refuse handles of another kind.
+    #: Stamped into every handle; the driver refuses to commit handles of another kind.
     kind: ClassVar[str]
     #: How many handles of one batch the driver commits at once.
     commit_parallelism: ClassVar[int] = DEFAULT_COMMIT_PARALLELISM
+    #: Where this class commits and aborts: on the sink, in its committer, or not yet decided
+    #: (an intermediate base class); set when the class is defined.
+    commits_on: ClassVar[CommitHome | None] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        on_sink = _require_both(cls, TwoPhaseCommitSink, "sink")
+        in_committer = _overrides(cls, TwoPhaseCommitSink, "committer")
+        if on_sink and in_committer:
+            raise TypeError(
+                f"{cls.__qualname__} defines commit/abort and also a committer(): keep them in "
+                "one place. A sink's commit and abort live on the sink or in the Committer its "
+                "committer() returns, never both (to change how a prebuilt sink commits, "
+                "subclass its committer and return that from committer()).")
+        cls.commits_on = "sink" if on_sink else "committer" if in_committer else None
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Self:
+        if cls.commits_on is None:
+            raise TypeError(
+                f"{cls.__qualname__} can neither commit nor abort: implement commit() and "
+                "abort() on the sink, or return a Committer that does from committer().")
+        return super().__new__(cls)
 
     def default_namespace(self) -> str:
         """The namespace used when the job names none (e.g. derived from the target's name)."""
@@ -259,11 +299,19 @@ class TwoPhaseCommitSink(ABC, Generic[TxnT]):
     def discard(self, txn: TxnT) -> None:
         """Release a transaction that failed before ``pre_commit``; must not raise."""
 
-    @abstractmethod
-    def commit(self, handle: Handle) -> CommitOutcome: ...
+    def commit(self, handle: Handle) -> CommitOutcome:
+        """Make the transaction visible; idempotent: COMMITTED or a proven ALREADY_COMMITTED.
 
-    @abstractmethod
-    def abort(self, handle: Handle) -> AbortOutcome: ...
+        Implement this and :meth:`abort` (a simple sink), or :meth:`committer` (then this runs
+        the commit through a committer of its own).
+        """
+        with self.committer() as committer:
+            return committer.commit(handle)
+
+    def abort(self, handle: Handle) -> AbortOutcome:
+        """Throw the transaction away; idempotent (NOT_FOUND when there is nothing)."""
+        with self.committer() as committer:
+            return committer.abort(handle)
 
     @abstractmethod
     def list_in_doubt(self, namespace: str) -> list[Handle]:
@@ -274,6 +322,13 @@ class TwoPhaseCommitSink(ABC, Generic[TxnT]):
     def committer(self) -> Committer:
         """What commits and aborts a batch's handles in one process (see :class:`Committer`)."""
         return Committer(self)
+
+    def commit_deadline(self, handle: Handle) -> float | None:
+        """When (Unix time) this pre-committed transaction may stop being committable, if the
+        system expires it (Kafka's transaction timeout, a receiver's key expiry): the driver
+        does not decide a batch one of whose transactions may expire before its commit could
+        end, and gives the batch up instead (see ``DEADLINE_MARGIN_S``). None: never."""
+        return None
 
     def purge_commit_records(self, namespace: str, older_than: datetime) -> int:
         """Forget proofs of transactions *committed* before ``older_than`` (never by the time
@@ -287,7 +342,8 @@ class TwoPhaseCommitSink(ABC, Generic[TxnT]):
     def require_own(self, handle: Handle) -> None:
         """Refuse a handle written by another kind of sink (a misconfigured job or cleanup).
 
-        The driver and cleanup check every handle before they commit or abort it.
+        The framework checks every handle before the driver or cleanup commits or aborts it;
+        a sink need not check again.
         """
         if handle.sink != self.kind:
             raise ConfigurationError(
@@ -295,3 +351,18 @@ class TwoPhaseCommitSink(ABC, Generic[TxnT]):
                 f"but this is a {self.kind!r} sink.",
                 fix="point the job or cleanup at the sink the state file was written with",
             )
+
+
+def _overrides(cls: type, base: type, name: str) -> bool:
+    return getattr(cls, name) is not getattr(base, name)
+
+
+def _require_both(cls: type, base: type, home: str) -> bool:
+    """Whether ``cls`` defines commit and abort itself (below ``base``); one without the other
+    is refused (the missing one would call back into the defined one's counterpart)."""
+    defined = [name for name in ("commit", "abort") if _overrides(cls, base, name)]
+    if len(defined) == 1:
+        missing = {"commit", "abort"}.difference(defined).pop()
+        raise TypeError(f"{cls.__qualname__} defines {defined[0]}() but not {missing}(): a "
+                        f"{home} that commits also aborts; define both.")
+    return bool(defined)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -33,7 +33,6 @@ from pyspark.errors import PySparkException
 from twophase._coordinator import Coordinator
 from twophase._handle import validate_namespace
 from twophase._loader import sink_class_name
-from twophase._metrics import serve_query_metrics
 from twophase._progress import log_commits
 from twophase._retry import RetryPolicy
 from twophase._spark import (
@@ -49,6 +48,7 @@ from twophase._spark import (
 from twophase._state import State, StateStore
 from twophase._storage import is_s3, local_path
 from twophase.errors import ConfigurationError, FatalError, SchemaMismatchError, TwoPhaseError
+from twophase.group import SinkGroup
 from twophase.sink import Column, TwoPhaseCommitSink
 
 if TYPE_CHECKING:
@@ -72,9 +72,11 @@ INTERVAL_MICROS_SQL = ("SELECT unix_micros(TIMESTAMP'2000-01-01' + try_cast(:int
 
 def write_stream(
     df: DataFrame,
-    sink: TwoPhaseCommitSink[Any],
+    sink: TwoPhaseCommitSink[Any] | Mapping[str, TwoPhaseCommitSink[Any]],
     *,
     checkpoint_location: str,
+    commit_order: Sequence[str] | None = None,
+    columns: Mapping[str, Sequence[str]] | None = None,
     namespace: str | None = None,
     state_location: str | None = None,
     state_options: Mapping[str, Any] | None = None,
@@ -89,15 +91,21 @@ def write_stream(
 
     Args:
         df: a streaming DataFrame whose columns the sink accepts (checked before the start).
-        sink: the sink, e.g. ``sinks.sqlite.SQLiteSink(...)``.
+        sink: the sink, e.g. ``sinks.sqlite.SQLiteSink(...)``; or several, by name
+            (``{"orders": table_sink, "events": topic_sink}``): a :class:`~twophase.SinkGroup`,
+            every batch decided once for all of them and committed member by member.
         checkpoint_location: Spark's checkpoint directory; the state file lives inside it,
             whether it is local (or a shared mount) or on S3 (``s3://``, ``s3a://``).
         namespace: prefix of every transaction id (default: derived from the sink's target).
             Keep it stable for the life of the checkpoint: recovery finds transactions by it.
         state_location: a directory or ``s3://bucket/prefix`` for the state file, if not
             inside the checkpoint (required for a checkpoint on HDFS or another file system).
-        state_options: for a state on S3: ``endpoint_url``, ``region``, ``path_style``,
-            ``access_key_id``, ``secret_access_key``, ``session_token`` (default: boto3's chain).
+        commit_order: a group's members in the order they commit (default: as given): every
+            transaction of one is committed before any of the next.
+        columns: a group's members' columns of ``df`` (default: every column), by name.
+        state_options: for a state on S3, any of :data:`twophase.kit.S3_OPTIONS`
+            (``endpoint_url``, ``region``, ``path_style``, credentials (default: boto3's
+            chain), ``checksums``, the timeouts).
         trigger: keyword arguments of ``DataStreamWriter.trigger``, e.g.
             ``{"processingTime": "10 seconds"}`` or ``{"availableNow": True}``.
         query_name: Spark's query name.
@@ -122,7 +130,7 @@ def write_stream(
     if not checkpoint_location:
         raise ConfigurationError("write_stream needs checkpoint_location.",
                                  fix="pass checkpoint_location='/path/to/checkpoint'")
-    _require_sink(sink)
+    sink = as_sink(sink, commit_order=commit_order, columns=columns)
     writer = _stream_writer(df, checkpoint_location, trigger=trigger, query_name=query_name)
     store = (StateStore(state_location, state_options) if state_location
              else StateStore.for_checkpoint(checkpoint_location, state_options))
@@ -130,7 +138,7 @@ def write_stream(
                          settings={"trigger": dict(trigger or {}), "kind": "stream"},
                          checkpoint=checkpoint_location, accept_lost_state=accept_lost_state)
     config = replace(_where_the_driver_is(df, takeover.of_stream), sink=sink)
-    serve_query_metrics(metrics_port, store, sink.kind)
+    _serve_metrics(metrics_port, store, sink.kind)
     if foreach_batch:
         writer = writer.foreachBatch(ForeachBatchWriter(config))
     else:
@@ -145,9 +153,11 @@ def write_stream(
 
 def write(
     df: DataFrame,
-    sink: TwoPhaseCommitSink[Any],
+    sink: TwoPhaseCommitSink[Any] | Mapping[str, TwoPhaseCommitSink[Any]],
     *,
     state_location: str,
+    commit_order: Sequence[str] | None = None,
+    columns: Mapping[str, Sequence[str]] | None = None,
     state_options: Mapping[str, Any] | None = None,
     namespace: str | None = None,
     retry: RetryPolicy | None = None,
@@ -157,27 +167,52 @@ def write(
 
     Each call is one batch of the "query" that ``state_location`` identifies: its transactions
     are decided together, and a later call first finishes a call that crashed after deciding.
-    ``metrics_port`` serves its metrics as for :func:`write_stream`, while this process runs.
+    ``metrics_port`` serves its metrics as for :func:`write_stream`, while this process runs;
+    several sinks by name, ``commit_order`` and ``columns`` make a group, as there.
     """
     if not state_location:
         raise ConfigurationError("write needs state_location (a directory or S3 prefix).",
                                  fix="pass state_location='/path/to/state' or 's3://b/state'")
-    _require_sink(sink)
+    sink = as_sink(sink, commit_order=commit_order, columns=columns)
     if df.isStreaming:
         raise ConfigurationError("twophase.spark.write got a streaming DataFrame.",
                                  fix="use twophase.spark.write_stream for streams")
     store = StateStore(state_location, state_options)
-    serve_query_metrics(metrics_port, store, sink.kind)
+    _serve_metrics(metrics_port, store, sink.kind)
     takeover = _takeover(df, sink, store, namespace=namespace, retry=retry,
                          settings={"kind": "batch"})
     config = replace(_where_the_driver_is(df, takeover.of_job), sink=sink)
     df.write.format(register_data_source(df, config)).mode("append").save()
 
 
-def _require_sink(sink: object) -> None:
+def _serve_metrics(listen: int | str | None, store: StateStore, sink: str) -> None:
+    """``metrics_port=``: serve this process's metrics on ``listen`` and report the query
+    whose state is ``store`` there (nothing if ``listen`` is None)."""
+    if listen is None:
+        return
+    try:
+        from twophase import metrics  # noqa: PLC0415 - prometheus_client is an extra
+    except ImportError as exc:
+        raise ConfigurationError("metrics_port needs prometheus_client, which is not installed.",
+                                 fix="pip install 'twophase[metrics]'") from exc
+    metrics.serve(listen)
+    metrics.watch(store, sink=sink)
+
+
+def as_sink(sink: object, *, commit_order: Sequence[str] | None = None,
+            columns: Mapping[str, Sequence[str]] | None = None) -> TwoPhaseCommitSink[Any]:
+    """The sink a job names: a sink, or a group of named sinks (a mapping)."""
+    if isinstance(sink, Mapping):
+        return SinkGroup(sink, commit_order=commit_order, columns=columns)
     if not isinstance(sink, TwoPhaseCommitSink):
         raise ConfigurationError(f"{sink!r} is not a TwoPhaseCommitSink.",
-                                 fix="pass a sink object, e.g. sinks.sqlite.SQLiteSink(...)")
+                                 fix="pass a sink object, e.g. sinks.sqlite.SQLiteSink(...), or "
+                                 "several by name: {'orders': ..., 'events': ...}")
+    if commit_order is not None or columns is not None:
+        raise ConfigurationError("commit_order and columns are for several sinks (a group).",
+                                 fix="pass the sinks by name, {'orders': ..., 'events': ...}, "
+                                 "or leave commit_order and columns out")
+    return sink
 
 
 def _stream_writer(df: DataFrame, checkpoint_location: str, *,

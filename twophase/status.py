@@ -26,6 +26,7 @@ from twophase._handle import Handle
 from twophase._loader import build_sink
 from twophase._state import State, StateStore
 from twophase.errors import TwoPhaseError
+from twophase.group import member_handles
 
 RECENT_BATCHES = 10
 UNKNOWN_SINK = "MODULE:CLASS"
@@ -60,10 +61,15 @@ def describe(store: StateStore, state: State, now: float,
         lines.append(f"pending    batch {decision.batch}, decided {now - decision.decided_at:.0f}s "
                      f"ago by epoch {decision.epoch}, {len(decision.handles)} transactions, "
                      f"{sum(h.rows for h in decision.handles)} rows")
-        lines.extend(f"             {handle.txn_id} ({handle.sink}, {handle.rows} rows)"
-                     for handle in decision.handles)
-    lines.extend(f"undecided  {handle.txn_id} ({handle.sink}): left by a crashed or failed run"
-                 for handle in undecided or ())
+        for handle in decision.handles:
+            lines.append(f"             {handle.txn_id} ({handle.sink}, {handle.rows} rows)")
+            lines.extend(f"               member {name}: {member.txn_id} ({member.sink}, "
+                         f"{member.rows} rows)" for name, member in member_handles(handle))
+    for handle in undecided or ():
+        lines.append(f"undecided  {handle.txn_id} ({handle.sink}): left by a crashed or failed "
+                     "run")
+        lines.extend(f"             member {name}: {member.txn_id} ({member.sink})"
+                     for name, member in member_handles(handle))
     if state.pending or undecided:
         lines.append("locks      the transactions above are prepared in the target and hold its "
                      "locks (a schema change waits for them); with the query stopped, release "

@@ -9,7 +9,7 @@ files stay in a private directory.
 The server is the Spark driver: the crash tests restart it *armed* (``TWOPHASE_CRASH_AT`` in
 its environment, inherited by its JVM and every Python worker it starts), and a crash point
 then SIGKILLs the whole server. For that the server runs in a process session of its own led
-by a small Python process (:mod:`twophase._crash` kills only sessions led by Python).
+by a small Python process (a crash point kills only sessions led by Python).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import pytest
 
 from setups.servers.local import HOST, free_port
 from setups.servers.spark import require_java
-from twophase._crash import CRASH_ENV, kill_session
+from twophase.testing.crash_points import CRASH_ENV, kill_session
 
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 READY_MESSAGE = "Spark Connect server started at"

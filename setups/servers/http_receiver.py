@@ -25,11 +25,13 @@ import sqlite3
 import ssl
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -151,6 +153,10 @@ class ReceiverProcess:
             return dict(db.execute("SELECT key, state FROM idempotency_keys").fetchall())
 
 
+#: Starts a private receiver of a test (the ``private_receiver`` fixture).
+Receivers = Callable[..., ReceiverProcess]
+
+
 def require_aiohttp() -> None:
     if importlib.util.find_spec("aiohttp") is None:
         pytest.fail(f"the HTTP receiver needs aiohttp: {INSTALL_HINT}")
@@ -186,7 +192,7 @@ def receiver_path() -> str:
 
 
 @pytest.fixture
-def private_receiver(tmp_path: Path) -> Iterator[Callable[..., ReceiverProcess]]:
+def private_receiver(tmp_path: Path) -> Iterator[Receivers]:
     """``private_receiver(options=[...], certfile=..., token=..., signing_secret=...)``."""
     with contextlib.ExitStack() as stack:
         names = itertools.count()
@@ -196,3 +202,66 @@ def private_receiver(tmp_path: Path) -> Iterator[Callable[..., ReceiverProcess]]
             return stack.enter_context(started(workdir, options, **settings))
 
         yield start
+
+
+class Downstream:
+    """A webhook in this process (a forwarding receiver's downstream): counts what reaches it,
+    can hold requests or refuse them."""
+
+    def __init__(self) -> None:
+        self.hits: list[bytes] = []
+        self.arrived = threading.Event()
+        self.gate = threading.Event()
+        self.gate.set()
+        self.answers: list[tuple[int, bytes]] = []  # answered first, then 200
+        self.headers: dict[str, str] = {}  # sent with every answer
+        downstream = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                downstream.arrived.set()
+                downstream.gate.wait(30)
+                status, answer = (downstream.answers.pop(0) if downstream.answers
+                                  else (200, b'{"ok": true}'))
+                if status < 300:
+                    downstream.hits.append(body)
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(answer)))
+                for name, value in downstream.headers.items():
+                    self.send_header(name, value)
+                self.end_headers()
+                self.wfile.write(answer)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}/webhook"
+
+    def records(self) -> list[int]:
+        return sorted(record["event_id"] for body in self.hits for record in json.loads(body))
+
+    def close(self) -> None:
+        self.gate.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+
+@pytest.fixture(name="downstream")
+def downstream_webhook() -> Iterator[Downstream]:
+    webhook = Downstream()
+    yield webhook
+    webhook.close()
+
+
+@pytest.fixture(name="forwarding")
+def forwarding_receiver(private_receiver: Receivers, downstream: Downstream) -> ReceiverProcess:
+    return private_receiver(options=["--forward", downstream.url])

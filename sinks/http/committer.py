@@ -80,7 +80,6 @@ class HttpCommitter(Committer):
                                  max_backoff_s=sink.max_backoff_s)
 
     def commit(self, handle: Handle) -> CommitOutcome:
-        self.sink.require_own(handle)
         staging, txn_id = self.sink.staging, handle.txn_id
         if not handle.data.get("requests"):
             return CommitOutcome.ALREADY_COMMITTED
@@ -145,7 +144,6 @@ class HttpCommitter(Committer):
                     retry_after_s(response))
 
     def abort(self, handle: Handle) -> AbortOutcome:
-        self.sink.require_own(handle)
         staging = self.sink.staging
         if staging.remove(handle.txn_id):
             return AbortOutcome.ABORTED

@@ -16,7 +16,7 @@ any other 4xx (a rejected payload)          :class:`FatalError` with the receive
 ==========================================  ====================================================
 
 The staging on S3 (:mod:`~sinks.http.s3_staging`) is S3's business: its errors are classified
-by the S3 sink's table (:mod:`sinks.s3.errors`), the one place for S3 errors.
+by the framework's one table of S3 errors (:class:`twophase.kit.S3Errors`).
 
 The committer retries the retryable ones itself (a few times, quickly) before it raises them
 to twophase, which retries the whole commit again. Messages name the method, URL,

@@ -12,21 +12,19 @@ the manifest first (the transaction is unsealed at once), then the bodies in bat
 DeleteObjects, so a removal cut short leaves a "writing" transaction, never a staged one with
 bodies missing. Listings are ListObjectsV2 under ``prefix/<namespace>.``, paginated.
 
-S3 is reached the way the S3 sink reaches it: one boto3 client per process and settings
-(:class:`sinks.s3.connection.S3Settings`, credentials out of ``repr``; boto3 retries throttling
-and 5xx itself), and what is left is classified by :mod:`sinks.s3.errors`, the one table of S3
-errors.
+S3 is reached through twophase's one S3 client: one boto3 client per process, endpoint and
+credentials (:class:`twophase.kit.S3Settings`, credentials out of ``repr``; boto3 retries
+throttling and 5xx itself), and what is left is classified by :class:`twophase.kit.S3Errors`,
+the one table of S3 errors.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
-
-from botocore.exceptions import ClientError
 
 from sinks.http.staging import (
     COMMITTED,
@@ -37,17 +35,16 @@ from sinks.http.staging import (
     body_name,
     commit_record,
 )
-from sinks.s3.connection import S3Settings
-from sinks.s3.errors import BOTO_ERRORS, NOT_FOUND_CODES, classify, error_code
-from twophase import ConfigurationError, TxnId
-from twophase.kit import split_s3_location
+from twophase import TxnId
+from twophase.kit import S3Errors, S3Settings, boto_errors, classified, split_s3_location
 
 log = logging.getLogger(__name__)
 
 #: The most keys one DeleteObjects request may name.
 DELETE_BATCH = 1000
-#: The connection options ``staging_options`` may hold (S3Settings' fields but the bucket).
-STAGING_OPTIONS = frozenset(f.name for f in fields(S3Settings)) - {"bucket"}
+#: What the staging's credentials need on the bucket and prefix.
+PERMISSIONS = ("s3:PutObject", "s3:GetObject", "s3:ListBucket", "s3:DeleteObject")
+ERRORS = S3Errors(PERMISSIONS)
 BODY_TYPE, RECORD_TYPE = "application/octet-stream", "application/json"
 
 
@@ -60,14 +57,11 @@ class S3Staging:
 
     @classmethod
     def at(cls, location: str, options: Mapping[str, Any]) -> S3Staging:
-        unknown = set(options) - STAGING_OPTIONS
-        if unknown:
-            raise ConfigurationError(f"HttpSink: unknown staging_options {sorted(unknown)}.",
-                                     fix=f"use only {', '.join(sorted(STAGING_OPTIONS))}")
         bucket, prefix = split_s3_location(location, named="HttpSink: staging",
                                            fix="pass staging='s3://bucket/prefix'")
         prefix = prefix.strip("/")
-        return cls(S3Settings(bucket=bucket, **options), f"{prefix}/" if prefix else "")
+        settings = S3Settings.of(bucket, options, named="HttpSink: staging_options")
+        return cls(settings, f"{prefix}/" if prefix else "")
 
     @property
     def bucket(self) -> str:
@@ -114,12 +108,14 @@ class S3Staging:
 
     def is_committed(self, txn_id: TxnId) -> bool:
         key = self._key(txn_id, COMMITTED)
-        try:
-            self.settings.client().head_object(Bucket=self.bucket, Key=key)
-        except BOTO_ERRORS as exc:
-            if error_code(exc) in NOT_FOUND_CODES:
-                return False
-            raise classify(exc, f"HeadObject of s3://{self.bucket}/{key}") from exc
+        with classified(ERRORS.classify, f"HeadObject of s3://{self.bucket}/{key}",
+                        boto_errors()):
+            try:
+                self.settings.client().head_object(Bucket=self.bucket, Key=key)
+            except boto_errors() as exc:
+                if ERRORS.code(exc) in ERRORS.NOT_FOUND:
+                    return False
+                raise
         return True
 
     def record_commit(self, txn_id: TxnId, requests: int, replayed: int) -> None:
@@ -168,33 +164,32 @@ class S3Staging:
     # -- S3 calls ------------------------------------------------------------------------------
 
     def _call(self, what: str, operation: str, **params: Any) -> Any:
-        try:
+        with classified(ERRORS.classify, f"{what} {self.location}", boto_errors()):
             return getattr(self.settings.client(), operation)(Bucket=self.bucket, **params)
-        except BOTO_ERRORS as exc:
-            raise classify(exc, f"{what} {self.location}") from exc
 
     def _put(self, key: str, data: bytes, content_type: str) -> None:
         self._call(f"PutObject of {key} in", "put_object", Key=key, Body=data,
                    ContentType=content_type)
 
     def _get(self, key: str) -> bytes | None:
-        try:
-            data: bytes = self.settings.client().get_object(Bucket=self.bucket,
-                                                            Key=key)["Body"].read()
-        except BOTO_ERRORS as exc:
-            if error_code(exc) in NOT_FOUND_CODES:
-                return None
-            raise classify(exc, f"GetObject of s3://{self.bucket}/{key}") from exc
+        with classified(ERRORS.classify, f"GetObject of s3://{self.bucket}/{key}",
+                        boto_errors()):
+            try:
+                data: bytes = self.settings.client().get_object(Bucket=self.bucket,
+                                                                Key=key)["Body"].read()
+            except boto_errors() as exc:
+                if ERRORS.code(exc) in ERRORS.NOT_FOUND:
+                    return None
+                raise
         return data
 
     def _list(self, prefix: str) -> Iterator[tuple[str, datetime]]:
         paginator = self.settings.client().get_paginator("list_objects_v2")
-        try:
+        with classified(ERRORS.classify, f"ListObjectsV2 of s3://{self.bucket}/{prefix}",
+                        boto_errors()):
             for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix):
                 for item in page.get("Contents", ()):
                     yield item["Key"], item["LastModified"]
-        except BOTO_ERRORS as exc:
-            raise classify(exc, f"ListObjectsV2 of s3://{self.bucket}/{prefix}") from exc
 
     def _delete(self, keys: list[str]) -> None:
         for start in range(0, len(keys), DELETE_BATCH):
@@ -205,8 +200,5 @@ class S3Staging:
             failed = reply.get("Errors") or []
             if failed:
                 first = failed[0]
-                refused = ClientError({"Error": {"Code": first.get("Code"),
-                                                 "Message": first.get("Message")}},
-                                      "DeleteObjects")
-                raise classify(refused, f"DeleteObjects of {len(failed)} objects from "
-                               f"{self.location}")
+                raise ERRORS.error(str(first.get("Code")), f"DeleteObjects of {len(failed)} "
+                                   f"objects from {self.location}", first.get("Message", ""))

@@ -89,7 +89,7 @@ from twophase import (
     TwoPhaseError,
     TxnId,
 )
-from twophase.kit import CommitsViaCommitter, as_utc, namespace_from, transaction_id_reused
+from twophase.kit import as_utc, namespace_from, transaction_id_reused
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ class HttpTransaction:
     rows: int = 0
 
 
-class HttpSink(CommitsViaCommitter, TwoPhaseCommitSink[HttpTransaction]):
+class HttpSink(TwoPhaseCommitSink[HttpTransaction]):
     """Exactly-once requests to ``url``, each with a deterministic ``Idempotency-Key``.
 
     ``staging``: where pre-committed requests wait for the commit, reachable from the executors

@@ -109,7 +109,7 @@ from twophase import (
     TwoPhaseCommitSink,
     TxnId,
 )
-from twophase.kit import CommitsViaCommitter, classified, namespace_from
+from twophase.kit import classified, namespace_from
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -138,7 +138,7 @@ class KafkaTransaction:
     shape: RecordShape = field(default_factory=RecordShape)
 
 
-class KafkaSink(CommitsViaCommitter, TwoPhaseCommitSink[KafkaTransaction]):
+class KafkaSink(TwoPhaseCommitSink[KafkaTransaction]):
     """Records into Kafka topics, one transaction per partition and batch (see module docs).
 
     ``topic`` (or ``topic_column``) names the target; ``key``, ``value`` and ``headers`` name
@@ -336,6 +336,10 @@ class KafkaSink(CommitsViaCommitter, TwoPhaseCommitSink[KafkaTransaction]):
     def committer(self) -> coordinator.KafkaCommitter:
         return coordinator.KafkaCommitter(self)
 
+    def commit_deadline(self, handle: Handle) -> float | None:
+        """The broker aborts the transaction ``transaction_timeout_ms`` after it began."""
+        deadline_ms = handle.data.get("deadline_ms")
+        return None if deadline_ms is None else int(deadline_ms) / 1000
 
     def list_in_doubt(self, namespace: str) -> list[Handle]:
         """Open transactions of ``namespace``'s pooled ids, named by the registry."""

@@ -116,7 +116,6 @@ from twophase import (
 )
 from twophase.kit import (
     DEFAULT_CHUNK_SIZE,
-    CommitsViaCommitter,
     Mode,
     chunks,
     classified,
@@ -147,7 +146,7 @@ class MySQLBranch:
     rows: int = 0
 
 
-class MySQLXASink(CommitsViaCommitter, TwoPhaseCommitSink[MySQLBranch]):
+class MySQLXASink(TwoPhaseCommitSink[MySQLBranch]):
     """Exactly-once rows into one MySQL/MariaDB table, one XA branch per partition.
 
     ``host``/``port``/``user``/``password``/``database``: where to connect (TCP).

@@ -93,7 +93,6 @@ from twophase import (
 )
 from twophase.kit import (
     DEFAULT_CHUNK_SIZE,
-    CommitsViaCommitter,
     Mode,
     chunks,
     classified,
@@ -122,7 +121,7 @@ class PostgresTransaction:
     rows: int = 0
 
 
-class PostgresSink(CommitsViaCommitter, TwoPhaseCommitSink[PostgresTransaction]):
+class PostgresSink(TwoPhaseCommitSink[PostgresTransaction]):
     """Exactly-once rows into one PostgreSQL table, one prepared transaction per partition.
 
     ``host``/``port``/``user``/``password``/``database``: where to connect (TCP).

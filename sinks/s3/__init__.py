@@ -17,10 +17,12 @@ module          role
 ``batchlog``    Spark's file sink log of the committed batches (``batch_log=True``)
 ``formats``     Parquet (from Arrow), CSV, JSON Lines (+ gzip); what each cannot hold
 ``keys``        object keys from a template; transaction ids read back from keys
-``errors``      every S3 error code and how it is classified: the one place
-``connection``  settings (credentials hidden); one boto3 session per process, one client
-                per endpoint and credentials
+``errors``      the permissions a refused request's fix names; every S3 error is
+                classified by twophase's one S3 table (:class:`twophase.kit.S3Errors`)
 ==============  ===========================================================================
+
+Settings and clients are twophase's one S3 client (:class:`twophase.kit.S3Settings`: one
+boto3 session per process, one client per endpoint, credentials and attempt count).
 """
 
 from sinks.s3.sink import S3Sink

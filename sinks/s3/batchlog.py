@@ -34,11 +34,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sinks.s3.connection import S3Settings
-from sinks.s3.errors import BOTO_ERRORS, NOT_FOUND_CODES, PRECONDITION_FAILED, classify, error_code
+from sinks.s3.errors import ERRORS, classify
 from sinks.s3.upload import head
 from twophase import FatalError, Handle
-from twophase.kit import classified
+from twophase.kit import S3Settings, boto_errors, classified
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +140,7 @@ class BatchLog:
     def _names(self) -> list[str]:
         names: list[str] = []
         args = {"Bucket": self.settings.bucket, "Prefix": self.directory + "/"}
-        with classified(classify, f"ListObjectsV2 of {self._where(self.directory)}", BOTO_ERRORS):
+        with classified(classify, f"ListObjectsV2 of {self._where(self.directory)}", boto_errors()):
             while True:
                 reply = self.client.list_objects_v2(**args)
                 names.extend(item["Key"].rsplit("/", 1)[-1] for item in reply.get("Contents", ()))
@@ -153,24 +152,24 @@ class BatchLog:
         return head(self.client, self.settings, key) is not None
 
     def _get(self, key: str) -> bytes | None:
-        with classified(classify, f"GetObject of {self._where(key)}", BOTO_ERRORS):
+        with classified(classify, f"GetObject of {self._where(key)}", boto_errors()):
             try:
                 body: bytes = self.client.get_object(Bucket=self.settings.bucket,
                                                      Key=key)["Body"].read()
-            except BOTO_ERRORS as exc:
-                if error_code(exc) in NOT_FOUND_CODES:
+            except boto_errors() as exc:
+                if ERRORS.code(exc) in ERRORS.NOT_FOUND:
                     return None
                 raise
         return body
 
     def _put_new(self, key: str, body: bytes) -> bool:
         """PutObject unless the key exists; False if it does."""
-        with classified(classify, f"PutObject of {self._where(key)}", BOTO_ERRORS):
+        with classified(classify, f"PutObject of {self._where(key)}", boto_errors()):
             try:
                 self.client.put_object(Bucket=self.settings.bucket, Key=key, Body=body,
                                        IfNoneMatch="*")
-            except BOTO_ERRORS as exc:
-                if error_code(exc) == PRECONDITION_FAILED:
+            except boto_errors() as exc:
+                if ERRORS.code(exc) == ERRORS.PRECONDITION_FAILED:
                     return False
                 raise
         return True

@@ -34,17 +34,10 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from sinks.s3.batchlog import BatchLog
-from sinks.s3.errors import (
-    BOTO_ERRORS,
-    NO_SUCH_UPLOAD,
-    PRECONDITION_FAILED,
-    classify,
-    error_code,
-    status,
-)
+from sinks.s3.errors import ERRORS, classify
 from sinks.s3.upload import abort_upload, head, txn_of, uploads_at
 from twophase import AbortOutcome, CommitOutcome, Committer, Handle, TransactionLostError
-from twophase.kit import classified, transaction_lost
+from twophase.kit import boto_errors, classified, transaction_lost
 
 if TYPE_CHECKING:
     from sinks.s3.sink import S3Sink
@@ -73,7 +66,6 @@ class S3Committer(Committer):
             return self._client
 
     def commit(self, handle: Handle) -> CommitOutcome:
-        self.sink.require_own(handle)
         data, settings = handle.data, self.sink.settings
         key, upload_id, txn = data["key"], data.get("upload_id"), str(handle.txn_id)
         if upload_id is None:  # an empty partition: nothing was, or will be, written
@@ -86,14 +78,15 @@ class S3Committer(Committer):
                              f"transaction's object ({txn_of(found)})")
         what = f"CompleteMultipartUpload of s3://{settings.bucket}/{key} ({settings.where})"
         parts = [{"PartNumber": int(n), "ETag": etag} for n, etag in data["parts"]]
-        with classified(classify, what, BOTO_ERRORS):
+        with classified(classify, what, boto_errors()):
             try:
                 self.client.complete_multipart_upload(
                     Bucket=settings.bucket, Key=key, UploadId=upload_id,
                     MultipartUpload={"Parts": parts}, IfNoneMatch="*")
-            except BOTO_ERRORS as exc:
-                code = error_code(exc)
-                if code not in (NO_SUCH_UPLOAD, PRECONDITION_FAILED) and status(exc) < 500:
+            except boto_errors() as exc:
+                code = ERRORS.code(exc)
+                if (code not in (ERRORS.NO_SUCH_UPLOAD, ERRORS.PRECONDITION_FAILED)
+                        and ERRORS.status(exc) < 500):
                     raise
                 return self._settle(handle, exc)
         return CommitOutcome.COMMITTED
@@ -107,9 +100,9 @@ class S3Committer(Committer):
         if found is not None:
             raise self._lost(handle, f"s3://{settings.bucket}/{key} holds another "
                              f"transaction's object ({txn_of(found)})") from exc
-        if error_code(exc) == PRECONDITION_FAILED:  # an object came and went meanwhile
+        if ERRORS.code(exc) == ERRORS.PRECONDITION_FAILED:  # an object came and went meanwhile
             raise classify(exc, f"CompleteMultipartUpload of s3://{settings.bucket}/{key}")
-        if error_code(exc) != NO_SUCH_UPLOAD and self._upload_exists(handle):
+        if ERRORS.code(exc) != ERRORS.NO_SUCH_UPLOAD and self._upload_exists(handle):
             raise classify(exc, f"CompleteMultipartUpload of s3://{settings.bucket}/{key} "
                            f"({settings.where})") from exc
         raise self._lost(handle, f"its upload {handle.data['upload_id']} is gone (aborted, by "
@@ -117,18 +110,17 @@ class S3Committer(Committer):
 
     def _upload_exists(self, handle: Handle) -> bool:
         settings, key = self.sink.settings, handle.data["key"]
-        with classified(classify, f"ListParts of s3://{settings.bucket}/{key}", BOTO_ERRORS):
+        with classified(classify, f"ListParts of s3://{settings.bucket}/{key}", boto_errors()):
             try:
                 self.client.list_parts(Bucket=settings.bucket, Key=key,
                                        UploadId=handle.data["upload_id"], MaxParts=1)
-            except BOTO_ERRORS as exc:
-                if error_code(exc) == NO_SUCH_UPLOAD:
+            except boto_errors() as exc:
+                if ERRORS.code(exc) == ERRORS.NO_SUCH_UPLOAD:
                     return False
                 raise
         return True
 
     def abort(self, handle: Handle) -> AbortOutcome:
-        self.sink.require_own(handle)
         settings, key = self.sink.settings, handle.data["key"]
         ids = {upload_id for at, upload_id in uploads_at(self.client, settings.bucket, key,
                                                          settings.where) if at == key}

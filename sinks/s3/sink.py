@@ -59,12 +59,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from botocore.exceptions import ClientError
-
 from sinks.s3.batchlog import DEFAULT_SCHEME as DEFAULT_LOG_SCHEME
 from sinks.s3.committer import S3Committer
-from sinks.s3.connection import DEFAULT_MAX_ATTEMPTS, Checksums, S3Settings
-from sinks.s3.errors import BOTO_ERRORS, NO_LIFECYCLE, classify, error_code
+from sinks.s3.errors import ERRORS, classify
 from sinks.s3.formats import (
     CONTENT_TYPES,
     FORMATS,
@@ -88,7 +85,10 @@ from twophase import (
 )
 from twophase.kit import (
     DEFAULT_CHUNK_SIZE,
-    CommitsViaCommitter,
+    DEFAULT_S3_MAX_ATTEMPTS,
+    S3Checksums,
+    S3Settings,
+    boto_errors,
     classified,
     namespace_from,
     transaction_id_reused,
@@ -118,7 +118,7 @@ class S3Transaction:
     encoder: Encoder
 
 
-class S3Sink(CommitsViaCommitter, TwoPhaseCommitSink[S3Transaction]):
+class S3Sink(TwoPhaseCommitSink[S3Transaction]):
     """Exactly-once objects in ``s3://bucket/prefix``, one per partition and batch.
 
     ``format``: ``"parquet"`` (default), ``"csv"`` or ``"jsonl"``; ``compression="gzip"`` for
@@ -152,8 +152,8 @@ class S3Sink(CommitsViaCommitter, TwoPhaseCommitSink[S3Transaction]):
         min_part_size: int = S3_MIN_PART_SIZE,
         max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
         chunk_size: int = DEFAULT_CHUNK_SIZE,
-        checksums: Checksums = "when_required",
-        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        checksums: S3Checksums = "when_required",
+        max_attempts: int = DEFAULT_S3_MAX_ATTEMPTS,
         min_incomplete_upload_days: int = DEFAULT_MIN_INCOMPLETE_UPLOAD_DAYS,
         batch_log: bool = False,
         batch_log_root: str | None = None,
@@ -173,9 +173,6 @@ class S3Sink(CommitsViaCommitter, TwoPhaseCommitSink[S3Transaction]):
                 f"S3Sink: part_size={part_size!r} is below the store's minimum part size "
                 f"({min_part_size} bytes): completing the upload would fail.",
                 fix=f"use part_size >= {min_part_size} (default {DEFAULT_PART_SIZE})")
-        if (access_key_id is None) != (secret_access_key is None):
-            raise ConfigurationError("S3Sink: access_key_id and secret_access_key go together.",
-                                     fix="pass both, or neither to use boto3's chain")
         self.settings = S3Settings(
             bucket=bucket, endpoint_url=endpoint_url, region=region, path_style=path_style,
             access_key_id=access_key_id, secret_access_key=secret_access_key,
@@ -224,15 +221,14 @@ class S3Sink(CommitsViaCommitter, TwoPhaseCommitSink[S3Transaction]):
         """The bucket exists, the credentials work, uploads can be listed, no lifecycle rule
         aborts pre-committed uploads too early."""
         client, bucket, where = self._client(), self.settings.bucket, self.settings.where
-        with classified(classify, f"HeadBucket of {where}", BOTO_ERRORS):
+        with classified(classify, f"HeadBucket of {where}", boto_errors()):
             try:
                 client.head_bucket(Bucket=bucket)
-            except BOTO_ERRORS as exc:
-                if error_code(exc) in ("404", "NoSuchBucket"):
-                    raise classify(_renamed(exc, "NoSuchBucket"), f"HeadBucket of {where}") \
-                        from exc
+            except boto_errors() as exc:
+                if ERRORS.code(exc) in ("404", ERRORS.NO_SUCH_BUCKET):  # a HEAD's 404: no body
+                    raise ERRORS.error(ERRORS.NO_SUCH_BUCKET, f"HeadBucket of {where}") from exc
                 raise
-        with classified(classify, f"ListMultipartUploads of {where}", BOTO_ERRORS):
+        with classified(classify, f"ListMultipartUploads of {where}", boto_errors()):
             client.list_multipart_uploads(Bucket=bucket, Prefix=self.prefix, MaxUploads=1)
         self._check_lifecycle(client)
 
@@ -241,11 +237,11 @@ class S3Sink(CommitsViaCommitter, TwoPhaseCommitSink[S3Transaction]):
         try:
             rules = client.get_bucket_lifecycle_configuration(
                 Bucket=self.settings.bucket).get("Rules", [])
-        except BOTO_ERRORS as exc:
-            if error_code(exc) != NO_LIFECYCLE:
+        except boto_errors() as exc:
+            if ERRORS.code(exc) != ERRORS.NO_LIFECYCLE:
                 log.warning("cannot read the lifecycle rules of %s (%s): not checking that "
                             "no rule aborts pre-committed uploads early", where,
-                            error_code(exc) or exc)
+                            ERRORS.code(exc) or exc)
             return
         for rule in rules:
             days = rule.get("AbortIncompleteMultipartUpload", {}).get("DaysAfterInitiation")
@@ -323,11 +319,3 @@ class S3Sink(CommitsViaCommitter, TwoPhaseCommitSink[S3Transaction]):
                 found[txn_id] = self.handle(txn_id, 0, bucket=bucket, key=key,
                                             upload_id=upload_id, parts=[], size=0)
         return sorted(found.values(), key=lambda handle: str(handle.txn_id))
-
-
-def _renamed(exc: BaseException, code: str) -> BaseException:
-    """A HEAD's bodiless 404 as the error code it means."""
-    response = dict(getattr(exc, "response", {}))
-    response["Error"] = {**response.get("Error", {}), "Code": code}
-    error: BaseException = ClientError(response, "HeadBucket")
-    return error

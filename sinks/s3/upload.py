@@ -21,10 +21,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from sinks.s3.connection import S3Settings
-from sinks.s3.errors import BOTO_ERRORS, NO_SUCH_UPLOAD, NOT_FOUND_CODES, classify, error_code
+from sinks.s3.errors import ERRORS, classify
 from twophase import FatalError
-from twophase.kit import classified
+from twophase.kit import S3Settings, boto_errors, classified
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +96,7 @@ class PartUploader:
         return f"{step} of s3://{self.bucket}/{self.key} ({self.where})"
 
     def _create(self) -> str:
-        with classified(classify, self._what("CreateMultipartUpload"), BOTO_ERRORS):
+        with classified(classify, self._what("CreateMultipartUpload"), boto_errors()):
             reply = self.client.create_multipart_upload(
                 Bucket=self.bucket, Key=self.key, Metadata={META_TXN: self.txn},
                 ContentType=self.content_type)
@@ -125,7 +124,7 @@ class PartUploader:
         self._pending.append(self._pool.submit(self._upload_part, number, body))
 
     def _upload_part(self, number: int, body: bytearray) -> tuple[int, str]:
-        with classified(classify, self._what(f"UploadPart {number}"), BOTO_ERRORS):
+        with classified(classify, self._what(f"UploadPart {number}"), boto_errors()):
             reply = self.client.upload_part(Bucket=self.bucket, Key=self.key,
                                             UploadId=self.upload_id, PartNumber=number,
                                             Body=body)
@@ -167,11 +166,11 @@ class PartUploader:
 def abort_upload(client: Any, bucket: str, key: str, upload_id: str, where: str) -> bool:
     """AbortMultipartUpload; False if S3 knows no such upload (aborted or completed)."""
     what = f"AbortMultipartUpload of s3://{bucket}/{key} ({where})"
-    with classified(classify, what, BOTO_ERRORS):
+    with classified(classify, what, boto_errors()):
         try:
             client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)
-        except BOTO_ERRORS as exc:
-            if error_code(exc) == NO_SUCH_UPLOAD:
+        except boto_errors() as exc:
+            if ERRORS.code(exc) == ERRORS.NO_SUCH_UPLOAD:
                 return False
             raise
     return True
@@ -182,7 +181,7 @@ def uploads_at(client: Any, bucket: str, prefix: str, where: str) -> list[tuple[
     found: list[tuple[str, str]] = []
     args: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix}
     with classified(classify, f"ListMultipartUploads of s3://{bucket}/{prefix} ({where})",
-                    BOTO_ERRORS):
+                    boto_errors()):
         while True:
             reply = client.list_multipart_uploads(**args)
             found.extend((u["Key"], u["UploadId"]) for u in reply.get("Uploads", ()))
@@ -195,11 +194,11 @@ def uploads_at(client: Any, bucket: str, prefix: str, where: str) -> list[tuple[
 def head(client: Any, settings: S3Settings, key: str) -> dict[str, Any] | None:
     """The object's HEAD reply, or None if there is no object at ``key``."""
     with classified(classify, f"HeadObject of s3://{settings.bucket}/{key} ({settings.where})",
-                    BOTO_ERRORS):
+                    boto_errors()):
         try:
             reply: dict[str, Any] = client.head_object(Bucket=settings.bucket, Key=key)
-        except BOTO_ERRORS as exc:
-            if error_code(exc) in NOT_FOUND_CODES:
+        except boto_errors() as exc:
+            if ERRORS.code(exc) in ERRORS.NOT_FOUND:
                 return None
             raise
     return reply

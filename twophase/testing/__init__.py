@@ -3,6 +3,12 @@
 ================================  ==============================================================
 module                            what it gives
 ================================  ==============================================================
+:mod:`twophase.testing.target`    :class:`Target` (exported here): one fresh, empty target of a
+                                  sink, what every suite takes: how a driver builds the sink
+                                  over it, what a reader sees, what is in doubt on the server;
+                                  :class:`GroupTarget`: several, as one sink group
+:mod:`twophase.testing.suite`     :class:`~twophase.testing.suite.TargetSuite`: the suites'
+                                  ``target`` fixture, from a setup a test class names
 :mod:`twophase.testing.driver`    a crashable streaming driver (``python -m
                                   twophase.testing.driver``), a generated order feed, a local
                                   Spark session tuned for small machines
@@ -17,5 +23,15 @@ module                            what it gives
                                   every step
 ================================  ==============================================================
 
+Harnesses outside the framework (the demo, the chaos rounds, the benchmarks, a test server
+armed to crash) take two more: :mod:`twophase.testing.crash_points`, the named crash points,
+the variable that arms a driver at one and the signals that kill, freeze and thaw its session;
+and :mod:`twophase.testing.protocol`, the driver's half of the protocol without Spark
+(``Coordinator``) and the state file (``StateStore``).
+
 The suites need pytest (the model also hypothesis); the driver needs pyspark.
 """
+
+from twophase.testing.target import ExactlyOnceError, GroupTarget, Target
+
+__all__ = ["ExactlyOnceError", "GroupTarget", "Target"]

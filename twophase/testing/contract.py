@@ -1,28 +1,31 @@
 """The contract suite: every rule of :class:`~twophase.TwoPhaseCommitSink`, as inheritable tests.
 
-A sink's test module subclasses :class:`SinkContract` and says how to build the sink and how to
-read what a reader of the target sees::
+A sink's test module subclasses :class:`SinkContract` and gives it a fresh target per test (a
+:class:`~twophase.testing.Target`, see :mod:`twophase.testing.suite`)::
 
+    from twophase.testing import Target
     from twophase.testing.contract import SinkContract
+
+    class MyTarget(Target):                  # a sink over a fresh, empty target whose columns
+        def visible(self):                   # are ORDER_COLUMNS (event_id, order_id, status, ts)
+            return sorted(...)               # the event_id of every row a reader sees
 
     class TestMySinkContract(SinkContract):
         @pytest.fixture
-        def sink(self, tmp_path):            # a sink over a fresh, empty target whose columns
-            return MySink(tmp_path / "out")  # are ORDER_COLUMNS (event_id, order_id, status, ts)
-
-        def visible(self, sink):             # the event_id of every row a reader sees
-            return sorted(...)
+        def target(self, tmp_path):
+            return MyTarget("my_package.sinks:MySink", {"directory": str(tmp_path / "out")})
 
 Every test runs under a query id of its own (:func:`current_query_id`), so transaction ids
 never repeat from test to test, also where a system keeps them per server (PostgreSQL's gids
 are unique per cluster). Before each test the sink's ``check_schema(ORDER_COLUMNS)`` runs, as
 the driver runs it before a query starts; one test expects it to refuse a column the target
 lacks. Set ``purges_commit_records = False`` if the sink keeps no proofs it could purge,
-``has_schema = False`` if its target has no columns to check. The tests drive the sink as the
-framework does: a task's begin/write/pre-commit (:func:`prepare`; ``arrow=True``: through
-``write_arrow``, as Spark's data source path does), the driver's committer for commit and
-abort, other processes for a writer killed with SIGKILL and for a commit from elsewhere. The
-builders here (:func:`context`, :func:`orders`, :func:`prepare`) serve a sink's own tests too.
+``has_schema = False`` if its target has no columns to check. The tests drive the sink (the
+``sink`` fixture, built from the target) as the framework does: a task's
+begin/write/pre-commit (:func:`prepare`; ``arrow=True``: through ``write_arrow``, as Spark's
+data source path does), the driver's committer for commit and abort, other processes for a
+writer killed with SIGKILL and for a commit from elsewhere. The builders here
+(:func:`context`, :func:`orders`, :func:`prepare`) serve a sink's own tests too.
 """
 
 from __future__ import annotations
@@ -51,6 +54,8 @@ from twophase.sink import (
     TransactionContext,
     TwoPhaseCommitSink,
 )
+from twophase.testing.suite import TargetSuite
+from twophase.testing.target import Target
 
 #: Ids are deterministic within a test: the same arguments name the same transaction.
 OPENED_AT = time.time()
@@ -154,8 +159,8 @@ def in_another_process(sink: TwoPhaseCommitSink[Any], action: str,
         capture_output=True, text=True, env=env, timeout=SUBPROCESS_TIMEOUT_S, check=False)
 
 
-class SinkContract:
-    """Inherit it as ``TestXxx(SinkContract)``; provide ``sink`` and ``visible`` (see above)."""
+class SinkContract(TargetSuite):
+    """Inherit it as ``TestXxx(SinkContract)``; give it a ``target`` (see above)."""
 
     #: False for a sink whose proofs of commit cannot be purged (``purge_commit_records`` is 0).
     purges_commit_records = True
@@ -163,16 +168,13 @@ class SinkContract:
     has_schema = True
 
     @pytest.fixture
-    def sink(self) -> TwoPhaseCommitSink[Any]:
-        raise NotImplementedError("override the sink fixture: a sink over an empty target")
-
-    def visible(self, sink: TwoPhaseCommitSink[Any]) -> list[int]:
-        raise NotImplementedError("return the sorted event_id of every row a reader sees")
+    def sink(self, target: Target) -> TwoPhaseCommitSink[Any]:
+        """The sink over the test's target, as the tests drive it."""
+        return target.build()
 
     @pytest.fixture(autouse=True)
     def _fresh_query_checked(self, sink: TwoPhaseCommitSink[Any]) -> Iterator[None]:
         """A query id of the test's own, and the schema check the driver makes first."""
-        assert isinstance(sink, TwoPhaseCommitSink), "the sink fixture returns no sink"
         use_query_id(str(uuid.uuid4()))
         sink.check_schema(ORDER_COLUMNS)
         yield
@@ -181,7 +183,7 @@ class SinkContract:
     # -- schema and the Arrow path -------------------------------------------------------------
 
     def test_check_schema_refuses_a_column_the_target_lacks(
-        self, sink: TwoPhaseCommitSink[Any]
+        self, target: Target, sink: TwoPhaseCommitSink[Any]
     ) -> None:
         more = [*ORDER_COLUMNS, Column("no_such_column", "string")]
         if self.has_schema:
@@ -189,87 +191,89 @@ class SinkContract:
                 sink.check_schema(more)
         else:
             sink.check_schema(more)  # a target without columns takes any
-        assert self.visible(sink) == []
+        assert target.visible() == []
 
     def test_record_batches_through_write_arrow_commit_like_rows(
-        self, sink: TwoPhaseCommitSink[Any]
+        self, target: Target, sink: TwoPhaseCommitSink[Any]
     ) -> None:
         written = prepare(sink, orders(0, 5), arrow=True, partition=0)
         empty = prepare(sink, [], arrow=True, partition=1)
         assert (written.rows, empty.rows) == (5, 0)
-        assert self.visible(sink) == []
+        assert target.visible() == []
         assert commit(sink, written) is CommitOutcome.COMMITTED
         assert commit(sink, empty) in (CommitOutcome.COMMITTED, CommitOutcome.ALREADY_COMMITTED)
-        assert self.visible(sink) == [0, 1, 2, 3, 4]
+        assert target.visible() == [0, 1, 2, 3, 4]
         assert sink.list_in_doubt(NAMESPACE) == []
 
     # -- visibility ----------------------------------------------------------------------------
 
     def test_pre_committed_rows_stay_invisible_until_commit(
-        self, sink: TwoPhaseCommitSink[Any]
+        self, target: Target, sink: TwoPhaseCommitSink[Any]
     ) -> None:
         first = prepare(sink, orders(0, 3), partition=0)
         second = prepare(sink, orders(3, 2), partition=1)
         assert (first.rows, second.rows, first.sink) == (3, 2, sink.kind)
-        assert self.visible(sink) == []
+        assert target.visible() == []
         assert commit(sink, first) is CommitOutcome.COMMITTED
-        assert self.visible(sink) == [0, 1, 2]
+        assert target.visible() == [0, 1, 2]
         assert commit(sink, second) is CommitOutcome.COMMITTED
-        assert self.visible(sink) == [0, 1, 2, 3, 4]
+        assert target.visible() == [0, 1, 2, 3, 4]
 
     def test_a_second_commit_proves_it_was_already_committed(
-        self, sink: TwoPhaseCommitSink[Any]
+        self, target: Target, sink: TwoPhaseCommitSink[Any]
     ) -> None:
         handle = prepare(sink, orders(0, 4))
         assert commit(sink, handle) is CommitOutcome.COMMITTED
         again = Handle.loads(handle.dumps())  # as recovery reads it from the state file
         assert commit(sink, again) is CommitOutcome.ALREADY_COMMITTED
-        assert self.visible(sink) == [0, 1, 2, 3]
+        assert target.visible() == [0, 1, 2, 3]
         assert sink.list_in_doubt(NAMESPACE) == []
 
     def test_an_empty_partition_commits_and_leaves_nothing_behind(
-        self, sink: TwoPhaseCommitSink[Any]
+        self, target: Target, sink: TwoPhaseCommitSink[Any]
     ) -> None:
         handle = prepare(sink, [])
         assert handle.rows == 0
         assert commit(sink, handle) in (CommitOutcome.COMMITTED,
                                          CommitOutcome.ALREADY_COMMITTED)
         assert commit(sink, handle) is CommitOutcome.ALREADY_COMMITTED
-        assert self.visible(sink) == []
+        assert target.visible() == []
         assert sink.list_in_doubt(NAMESPACE) == []
 
     # -- abort and loss ------------------------------------------------------------------------
 
     def test_abort_is_idempotent_and_a_commit_after_it_is_a_lost_transaction(
-        self, sink: TwoPhaseCommitSink[Any]
+        self, target: Target, sink: TwoPhaseCommitSink[Any]
     ) -> None:
         handle = prepare(sink, orders(0, 3))
         assert abort(sink, handle) is AbortOutcome.ABORTED
         assert abort(sink, handle) is AbortOutcome.NOT_FOUND
         with pytest.raises(TransactionLostError, match=r"Fix: "):
             commit(sink, handle)  # decided, then aborted outside: never "success"
-        assert self.visible(sink) == []
+        assert target.visible() == []
         assert sink.list_in_doubt(NAMESPACE) == []
 
-    def test_a_discarded_transaction_leaves_nothing(self, sink: TwoPhaseCommitSink[Any]) -> None:
+    def test_a_discarded_transaction_leaves_nothing(
+        self, target: Target, sink: TwoPhaseCommitSink[Any]
+    ) -> None:
         txn = sink.begin_transaction(context())
         sink.write(txn, orders(0, 3))
         sink.discard(txn)
-        assert self.visible(sink) == []
+        assert target.visible() == []
         assert sink.list_in_doubt(NAMESPACE) == []
 
     def test_a_committed_transaction_id_is_never_reused(
-        self, sink: TwoPhaseCommitSink[Any]
+        self, target: Target, sink: TwoPhaseCommitSink[Any]
     ) -> None:
         assert commit(sink, prepare(sink, orders(0, 2))) is CommitOutcome.COMMITTED
         with pytest.raises(TwoPhaseError, match=r"already committed.*Fix: "):
             commit(sink, prepare(sink, orders(10, 2)))  # the same id: a restored old state
-        assert self.visible(sink) == [0, 1]
+        assert target.visible() == [0, 1]
 
     # -- other processes -----------------------------------------------------------------------
 
     def test_commit_and_abort_work_from_another_process(
-        self, sink: TwoPhaseCommitSink[Any]
+        self, target: Target, sink: TwoPhaseCommitSink[Any]
     ) -> None:
         kept, dropped = prepare(sink, orders(0, 2), partition=0), prepare(
             sink, orders(2, 2), partition=1)
@@ -277,25 +281,25 @@ class SinkContract:
         aborted = in_another_process(sink, "abort", dropped)
         assert (committed.stdout.strip(), aborted.stdout.strip()) == (
             "committed", "aborted"), committed.stderr + aborted.stderr
-        assert self.visible(sink) == [0, 1]
+        assert target.visible() == [0, 1]
         assert commit(sink, kept) is CommitOutcome.ALREADY_COMMITTED
         assert sink.list_in_doubt(NAMESPACE) == []
 
     def test_a_writer_killed_after_pre_commit_leaves_a_transaction_the_driver_commits(
-        self, sink: TwoPhaseCommitSink[Any]
+        self, target: Target, sink: TwoPhaseCommitSink[Any]
     ) -> None:
         writer = in_another_process(sink, "write-then-die")
         assert writer.returncode == -signal.SIGKILL, writer.stderr
         handle = Handle.loads(writer.stdout.strip())
-        assert self.visible(sink) == []
+        assert target.visible() == []
         assert [h.txn_id for h in sink.list_in_doubt(NAMESPACE)] == [handle.txn_id]
         assert commit(sink, handle) is CommitOutcome.COMMITTED
-        assert self.visible(sink) == [0, 1, 2, 3, 4]
+        assert target.visible() == [0, 1, 2, 3, 4]
 
     # -- listing, concurrency, purge -----------------------------------------------------------
 
     def test_in_doubt_listing_is_scoped_to_its_namespace_and_abortable(
-        self, sink: TwoPhaseCommitSink[Any]
+        self, target: Target, sink: TwoPhaseCommitSink[Any]
     ) -> None:
         ours = prepare(sink, orders(0, 2), namespace=NAMESPACE)
         similar = prepare(sink, orders(2, 2), namespace=f"{NAMESPACE}2")  # a prefix trap
@@ -304,10 +308,10 @@ class SinkContract:
         assert abort(sink, listed[0]) is AbortOutcome.ABORTED  # a listed handle is abortable
         assert [h.txn_id for h in sink.list_in_doubt(f"{NAMESPACE}2")] == [similar.txn_id]
         assert abort(sink, similar) is AbortOutcome.ABORTED
-        assert self.visible(sink) == []
+        assert target.visible() == []
 
     def test_commits_run_concurrently_through_one_committer(
-        self, sink: TwoPhaseCommitSink[Any]
+        self, target: Target, sink: TwoPhaseCommitSink[Any]
     ) -> None:
         handles = [prepare(sink, orders(10 * p, 3), partition=p)
                    for p in range(CONCURRENT_COMMITS)]
@@ -316,11 +320,11 @@ class SinkContract:
             with ThreadPoolExecutor(max_workers=CONCURRENT_COMMITS) as pool:
                 outcomes = list(pool.map(committer.commit, handles))
         assert outcomes == [CommitOutcome.COMMITTED] * CONCURRENT_COMMITS
-        assert self.visible(sink) == sorted(10 * p + i for p in range(CONCURRENT_COMMITS)
+        assert target.visible() == sorted(10 * p + i for p in range(CONCURRENT_COMMITS)
                                             for i in range(3))
 
     def test_purge_forgets_old_proofs_of_its_namespace_only(
-        self, sink: TwoPhaseCommitSink[Any]
+        self, target: Target, sink: TwoPhaseCommitSink[Any]
     ) -> None:
         ours = prepare(sink, orders(0, 1), namespace=NAMESPACE)
         others = prepare(sink, orders(1, 1), namespace=f"{NAMESPACE}2")
@@ -336,4 +340,4 @@ class SinkContract:
         else:
             assert purged == 0
             assert commit(sink, ours) is CommitOutcome.ALREADY_COMMITTED
-        assert self.visible(sink) == [0, 1]
+        assert target.visible() == [0, 1]

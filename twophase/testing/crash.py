@@ -5,18 +5,17 @@ One stream runs through the whole list of crash points in turn, as the demo does
 batch 1 and dies there (driver, JVM and Python workers, ``kill -9``); the restart recovers,
 goes on and dies at the next point for batch 2; and so on, then a last run finishes the feed.
 After every crash nothing is visible twice; at the end every row is visible exactly once,
-nothing is in doubt, and the state file has nothing pending. A sink's test module says how to
-build the sink (by name: the driver is another process) and how to read what is visible::
+nothing is in doubt (neither in the sink's listing nor on the server: the target's
+``in_doubt``), and the state file has nothing pending. A sink's test module gives the suite a
+fresh target per test, as to the contract suite (:class:`~twophase.testing.Target`: the driver
+is another process, which builds the sink from the target's ``factory`` and ``options``)::
 
-    from twophase.testing.crash import CrashSuite, SinkTarget
+    from twophase.testing.crash import CrashSuite
 
     class TestMySinkCrashes(CrashSuite):
         @pytest.fixture
         def target(self, tmp_path):
-            return SinkTarget("my_package.sinks:MySink", {"directory": str(tmp_path / "out")})
-
-        def visible(self, target):
-            return sorted(...)  # the event_id of every row a reader of the target sees
+            return MyTarget("my_package.sinks:MySink", {"directory": str(tmp_path / "out")})
 
 ``check_lost_state = True`` also tries, after every crash, a restart whose state directory is
 gone: it must be refused and write nothing (then the state comes back and recovery goes on).
@@ -38,15 +37,14 @@ run as crashed when the server died (see ``tests/test_connect.py``).
 
 Another source than files: override the ``source`` fixture with a :class:`FeedSource`, which
 fills its system with the generated feed and tells the driver to read it from there (say
-``source_kafka``, one file's rows per micro-batch). ``check_finished(target)`` adds checks on
-the target after the last run (say, no prepared XA branch left).
+``source_kafka``, one file's rows per micro-batch).
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -54,26 +52,15 @@ from typing import Any
 import pytest
 
 from twophase._crash import AFTER_PRE_COMMIT, CRASH_POINTS
-from twophase._loader import build_sink
 from twophase._state import StateStore
-from twophase.sink import TwoPhaseCommitSink
 from twophase.testing.driver import DriverSpec, RunResult, crash_marker, generate_feed, launch
+from twophase.testing.suite import TargetSuite
+from twophase.testing.target import Target
 
 ROWS_PER_FILE = 100
 #: Crash points reached in a task: on a cluster they kill the task's executor, not the driver.
 EXECUTOR_POINTS = (AFTER_PRE_COMMIT,)
 LOST_STATE_MESSAGE = "there is no state file"
-
-
-@dataclass(frozen=True)
-class SinkTarget:
-    """A sink as the driver process builds it: ``"module:Class"`` and its keyword options."""
-
-    factory: str
-    options: dict[str, Any] = field(default_factory=dict)
-
-    def build(self) -> TwoPhaseCommitSink[Any]:
-        return build_sink(self.factory, self.options)
 
 
 @dataclass(frozen=True)
@@ -92,17 +79,15 @@ class FeedSource:
         return replace(spec, spark_conf={**self.spark_conf, **spec.spark_conf}, **self.spec)
 
 
-class CrashSuite:
-    """Inherit it as ``TestXxx(CrashSuite)``; provide ``target`` and ``visible`` (see above)."""
+class CrashSuite(TargetSuite):
+    """Inherit it as ``TestXxx(CrashSuite)``; give it a ``target`` (see above)."""
 
     check_lost_state = False
+    #: The points the driver is killed at, one per batch (a sink group's: GROUP_CRASH_POINTS).
+    crash_points: tuple[str, ...] = CRASH_POINTS
     foreach_batch = False
     fresh_host_per_run = False
     rows_per_file = ROWS_PER_FILE
-
-    @pytest.fixture
-    def target(self) -> SinkTarget:
-        raise NotImplementedError("override the target fixture: the sink over an empty target")
 
     @pytest.fixture
     def state(self) -> tuple[str | None, dict[str, Any]]:
@@ -124,28 +109,21 @@ class CrashSuite:
         """How the feed reaches the driver; None: JSON files (see :class:`FeedSource`)."""
         return None
 
-    def visible(self, target: SinkTarget) -> list[int]:
-        raise NotImplementedError("return the sorted event_id of every row a reader sees")
-
-    def check_finished(self, target: SinkTarget) -> None:
-        """More checks on the target once every row is delivered (none by default)."""
-
     def test_a_driver_killed_at_every_point_in_turn_delivers_every_row_exactly_once(
-        self, target: SinkTarget, state: tuple[str | None, dict[str, Any]],
+        self, target: Target, state: tuple[str | None, dict[str, Any]],
         spark_conf: dict[str, str], driver_disk: Path, tmp_path: Path, *,
         source: FeedSource | None
     ) -> None:
-        files = len(CRASH_POINTS) + 2  # a batch before the first crash, one after the last
+        files = len(self.crash_points) + 2  # a batch before the first crash, one after the last
         expected = list(range(generate_feed(tmp_path / "feed", files=files,
                                             rows_per_file=self.rows_per_file)))
-        spec = DriverSpec(input_dir=str(tmp_path / "feed"), checkpoint=str(driver_disk / "ckpt"),
-                          sink_factory=target.factory, sink_kwargs=target.options,
-                          foreach_batch=self.foreach_batch, state_location=state[0],
-                          state_options=state[1], spark_conf=spark_conf)
+        spec = DriverSpec.into(target, tmp_path, checkpoint=str(driver_disk / "ckpt"),
+                               foreach_batch=self.foreach_batch, state_location=state[0],
+                               state_options=state[1], spark_conf=spark_conf)
         if source is not None:
             spec = source.apply(spec, tmp_path / "feed")
         runs = tmp_path / "runs"
-        for batch, point in enumerate(_schedule(spark_conf), start=1):
+        for batch, point in enumerate(_schedule(self.crash_points, spark_conf), start=1):
             crashed = self._launch(spec, runs, batch, crash_at=f"{point}@{batch}")
             if point in EXECUTOR_POINTS and _on_cluster(spark_conf):
                 assert crashed.returncode == 0, f"the run failed: {_tail(crashed)}"
@@ -153,19 +131,20 @@ class CrashSuite:
             else:
                 assert crashed.crashed, f"the driver did not die at {point}@{batch}: " \
                     f"{_tail(crashed)}"
-            seen = self.visible(target)
+            seen = target.visible()
             assert len(seen) == len(set(seen)), f"a row is visible twice after a crash at {point}"
             assert set(seen) <= set(expected)
             if self.check_lost_state:
-                self._refused_without_state(spec, runs / f"without-state-{point}", seen)
-        finished = self._launch(spec, runs, len(CRASH_POINTS) + 1)
+                self._refused_without_state(spec, runs / f"without-state-{point}", target,
+                                            seen)
+        finished = self._launch(spec, runs, len(self.crash_points) + 1)
         assert finished.returncode == 0, f"the last run failed: {_tail(finished)}"
-        assert self.visible(target) == expected, "rows lost or duplicated"
+        assert target.visible() == expected, "rows lost or duplicated"
         final = spec.state_store().read()
         assert final is not None
         assert (final.pending, final.last_done_batch) == ((), files - 1)
         assert target.build().list_in_doubt(final.namespace) == [], "left in doubt"
-        self.check_finished(target)
+        assert target.in_doubt() == [], "left in doubt on the server"
 
     def _launch(self, spec: DriverSpec, runs: Path, run: int,
                 crash_at: str | None = None) -> RunResult:
@@ -184,7 +163,9 @@ class CrashSuite:
         whose server (the driver) is armed instead."""
         return launch(spec, workdir=workdir, crash_at=crash_at)
 
-    def _refused_without_state(self, spec: DriverSpec, workdir: Path, seen: list[int]) -> None:
+    @staticmethod
+    def _refused_without_state(spec: DriverSpec, workdir: Path, target: Target,
+                               seen: list[int]) -> None:
         """A restart whose state is gone is refused and writes nothing; then it is restored."""
         state_dir = Path(StateStore.for_checkpoint(spec.checkpoint).location)
         workdir.mkdir(parents=True)
@@ -195,25 +176,21 @@ class CrashSuite:
             assert not refused.crashed and refused.returncode != 0, (
                 f"a start without its state ran: {_tail(refused)}")
             assert LOST_STATE_MESSAGE in refused.log.read_text()
-            assert self.visible(self.target_of(spec)) == seen
+            assert target.visible() == seen
         finally:
             os.rename(aside, state_dir)
-
-    @staticmethod
-    def target_of(spec: DriverSpec) -> SinkTarget:
-        return SinkTarget(spec.sink_factory, spec.sink_kwargs)
 
 
 def _on_cluster(spark_conf: dict[str, str]) -> bool:
     return not spark_conf.get("spark.master", "local").startswith("local")
 
 
-def _schedule(spark_conf: dict[str, str]) -> list[str]:
+def _schedule(points: Sequence[str], spark_conf: dict[str, str]) -> list[str]:
     """The crash points in turn; on a cluster the executor's last, as it kills an executor and
     the run goes on to the end of the feed."""
     if not _on_cluster(spark_conf):
-        return list(CRASH_POINTS)
-    return [p for p in CRASH_POINTS if p not in EXECUTOR_POINTS] + list(EXECUTOR_POINTS)
+        return list(points)
+    return [p for p in points if p not in EXECUTOR_POINTS] + list(EXECUTOR_POINTS)
 
 
 def _tail(run: RunResult, lines: int = 30) -> str:

@@ -41,6 +41,7 @@ from twophase._loader import build_sink
 from twophase._state import StateStore
 from twophase.sink import TwoPhaseCommitSink
 from twophase.spark import write, write_stream
+from twophase.testing.target import Target
 
 ORDER_STATUSES = ("created", "paid", "packed", "shipped", "delivered", "cancelled")
 FEED_SCHEMA = "event_id BIGINT, order_id BIGINT, status STRING, ts TIMESTAMP"
@@ -88,6 +89,14 @@ class DriverSpec:
     batch: bool = False
     #: The stream's trigger (by default it ends once every file is consumed).
     trigger: dict[str, Any] = field(default_factory=lambda: dict(AVAILABLE_NOW))
+
+    @classmethod
+    def into(cls, target: Target, workdir: Path, **settings: Any) -> DriverSpec:
+        """A driver streaming the feed in ``workdir/feed`` into ``target``, its checkpoint
+        in ``workdir/ckpt`` (``settings``: any other field)."""
+        settings.setdefault("input_dir", str(workdir / "feed"))
+        settings.setdefault("checkpoint", str(workdir / "ckpt"))
+        return cls(sink_factory=target.factory, sink_kwargs=target.options, **settings)
 
     def build_sink(self) -> TwoPhaseCommitSink[Any]:
         return build_sink(self.sink_factory, self.sink_kwargs)

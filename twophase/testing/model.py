@@ -51,28 +51,23 @@ reported lost, or a zombie run not fenced, is a violation too. A failure is an
 :class:`ExactlyOnceError`, shrunk by hypothesis to a short schedule of named steps (each step
 also ``note()`` s what it did).
 
-Running it over a sink takes a target factory: a callable returning, per example, an object
-with two methods over a *fresh, empty* external system whose rows have
-:data:`~twophase.testing.contract.ORDER_COLUMNS`::
+Running it over a sink takes a target factory: a callable returning, per example, a
+:class:`~twophase.testing.Target` over a *fresh, empty* external system whose rows have
+:data:`~twophase.testing.contract.ORDER_COLUMNS` (its ``build`` is called again after every
+simulated crash; ``visible`` includes repeats: they are duplicates)::
 
     from twophase.testing.model import run_model
 
-    class MyTarget:
-        def __init__(self, directory):
-            self.directory = directory
-        def build(self):                    # a new sink object over this example's system
-            return MySink(self.directory)   # (called again after every simulated crash)
-        def visible(self):                  # the event_id of every row a reader sees
-            return [...]                    # (repeats included: they are duplicates)
-
     def test_my_sink_model(tmp_path):
         examples = itertools.count()
-        stats = run_model(lambda: MyTarget(tmp_path / str(next(examples))))
+        stats = run_model(lambda: MyTarget("my_package.sinks:MySink",
+                                           {"directory": str(tmp_path / str(next(examples)))}))
 
 Settings: profile ``twophase-ci`` (derandomized, bounded) unless the environment variable
 ``TWOPHASE_HYPOTHESIS_PROFILE=long`` selects ``twophase-long``; ``run_model`` takes
 ``max_examples`` and further hypothesis settings. Crashes are simulated in the test process by
-dropping objects (the crash suite of :mod:`twophase.testing.crash` kills real processes). The
+dropping objects (the crash suite of :mod:`twophase.testing.crash` kills real processes): the
+framework takes the simulation through its seams (:mod:`twophase.testing.simulated`). The
 model imports ``twophase._spark``, so it needs pyspark (but starts no Spark).
 """
 
@@ -80,7 +75,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import itertools
 import os
 import shutil
 import tempfile
@@ -90,8 +84,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
-from unittest import mock
+from typing import Any
 
 from hypothesis import HealthCheck, note, settings
 from hypothesis import strategies as st
@@ -103,38 +96,52 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from twophase import _coordinator, _spark, _task
+from twophase import cleanup
 from twophase._coordinator import Coordinator
 from twophase._crash import (
     AFTER_DECISION,
     AFTER_PRE_COMMIT,
     BEFORE_DECISION,
     BEFORE_DONE,
+    BETWEEN_MEMBERS,
     MID_COMMIT,
 )
 from twophase._handle import Handle, TxnId
 from twophase._retry import RetryPolicy
 from twophase._spark import RunConfig, write_partition
 from twophase._state import StateStore
-from twophase.cleanup import Report, Target, clean
-from twophase.errors import FatalError, FencedError, TransactionLostError, TwoPhaseError
+from twophase.errors import FencedError, TransactionLostError, TwoPhaseError
 from twophase.sink import TwoPhaseCommitSink
 from twophase.testing.contract import ORDER_COLUMNS, orders
+from twophase.testing.simulated import (
+    PARTITIONS,
+    Run,
+    SimulatedCrash,
+    SinkFailedError,
+    TaskFailedError,
+    Traps,
+    process_dies,
+    rows_in,
+    sink_fails,
+)
+from twophase.testing.target import ExactlyOnceError, Target
 
 #: Namespaces are per example (a server shared by examples lists only its own).
 NAMESPACE_PREFIX = "model"
-#: Partitions of every batch (Spark keeps the count across restarts here).
-PARTITIONS = 2
 MAX_ZOMBIES = 2
 PROFILE_ENV = "TWOPHASE_HYPOTHESIS_PROFILE"
 CI_PROFILE = "twophase-ci"
 LONG_PROFILE = "twophase-long"
 FAST_RETRY = RetryPolicy(max_attempts=3, initial_backoff_s=0.01, max_backoff_s=0.05)
+#: The deadline gate's margin in the model, whose commits take milliseconds: an example may
+#: run for half a minute between a Kafka transaction's begin and its decision.
+MODEL_DEADLINE_MARGIN_S = 1.0
 #: Where Spark's commit log is written: a crash there leaves a committed batch to replay.
 BEFORE_SPARK_COMMIT_LOG = "before_spark_commit_log"
 NO_CRASH = "no_crash"
 #: Points at which a batch being committed is decided (its decision is durable).
-DECIDED_AT = (AFTER_DECISION, MID_COMMIT, BEFORE_DONE)
+#: (Between two members' commits: a sink group's; another sink never reaches it.)
+DECIDED_AT = (AFTER_DECISION, MID_COMMIT, BETWEEN_MEMBERS, BEFORE_DONE)
 #: The sink fails (an outage) at a point after the decision: Spark then aborts the batch.
 SINK_FAILS = "sink_fails_at_"
 DRIVER_CRASHES = (NO_CRASH, BEFORE_DECISION, *DECIDED_AT, BEFORE_SPARK_COMMIT_LOG,
@@ -167,26 +174,6 @@ def profile() -> settings:
     return settings.get_profile(LONG_PROFILE if chosen == "long" else CI_PROFILE)
 
 
-class ModelTarget(Protocol):
-    """One example's fresh, empty external system (see the module docstring)."""
-
-    def build(self) -> TwoPhaseCommitSink[Any]:
-        """A new sink object over this example's external system."""
-        ...
-
-    def visible(self) -> list[int]:
-        """The event_id of every row a reader of the system sees, repeats included."""
-        ...
-
-
-class ExactlyOnceError(AssertionError):
-    """What the external system shows is not exactly the rows of the decided batches."""
-
-
-class SimulatedCrash(BaseException):
-    """The process dies here: no handler of the code under test may run (hence BaseException)."""
-
-
 @dataclass
 class ModelStats:
     """What a model run did: examples and steps run, faults injected by kind."""
@@ -199,113 +186,10 @@ class ModelStats:
     decided_batches: Counter[int] = field(default_factory=Counter)
 
 
-def rows_in(batch: int, partition: int) -> int:
-    """Spark replays a batch with the same rows: the count is fixed per batch and partition."""
-    return (2 * batch + partition) % 4
-
-
-@dataclass
-class _Task:
-    """What ``write_partition`` reads of Spark's ``TaskContext``."""
-
-    partition: int
-    attempt: int  # Spark's task attempt id, unique within a run
-    number: int  # Spark's attempt number: how many attempts of the partition failed before
-
-    def partitionId(self) -> int:  # noqa: N802 - Spark's name
-        return self.partition
-
-    def attemptNumber(self) -> int:  # noqa: N802 - Spark's name
-        return self.number
-
-    def taskAttemptId(self) -> int:  # noqa: N802 - Spark's name
-        return self.attempt
-
-
-#: Armed traps: (crash point, batch) -> what happens there (once).
-_TRAPS: dict[tuple[str, int], Callable[[], None]] = {}
-_CURRENT_TASK: list[_Task] = []
-
-
-def _crash_point(point: str, batch: int) -> None:
-    action = _TRAPS.pop((point, batch), None)
-    if action is not None:
-        action()
-
-
-def _current_task() -> _Task:
-    return _CURRENT_TASK[-1]
-
-
-@contextlib.contextmanager
-def _simulated_processes() -> Iterator[None]:
-    """Crash points as traps, Spark's TaskContext as a fake, no straggler wait."""
-    with (mock.patch.object(_coordinator, "crash_point", _crash_point),
-          mock.patch.object(_spark, "crash_point", _crash_point),
-          mock.patch.object(_spark, "_task", _current_task),
-          mock.patch.object(_coordinator, "STRAGGLER_GRACE_S", 0.0)):
-        yield
-
-
-def _crash() -> None:
-    raise SimulatedCrash
-
-
-class _SinkFailedError(FatalError):
-    pass
-
-
-def _sink_fails() -> None:
-    raise _SinkFailedError("the sink failed mid-commit", fix="(simulated)")
-
-
-class _TaskFailedError(FatalError):
-    pass
-
-
-def _no_discard(*_args: object) -> None:
-    """A killed executor runs no handler: its transaction is not discarded."""
-
-
-@dataclass
-class _Run:
-    """One run of the query (one epoch), alive in memory: the driver and its executors."""
-
-    epoch: int
-    sink: TwoPhaseCommitSink[Any]
-    coordinator: Coordinator
-    config: RunConfig
-    batch: int
-    #: Spark's task attempt ids: unique within the run.
-    attempt_ids: Iterator[int] = field(default_factory=itertools.count)
-    #: Failed attempts so far per partition of ``batch`` (Spark's attempt number).
-    failures: Counter[int] = field(default_factory=Counter)
-    #: The successful attempt's message per partition of ``batch``: a handle, or None
-    #: (nothing written). Without speculation, a partition succeeds once.
-    messages: dict[int, Handle | None] = field(default_factory=dict)
-    #: A task was fenced: Spark fails the job, and this (zombie) run's query stops.
-    stopped: bool = False
-
-    def complete(self) -> bool:
-        return len(self.messages) == PARTITIONS
-
-    def unfinished(self, partition: int) -> int | None:
-        """``partition``, or the next one without a successful attempt (None: all have one)."""
-        left = [p for p in range(PARTITIONS) if p not in self.messages]
-        return min(left, key=lambda p: (p - partition) % PARTITIONS) if left else None
-
-    def handles(self) -> list[Handle]:
-        return [handle for handle in self.messages.values() if handle is not None]
-
-    def next_batch(self) -> None:
-        self.batch += 1
-        self.failures, self.messages = Counter(), {}
-
-
 class ProtocolModel(RuleBasedStateMachine):
     """The model; :func:`model_machine` binds it to a target factory and a protocol variant."""
 
-    new_target: Callable[[], ModelTarget]
+    new_target: Callable[[], Target]
     coordinator_class: type[Coordinator] = Coordinator
     store_class: type[StateStore] = StateStore
     state_root: str | None = None
@@ -319,8 +203,8 @@ class ProtocolModel(RuleBasedStateMachine):
         self.store = self.store_class(self.state_dir / "state")
         self.query_id = str(uuid.uuid4())
         self.namespace = f"{NAMESPACE_PREFIX}{self.query_id[:8]}"
-        self.live: _Run | None = None
-        self.zombies: list[_Run] = []
+        self.live: Run | None = None
+        self.zombies: list[Run] = []
         self.spark_done = -1  # the last batch in Spark's commit log
         self.started = False
         self.decided: dict[int, list[int]] = {}
@@ -328,6 +212,7 @@ class ProtocolModel(RuleBasedStateMachine):
         self.rows_of: dict[tuple[int, int, int, int], list[int]] = {}
         self.next_event = 0
         self.inspector = self.target.build()
+        self.traps = Traps()
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -338,13 +223,16 @@ class ProtocolModel(RuleBasedStateMachine):
     def fault(self, kind: str) -> None:
         self.stats.faults[kind] += 1
 
-    def new_run(self, *, tasks_read_state: bool = True) -> _Run:
+    def new_run(self, *, tasks_read_state: bool = True) -> Run:
         """A run starts as ``twophase.spark`` starts one: fence, recover, sweep."""
         state = self.store.start_run(self.namespace, {})
         sink = self.target.build()
         sink.check_schema(ORDER_COLUMNS)
         coordinator = self.coordinator_class(sink, self.store, namespace=self.namespace,
-                                             epoch=state.epoch, retry=FAST_RETRY)
+                                             epoch=state.epoch, retry=FAST_RETRY,
+                                             crash_point=self.traps.spring,
+                                             straggler_grace_s=0.0,
+                                             deadline_margin_s=MODEL_DEADLINE_MARGIN_S)
         config = RunConfig(sink=sink, state_location=self.store.location,
                            namespace=self.namespace, epoch=state.epoch, columns=ORDER_COLUMNS,
                            retry=FAST_RETRY, decided_through=state.last_decided_batch,
@@ -353,7 +241,7 @@ class ProtocolModel(RuleBasedStateMachine):
             coordinator.start(self.query_id if self.started else None)
             coordinator.record_query(self.query_id)
         self.started = True
-        run = _Run(state.epoch, sink, coordinator, config, batch=self.spark_done + 1)
+        run = Run(state.epoch, sink, coordinator, config, batch=self.spark_done + 1)
         self.say(f"run of epoch {run.epoch} started (recovered, swept; tasks "
                  f"{'read' if tasks_read_state else 'cannot read'} the state); Spark replays "
                  f"from batch {run.batch}")
@@ -366,30 +254,27 @@ class ProtocolModel(RuleBasedStateMachine):
         self.next_event += count
         return rows
 
-    def run_task(self, run: _Run, partition: int, how: str = PRE_COMMITS) -> None:
+    def run_task(self, run: Run, partition: int, how: str = PRE_COMMITS) -> None:
         """One task attempt of ``run`` through the executors' real ``write_partition``."""
         rows = self.rows_for(run.batch, partition)
-        attempt = next(run.attempt_ids)
-        self.rows_of[(run.epoch, run.batch, partition, attempt)] = [row[0] for row in rows]
+        task = run.new_task(partition)
+        self.rows_of[(run.epoch, run.batch, partition, task.attempt)] = [row[0] for row in rows]
 
         def deliver(sink: TwoPhaseCommitSink[Any], txn: Any) -> None:
             sink.write(txn, rows)
             if how == FAILS_MID_WRITE:
-                raise _TaskFailedError("the task failed after writing", fix="(simulated)")
+                raise TaskFailedError("the task failed after writing", fix="(simulated)")
             if how == KILLED_MID_WRITE:
                 raise SimulatedCrash
 
-        _CURRENT_TASK.append(_Task(partition, attempt, run.failures[partition]))
-        patches = contextlib.ExitStack()
-        if how == KILLED_MID_WRITE:
-            patches.enter_context(mock.patch.object(_task, "_discard_quietly", _no_discard))
         if how == KILLED_AFTER_PRE_COMMIT:
-            _TRAPS[(AFTER_PRE_COMMIT, run.batch)] = _crash
+            self.traps.arm(AFTER_PRE_COMMIT, run.batch, process_dies)
         try:
-            with patches:
-                message = write_partition(run.config, deliver, batch=run.batch,
-                                          query_id=self.query_id)
-        except (SimulatedCrash, _TaskFailedError):
+            message = write_partition(run.config, deliver, batch=run.batch,
+                                      query_id=self.query_id, task=task,
+                                      crash_point=self.traps.spring,
+                                      discard_on_failure=how != KILLED_MID_WRITE)
+        except (SimulatedCrash, TaskFailedError):
             run.failures[partition] += 1
             return
         except FencedError:
@@ -400,12 +285,11 @@ class ProtocolModel(RuleBasedStateMachine):
             self.zombies = [zombie for zombie in self.zombies if zombie is not run]
             return
         finally:
-            _CURRENT_TASK.pop()
-            _TRAPS.clear()
+            self.traps.clear()
             gc.collect()  # a killed executor's connections close, as the OS closes them
         run.messages[partition] = Handle.loads(message.handle) if message.handle else None
 
-    def task(self, run: _Run, partition: int, how: str) -> None:
+    def task(self, run: Run, partition: int, how: str) -> None:
         chosen = run.unfinished(partition)
         if chosen is None:
             return
@@ -419,7 +303,7 @@ class ProtocolModel(RuleBasedStateMachine):
             handle = run.messages[chosen]
             self.say(f"  it reports {handle.txn_id if handle else 'nothing'}")
 
-    def complete(self, run: _Run) -> None:
+    def complete(self, run: Run) -> None:
         """Every partition of ``run``'s batch without a successful attempt gets one."""
         while not run.stopped and (partition := run.unfinished(0)) is not None:
             self.task(run, partition, PRE_COMMITS)
@@ -455,21 +339,21 @@ class ProtocolModel(RuleBasedStateMachine):
             raise ExactlyOnceError(
                 f"{when}: batches {[d.batch for d in state.pending]} still pending")
 
-    def commit(self, run: _Run, crash: str) -> None:
+    def commit(self, run: Run, crash: str) -> None:
         """Spark's commit of ``run``'s batch; ``crash``: where the driver dies or the sink
         fails (then Spark aborts the batch and the query stops)."""
         batch, handles = run.batch, run.handles()
         outage = crash.startswith(SINK_FAILS)
         point = crash.removeprefix(SINK_FAILS)
         if point in (BEFORE_DECISION, *DECIDED_AT):
-            _TRAPS[(point, batch)] = _sink_fails if outage else _crash
+            self.traps.arm(point, batch, sink_fails if outage else process_dies)
         self.say(f"epoch {run.epoch} commits batch {batch} with "
                  f"{[str(h.txn_id) for h in handles]}"
                  + ("" if crash == NO_CRASH else f", {crash.replace('_', ' ')}"))
         try:
             with _lost_is_a_violation():
                 run.coordinator.commit_batch(batch, self.query_id, handles)
-        except (SimulatedCrash, _SinkFailedError):
+        except (SimulatedCrash, SinkFailedError):
             self.fault("commit failure" if outage else "driver kill")
             if point in DECIDED_AT:
                 self.record_decision(batch, handles)
@@ -479,7 +363,7 @@ class ProtocolModel(RuleBasedStateMachine):
             self.live = None
             return
         finally:
-            _TRAPS.clear()
+            self.traps.clear()
         self.record_decision(batch, handles)
         if crash == BEFORE_SPARK_COMMIT_LOG:
             self.fault("driver kill")
@@ -564,7 +448,7 @@ class ProtocolModel(RuleBasedStateMachine):
             self.zombies.append(old)
             self.live = self.new_run()
 
-        _TRAPS[(point, batch)] = takeover
+        self.traps.arm(point, batch, takeover)
         self.say(f"epoch {old.epoch} commits batch {batch}; at {point} a newer run takes "
                  "over, the older one goes on")
         try:
@@ -574,7 +458,7 @@ class ProtocolModel(RuleBasedStateMachine):
             self.say(f"epoch {old.epoch} was fenced")
             return
         finally:
-            _TRAPS.clear()
+            self.traps.clear()
         if old is self.live:  # a replay: it never reached the point, nobody took over
             self.say(f"  batch {batch} was a replay: committed without reaching {point}")
             self.record_decision(batch, handles)
@@ -584,7 +468,7 @@ class ProtocolModel(RuleBasedStateMachine):
                                    "run took over, before its decision")
         old.next_batch()
 
-    def zombie(self, which: int) -> _Run:
+    def zombie(self, which: int) -> Run:
         return self.zombies[which % len(self.zombies)]
 
     @precondition(lambda self: bool(self.zombies))
@@ -643,9 +527,9 @@ class ProtocolModel(RuleBasedStateMachine):
     @precondition(lambda self: self.started)
     @rule()
     def cleanup_runs(self) -> None:
-        report = Report()
-        clean(Target(sink=self.target.build(), states=(self.store,),
-                     namespace=self.namespace), report, dry_run=False)
+        report = cleanup.Report()
+        cleanup.clean(cleanup.Target(sink=self.target.build(), states=(self.store,),
+                                     namespace=self.namespace), report, dry_run=False)
         done = [f"{a.action} {a.subject}" for a in report.actions if a.action != "purge"]
         self.say(f"cleanup ran: {done or 'nothing to do'}")
         failed = [f"{a.action} {a.subject}: {a.error}" for a in report.actions if a.error]
@@ -695,7 +579,7 @@ def _lost_is_a_violation() -> Iterator[None]:
         raise ExactlyOnceError(f"a decided transaction was lost: {exc.cause}") from exc
 
 
-def model_machine(new_target: Callable[[], ModelTarget], *,
+def model_machine(new_target: Callable[[], Target], *,
                   coordinator_class: type[Coordinator] = Coordinator,
                   store_class: type[StateStore] = StateStore,
                   state_root: str | None = None,
@@ -709,7 +593,7 @@ def model_machine(new_target: Callable[[], ModelTarget], *,
         "store_class": store_class, "state_root": state_root, "stats": stats or ModelStats()})
 
 
-def run_model(new_target: Callable[[], ModelTarget], *, max_examples: int | None = None,
+def run_model(new_target: Callable[[], Target], *, max_examples: int | None = None,
               coordinator_class: type[Coordinator] = Coordinator,
               store_class: type[StateStore] = StateStore,
               state_root: str | None = None,
@@ -726,7 +610,7 @@ def run_model(new_target: Callable[[], ModelTarget], *, max_examples: int | None
     if max_examples is not None:
         overrides["max_examples"] = max_examples
     started = time.monotonic()
-    with _simulated_processes(), _young_heap_only():
+    with _young_heap_only():
         run_state_machine_as_test(machine, settings=settings(chosen, **overrides))
     stats.seconds = time.monotonic() - started
     return stats

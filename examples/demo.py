@@ -1,10 +1,11 @@
-"""The main job: ``python -m twophase.demo``.
+"""The main job: ``python examples/demo.py`` (what ``scripts/demo`` runs).
 
 Streams a generated order-status feed ("orders_live": event id, order id, status, timestamp)
 through Spark into the embedded SQLite sink, SIGKILLs the driver at random named crash points
 along the way (once at each point, in random order, at random batches), restarts it each time,
 and ends with a verification table read from SQLite itself. Exits 1 if a single row is lost or
-duplicated, or anything is left in doubt.
+duplicated, or anything is left in doubt. Like any job of a user, it takes twophase through
+its public modules only (the harness from :mod:`twophase.testing`).
 """
 
 from __future__ import annotations
@@ -19,17 +20,17 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from twophase._crash import CRASH_POINTS
-from twophase._loader import build_sink
-from twophase._state import BatchRecord, StateStore
+from sinks.sqlite import SQLiteSink
+from twophase.testing.crash_points import CRASH_POINTS
 from twophase.testing.driver import DriverSpec, generate_feed, launch
+from twophase.testing.protocol import BatchRecord, StateStore
 
 log = logging.getLogger(__name__)
 
 DEFAULT_BATCHES = 24
 DEFAULT_ROWS_PER_BATCH = 2_000
-#: The embedded default sink, loaded by name: the framework imports no sink.
-DEMO_SINK = "sinks.sqlite:SQLiteSink"
+#: The embedded default sink, by the name the driver process builds it from.
+DEMO_SINK = f"{SQLiteSink.__module__}:{SQLiteSink.__qualname__}"
 TABLE = "orders_live"
 TABLE_DDL = (
     f"CREATE TABLE IF NOT EXISTS {TABLE} (event_id INTEGER NOT NULL, order_id INTEGER NOT NULL, "
@@ -111,8 +112,8 @@ def run_scenario(workdir: Path, *, batches: int, rows_per_batch: int, crashes: C
     rows_in = generate_feed(workdir / "feed", files=batches, rows_per_file=rows_per_batch,
                             seed=seed)
     spec = DriverSpec(input_dir=str(workdir / "feed"), checkpoint=str(workdir / "checkpoint"),
-                      sink_factory=DEMO_SINK, sink_kwargs=_sink_options(database))
-    progress = Progress(StateStore.for_checkpoint(spec.checkpoint))
+                      sink_factory=DEMO_SINK, sink_kwargs={"path": str(database), "table": TABLE})
+    progress = Progress(spec.state_store())
     log.info("%d order events in %d micro-batches -> %s:%s", rows_in, batches, database, TABLE)
     for point, batch in [*crashes, (None, None)]:
         crash_at = f"{point}@{batch}" if point else None
@@ -128,10 +129,6 @@ def run_scenario(workdir: Path, *, batches: int, rows_per_batch: int, crashes: C
     return judge(database, progress, rows_in=rows_in, batches=batches, crashes=len(crashes))
 
 
-def _sink_options(database: Path) -> dict[str, str]:
-    return {"path": str(database), "table": TABLE}
-
-
 def judge(database: Path, progress: Progress, *, rows_in: int, batches: int,
           crashes: int) -> Verdict:
     with sqlite3.connect(database) as connection:
@@ -140,7 +137,7 @@ def judge(database: Path, progress: Progress, *, rows_in: int, batches: int,
         present = connection.execute(
             f"SELECT count(DISTINCT event_id) FROM {TABLE} WHERE event_id BETWEEN 0 AND ?",
             (rows_in - 1,)).fetchone()[0]
-    in_doubt = len(build_sink(DEMO_SINK, _sink_options(database)).list_in_doubt(TABLE))
+    in_doubt = len(SQLiteSink(database, TABLE).list_in_doubt(TABLE))
     state = progress.store.read_existing()
     latencies = [r.decision_ms + r.commit_ms for r in progress.records.values()
                  if r.decision_ms > 0]
@@ -167,7 +164,7 @@ def run(workdir: Path, *, batches: int, rows_per_batch: int, seed: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m twophase.demo", description=__doc__,
+    parser = argparse.ArgumentParser(prog="scripts/demo", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batches", type=int, default=DEFAULT_BATCHES)
     parser.add_argument("--rows-per-batch", type=int, default=DEFAULT_ROWS_PER_BATCH)

@@ -1,0 +1,166 @@
+"""Where a sink's commit and abort live: on the sink or in its committer, never both, never
+neither; the base class bridges the two ways, and every prebuilt sink has exactly one home."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sinks.http import HttpSink
+from sinks.kafka import KafkaSink
+from sinks.mysql import MySQLXASink
+from sinks.postgres import PostgresSink
+from sinks.s3 import S3Sink
+from sinks.sqlite import SQLiteCommitter, SQLiteSink
+from tests.user_sink import JsonLinesSink
+from twophase import (
+    AbortOutcome,
+    CommitOutcome,
+    Committer,
+    Handle,
+    TransactionContext,
+    TransactionLostError,
+    TwoPhaseCommitSink,
+)
+from twophase.testing.contract import context
+
+CALLS: list[str] = []
+
+
+class _Phases(TwoPhaseCommitSink[TransactionContext]):
+    """The executor's phases of a sink that writes nothing; each test adds a commit home."""
+
+    kind = "phases"
+
+    def begin_transaction(self, ctx: TransactionContext) -> TransactionContext:
+        return ctx
+
+    def write(self, txn: TransactionContext, rows: Iterable[Sequence[Any]]) -> None:
+        """Nothing to write: these tests are about commit and abort."""
+
+    def pre_commit(self, txn: TransactionContext) -> Handle:
+        return self.handle(txn.txn_id, 0)
+
+    def list_in_doubt(self, namespace: str) -> list[Handle]:
+        return []
+
+
+class OnTheSink(_Phases):
+    def commit(self, handle: Handle) -> CommitOutcome:
+        CALLS.append("sink.commit")
+        return CommitOutcome.COMMITTED
+
+    def abort(self, handle: Handle) -> AbortOutcome:
+        CALLS.append("sink.abort")
+        return AbortOutcome.ABORTED
+
+
+class CountingCommitter(Committer):
+    def commit(self, handle: Handle) -> CommitOutcome:
+        CALLS.append("committer.commit")
+        return CommitOutcome.COMMITTED
+
+    def abort(self, handle: Handle) -> AbortOutcome:
+        CALLS.append("committer.abort")
+        return AbortOutcome.NOT_FOUND
+
+    def close(self) -> None:
+        CALLS.append("committer.close")
+
+
+class InTheCommitter(_Phases):
+    def committer(self) -> Committer:
+        return CountingCommitter(self)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_calls() -> None:
+    CALLS.clear()
+
+
+def _handle(sink: TwoPhaseCommitSink[Any]) -> Handle:
+    return sink.pre_commit(sink.begin_transaction(context()))
+
+
+def test_a_sink_with_commit_on_itself_is_committed_through_the_default_committer() -> None:
+    sink = OnTheSink()
+    with sink.committer() as committer:
+        assert committer.commit(_handle(sink)) is CommitOutcome.COMMITTED
+        assert committer.abort(_handle(sink)) is AbortOutcome.ABORTED
+    assert CALLS == ["sink.commit", "sink.abort"]
+    assert OnTheSink.commits_on == "sink"
+
+
+def test_a_sink_with_a_committer_commits_one_handle_through_a_committer_it_closes() -> None:
+    sink = InTheCommitter()
+    assert sink.commit(_handle(sink)) is CommitOutcome.COMMITTED
+    assert sink.abort(_handle(sink)) is AbortOutcome.NOT_FOUND
+    assert CALLS == ["committer.commit", "committer.close", "committer.abort", "committer.close"]
+    assert InTheCommitter.commits_on == "committer"
+
+
+def test_a_sink_with_commit_on_itself_and_a_committer_is_refused_when_defined() -> None:
+    with pytest.raises(TypeError, match="defines commit/abort and also a committer"):
+        class _Both(OnTheSink):
+            def committer(self) -> Committer:
+                return CountingCommitter(self)
+
+
+def test_overriding_commit_on_a_sink_that_commits_in_its_committer_is_refused() -> None:
+    """The driver commits through the committer: the override would silently never run."""
+    with pytest.raises(TypeError, match="subclass its committer"):
+        class _Logged(InTheCommitter):
+            def commit(self, handle: Handle) -> CommitOutcome:
+                return super().commit(handle)
+
+            def abort(self, handle: Handle) -> AbortOutcome:
+                return super().abort(handle)
+
+
+def test_commit_without_abort_is_refused_on_a_sink_and_on_a_committer() -> None:
+    with pytest.raises(TypeError, match="defines commit\\(\\) but not abort\\(\\)"):
+        class _HalfSink(_Phases):
+            def commit(self, handle: Handle) -> CommitOutcome:
+                return CommitOutcome.COMMITTED
+    with pytest.raises(TypeError, match="defines abort\\(\\) but not commit\\(\\)"):
+        class _HalfCommitter(Committer):
+            def abort(self, handle: Handle) -> AbortOutcome:
+                return AbortOutcome.ABORTED
+
+
+def test_a_sink_that_can_neither_commit_nor_abort_is_refused_when_built() -> None:
+    with pytest.raises(TypeError, match="can neither commit nor abort"):
+        _Phases()
+
+
+@pytest.mark.parametrize(("sink", "home"), [
+    (SQLiteSink, "committer"), (JsonLinesSink, "sink"), (MySQLXASink, "committer"),
+    (PostgresSink, "committer"), (S3Sink, "committer"), (KafkaSink, "committer"),
+    (HttpSink, "committer"),
+])
+def test_every_shipped_sink_has_one_home_for_commit_and_abort(
+        sink: type[TwoPhaseCommitSink[Any]], home: str) -> None:
+    assert sink.commits_on == home
+    defined_on_sink = {"commit", "abort"} & set(vars(sink))
+    assert (defined_on_sink == {"commit", "abort"}) is (home == "sink")
+
+
+def test_a_prebuilt_sink_changes_how_it_commits_by_subclassing_its_committer(
+        tmp_path: Path) -> None:
+    """The way the refusal above names: the driver's committer runs the override."""
+    class AuditedCommitter(SQLiteCommitter):
+        def commit(self, handle: Handle) -> CommitOutcome:
+            CALLS.append("audited")
+            return super().commit(handle)
+
+    class Audited(SQLiteSink):
+        def committer(self) -> SQLiteCommitter:
+            return AuditedCommitter(self)
+
+    sink = Audited(tmp_path / "db.sqlite", "orders")
+    with pytest.raises(TransactionLostError, match="neither prepared"):
+        sink.commit(sink.handle(context().txn_id, 0))
+    assert CALLS == ["audited"]

@@ -1,0 +1,61 @@
+"""Sink groups of real systems under the shared crash suite: a Spark driver SIGKILLed at every
+crash point in turn, between two members' commits too (``GROUP_CRASH_POINTS``), each member
+judged by its own reader (the setups' ``visible``: the table, a read_committed consumer, the
+S3 listing, the receiver's store) and every member's server checked for what it holds in doubt.
+
+The groups: MySQL XA then Kafka (the outbox: the table commits before the topic, which takes
+some of the columns), PostgreSQL then S3, SQLite then the HTTP receiver. Each member keeps the
+options its setup gives; its namespace is the group's plus its name, so the members' are
+distinct. The group of SQLite and a directory of JSON-lines files: tests/test_group.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from setups import HttpSetup, KafkaSetup, MySQLSetup, PostgresSetup, S3Setup, SQLiteSetup
+from twophase._crash import GROUP_CRASH_POINTS
+from twophase.testing import GroupTarget
+from twophase.testing.crash import CrashSuite
+
+pytestmark = [pytest.mark.spark, pytest.mark.crash]
+
+#: The columns of the topic's records (keyed by order_id): the table keeps every column.
+EVENT_COLUMNS = ["event_id", "order_id", "status"]
+
+
+class TestMySQLKafkaGroupCrashes(CrashSuite):
+    """The outbox: the table commits, then the topic; a read_committed consumer never finds
+    an event whose row the table lacks, and at the end both hold every row once."""
+
+    crash_points = GROUP_CRASH_POINTS
+
+    @pytest.fixture
+    def target(self, mysql_setup: MySQLSetup, kafka_setup: KafkaSetup) -> GroupTarget:
+        return GroupTarget.of({"orders": mysql_setup.new_target(),
+                               "events": kafka_setup.new_target()},
+                              columns={"events": EVENT_COLUMNS})
+
+
+class TestPostgresS3GroupCrashes(CrashSuite):
+    """A table, then Parquet objects under a prefix: the listing never shows a row the table
+    lacks; no open upload is left."""
+
+    crash_points = GROUP_CRASH_POINTS
+
+    @pytest.fixture
+    def target(self, postgres_setup: PostgresSetup, s3_setup: S3Setup) -> GroupTarget:
+        return GroupTarget.of({"orders": postgres_setup.new_target(),
+                               "files": s3_setup.new_target()})
+
+
+class TestSQLiteHttpGroupCrashes(CrashSuite):
+    """A local table, then the reference receiver: the receiver never stores a record the
+    table lacks, nor one twice."""
+
+    crash_points = GROUP_CRASH_POINTS
+
+    @pytest.fixture
+    def target(self, sqlite_setup: SQLiteSetup, http_setup: HttpSetup) -> GroupTarget:
+        return GroupTarget.of({"orders": sqlite_setup.new_target(),
+                               "hooks": http_setup.new_target()})

@@ -1,0 +1,275 @@
+"""The one S3 client of twophase: settings, clients, and every S3 error classified once.
+
+Everything that reaches S3 comes through here: the state store on S3 (:mod:`twophase._storage`),
+the S3 sink and the HTTP sink's staging on S3 (both through :mod:`twophase.kit`).
+
+:class:`S3Settings` names a bucket and how to reach it (endpoint, addressing, region,
+credentials, checksums, timeouts); it holds no client and pickles as plain values, and ``repr``
+never shows the credentials (nothing here logs them). :meth:`S3Settings.client` makes a boto3
+client lazily, at most one per process, endpoint + credentials and attempt count: boto3 clients
+are thread-safe, and one serves every bucket of its endpoint. Every client of a process comes
+from one boto3 session: each new session parsed S3's service model again (~35,000 objects,
+measured), a cost paid per client before. boto3 is imported on first use, so that the kit
+costs nothing to a sink that never reaches S3.
+
+:class:`S3Errors` is the one table of S3 errors (as Flink's ``XaFacade`` is for XA):
+
+=====================================  =========================================================
+what went wrong                        what it becomes
+=====================================  =========================================================
+a ``ClientError`` whose code is in     the verdict of the table: throttling and 5xx are
+the table                              retryable; a missing bucket, a refused or unknown key, a
+                                       bad signature are :class:`ConfigurationError` with the fix
+                                       (a refused request names the caller's ``permissions``)
+any other 5xx status                   :class:`RetryableError`
+any other code                         :class:`FatalError` (never retried blindly)
+no connection, a timeout               :class:`RetryableError` naming the endpoint
+no credentials at all                  :class:`ConfigurationError`
+=====================================  =========================================================
+
+Callers read :meth:`S3Errors.code` / :meth:`S3Errors.status` only to steer (``NoSuchUpload``,
+``PreconditionFailed``, 404 on HEAD), never to build an error of their own.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+import threading
+from dataclasses import dataclass, field, fields, replace
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+from twophase.errors import ConfigurationError, FatalError, RetryableError, TwoPhaseError
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from types import ModuleType
+
+S3Checksums = Literal["when_required", "when_supported"]
+
+DEFAULT_CONNECT_TIMEOUT_S = 10.0
+DEFAULT_READ_TIMEOUT_S = 120.0
+#: boto3's own attempts of one request (throttling, 5xx, connection resets).
+DEFAULT_S3_MAX_ATTEMPTS = 3
+MAX_POOL_CONNECTIONS = 32
+#: How messages name the system.
+SYSTEM = "S3"
+
+FIX_RETRY = "retried automatically; if it persists, check the endpoint and the network"
+FIX_UNREACHABLE = ("retried automatically; if it persists, check endpoint_url= and that the "
+                   "store is reachable from this host")
+FIX_BUCKET = ("create the bucket, or fix the bucket's name (and region= / endpoint_url= if it "
+              "lives elsewhere)")
+FIX_CREDENTIALS = ("fix the credentials: access_key_id= / secret_access_key= (or boto3's chain: "
+                   "AWS_ACCESS_KEY_ID, ~/.aws/credentials, an instance role)")
+FIX_REGION = "set region= to the bucket's region (or endpoint_url= of the store)"
+FIX_CLOCK = "synchronise this host's clock (NTP): S3 refuses requests signed >15 min off"
+FIX_PART_SIZE = "raise part_size= (S3 needs at least 5 MiB for every part but the last)"
+FIX_UNKNOWN_CODE = "look up the S3 error code and fix its cause, then restart the query"
+FIX_NO_BOTO3 = "pip install 'twophase[s3]'"
+
+#: What a code becomes: the kind of error and the fix an operator can act on.
+_Verdict = tuple[type[TwoPhaseError], str]
+#: Any code the table does not name: never retried blindly.
+UNKNOWN_CODE: _Verdict = (FatalError, FIX_UNKNOWN_CODE)
+
+_clients: dict[tuple[int, S3Settings, int], Any] = {}
+_sessions: dict[int, Any] = {}
+_clients_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class S3Settings:
+    """Bucket, endpoint, addressing, region and credentials (hidden from ``repr``)."""
+
+    bucket: str
+    endpoint_url: str | None = None
+    region: str | None = None
+    path_style: bool = False
+    access_key_id: str | None = field(default=None, repr=False)
+    secret_access_key: str | None = field(default=None, repr=False)
+    session_token: str | None = field(default=None, repr=False)
+    checksums: S3Checksums = "when_required"
+    connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
+    read_timeout_s: float = DEFAULT_READ_TIMEOUT_S
+
+    def __post_init__(self) -> None:
+        if (self.access_key_id is None) != (self.secret_access_key is None):
+            raise ConfigurationError(f"{SYSTEM}: access_key_id and secret_access_key go together.",
+                                     fix="pass both, or neither to use boto3's chain")
+
+    @classmethod
+    def of(cls, bucket: str, options: Mapping[str, Any], *, named: str) -> S3Settings:
+        """The settings of ``bucket`` from a location's ``options`` (:data:`S3_OPTIONS`); any
+        other option is refused, naming where it was given (``named``)."""
+        unknown = set(options) - S3_OPTIONS
+        if unknown:
+            raise ConfigurationError(f"{named}: unknown S3 options {sorted(unknown)}.",
+                                     fix=f"use only {', '.join(sorted(S3_OPTIONS))}")
+        return cls(bucket, **options)
+
+    @property
+    def where(self) -> str:
+        """The bucket and endpoint, as error messages name them."""
+        return f"s3://{self.bucket}" + (f" at {self.endpoint_url}" if self.endpoint_url else "")
+
+    def client(self, *, max_attempts: int = DEFAULT_S3_MAX_ATTEMPTS) -> Any:
+        """This process's client for this endpoint, these credentials and ``max_attempts``
+        (made on first use, thread-safe, for every bucket)."""
+        key = (os.getpid(), replace(self, bucket=""), max_attempts)
+        with _clients_lock:
+            client = _clients.get(key)
+            if client is None:
+                client = _clients[key] = self._new_client(max_attempts)
+            return client
+
+    def _new_client(self, max_attempts: int) -> Any:
+        config = _boto("botocore.config").Config(
+            s3={"addressing_style": "path" if self.path_style else "auto"},
+            retries={"max_attempts": max_attempts, "mode": "standard"},
+            request_checksum_calculation=self.checksums,
+            response_checksum_validation="when_required",
+            connect_timeout=self.connect_timeout_s,
+            read_timeout=self.read_timeout_s,
+            max_pool_connections=MAX_POOL_CONNECTIONS,
+        )
+        return _session().client(
+            "s3", endpoint_url=self.endpoint_url, region_name=self.region,
+            aws_access_key_id=self.access_key_id, aws_secret_access_key=self.secret_access_key,
+            aws_session_token=self.session_token, config=config)
+
+
+#: The options an S3 location takes: :class:`S3Settings`' fields but the bucket.
+S3_OPTIONS = frozenset(f.name for f in fields(S3Settings)) - {"bucket"}
+
+
+def _session() -> Any:
+    """This process's boto3 session (call with ``_clients_lock`` held: sessions are not
+    thread-safe)."""
+    session = _sessions.get(os.getpid())
+    if session is None:
+        session = _sessions[os.getpid()] = _boto("boto3").session.Session()
+    return session
+
+
+def _boto(module: str) -> ModuleType:
+    """``boto3`` or a ``botocore`` module, imported on first use."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise ConfigurationError(f"{SYSTEM} needs boto3, which is not installed.",
+                                 fix=FIX_NO_BOTO3) from exc
+
+
+@functools.cache
+def boto_errors() -> tuple[type[BaseException], ...]:
+    """What to catch around boto3 calls: botocore's ``ClientError`` and ``BotoCoreError``."""
+    exceptions = _boto("botocore.exceptions")
+    return (exceptions.ClientError, exceptions.BotoCoreError)
+
+
+@dataclass(frozen=True)
+class S3Errors:
+    """Every S3 error, classified once, here (see the module docstring), for a caller whose
+    credentials need ``permissions`` (``"s3:GetObject"``...): a refused request's fix names
+    them."""
+
+    permissions: tuple[str, ...]
+
+    # -- codes callers steer by ----------------------------------------------------------------
+    NOT_FOUND: ClassVar[frozenset[str]] = frozenset({"404", "NoSuchKey", "NotFound"})
+    NO_SUCH_BUCKET: ClassVar[str] = "NoSuchBucket"
+    NO_SUCH_UPLOAD: ClassVar[str] = "NoSuchUpload"
+    PRECONDITION_FAILED: ClassVar[str] = "PreconditionFailed"
+    #: A conditional write that raced another one on the same key (409).
+    CONDITIONAL_CONFLICT: ClassVar[str] = "ConditionalRequestConflict"
+    NO_LIFECYCLE: ClassVar[str] = "NoSuchLifecycleConfiguration"
+    #: The rule of a 5xx whose code the table does not name.
+    SERVER_ERROR: ClassVar[str] = "500"
+
+    @staticmethod
+    def code(exc: BaseException) -> str | None:
+        """The S3 error code of a ``ClientError`` (``"404"`` for a HEAD without a body)."""
+        code: Any = _response(exc).get("Error", {}).get("Code")
+        return str(code) if code is not None else None
+
+    @staticmethod
+    def status(exc: BaseException) -> int:
+        """The HTTP status of a ``ClientError`` (0 otherwise)."""
+        value: Any = _response(exc).get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+        return int(value or 0)
+
+    def classify(self, exc: BaseException, what: str) -> TwoPhaseError:
+        """The one verdict on a boto3/botocore error raised during ``what``."""
+        errors = _boto("botocore.exceptions")
+        if isinstance(exc, errors.ClientError):
+            code = self.code(exc) or str(self.status(exc))
+            return self.error(code, what, exc.response.get("Error", {}).get("Message", ""),
+                              status=self.status(exc))
+        failed = f"{SYSTEM}: {what} failed: {exc}."
+        if isinstance(exc, (errors.NoCredentialsError, errors.PartialCredentialsError)):
+            return ConfigurationError(failed, fix=FIX_CREDENTIALS)
+        if isinstance(exc, (errors.ConnectionError, errors.HTTPClientError)):
+            return RetryableError(failed, fix=FIX_UNREACHABLE)
+        if isinstance(exc, errors.BotoCoreError):
+            return FatalError(failed, fix=FIX_UNKNOWN_CODE)
+        return FatalError(f"{SYSTEM}: {what} failed: {type(exc).__name__}: {exc}.",
+                          fix=FIX_UNKNOWN_CODE)
+
+    def error(self, code: str, what: str, message: str = "", *, status: int = 0
+              ) -> TwoPhaseError:
+        """The verdict on S3's error ``code`` (HTTP ``status``) during ``what``: also for a
+        code that comes in a reply (DeleteObjects' per-key errors) or that a bodiless reply
+        only implies (a HEAD's 404 of a bucket is ``NoSuchBucket``)."""
+        rule = self.SERVER_ERROR if code not in self.rules and status >= 500 else code
+        kind, fix = self.rules.get(rule, UNKNOWN_CODE)
+        return kind(f"{SYSTEM}: {what} failed: {code}" + (f" ({message})." if message else "."),
+                    fix=fix)
+
+    @functools.cached_property
+    def rules(self) -> dict[str, _Verdict]:
+        """Each code's verdict (the fix of a refused request names ``permissions``)."""
+        return _rules(_access_fix(self.permissions))
+
+
+def _access_fix(permissions: tuple[str, ...]) -> str:
+    *first, last = permissions
+    named = f"{', '.join(first)} and {last}" if first else last
+    return f"grant {named} on the bucket and prefix to these credentials"
+
+
+def _rules(fix_access: str) -> dict[str, _Verdict]:
+    retry: _Verdict = (RetryableError, FIX_RETRY)
+    return {
+        "SlowDown": retry,
+        "Throttling": retry,
+        "ThrottlingException": retry,
+        "RequestLimitExceeded": retry,
+        "RequestTimeout": retry,
+        "InternalError": retry,
+        "ServiceUnavailable": retry,
+        "OperationAborted": retry,  # a conflicting operation on the bucket is in progress
+        S3Errors.SERVER_ERROR: retry, "502": retry, "503": retry, "504": retry,
+        S3Errors.NO_SUCH_BUCKET: (ConfigurationError, FIX_BUCKET),
+        "InvalidBucketName": (ConfigurationError, FIX_BUCKET),
+        "AccessDenied": (ConfigurationError, fix_access),
+        "403": (ConfigurationError, f"{FIX_CREDENTIALS}; or {fix_access}"),
+        "AllAccessDisabled": (ConfigurationError, fix_access),
+        "InvalidAccessKeyId": (ConfigurationError, FIX_CREDENTIALS),
+        "SignatureDoesNotMatch": (ConfigurationError, FIX_CREDENTIALS),
+        "ExpiredToken": (ConfigurationError, FIX_CREDENTIALS),
+        "InvalidToken": (ConfigurationError, FIX_CREDENTIALS),
+        "AuthorizationHeaderMalformed": (ConfigurationError, FIX_REGION),
+        "PermanentRedirect": (ConfigurationError, FIX_REGION),
+        "301": (ConfigurationError, FIX_REGION),
+        "IllegalLocationConstraintException": (ConfigurationError, FIX_REGION),
+        "RequestTimeTooSkewed": (ConfigurationError, FIX_CLOCK),
+        "EntityTooSmall": (ConfigurationError, FIX_PART_SIZE),
+    }
+
+
+def _response(exc: BaseException) -> dict[str, Any]:
+    """A ``ClientError``'s parsed reply (empty for any other error)."""
+    response: Any = getattr(exc, "response", None)
+    return response if isinstance(response, dict) else {}

@@ -1,0 +1,533 @@
+"""Several systems, one decision: :class:`SinkGroup`, a sink made of named member sinks.
+
+``write_stream(df, {"orders": table_sink, "events": topic_sink}, commit_order=[...])`` reads
+the source once. Each partition opens one transaction per member, writes its rows into each
+(every member takes its own columns of the DataFrame), and pre-commits them all; the batch is
+decided once, the decision listing every member's transactions; then the members commit one
+after the other in the declared order: every transaction of member k is committed before any
+of member k+1, also on recovery and in ``python -m twophase.cleanup``.
+
+What a group promises: every batch is in all members or in none, each member eventually, in
+the declared order (a consumer of the topic always finds the row in the table committed before
+it). Not simultaneous visibility: between the first and the last member's commit, a reader of
+one system sees the batch and a reader of another does not yet.
+
+======================  =====================================================================
+phase                   what the group does, and what a crash there leaves behind
+======================  =====================================================================
+begin                   begins each member's transaction (id: the member's namespace, the
+                        rest of the partition's id); a member that fails to begin ends the
+                        ones begun before it
+write                   hands every row (or Arrow batch) to each member's ``write`` at once,
+                        each in a thread of its own with a bounded queue (memory: a few
+                        chunks per member); one member's failure stops them all
+pre-commit              pre-commits each member; a failure aborts the members pre-committed
+                        before it. A crash leaves member transactions in doubt: the next
+                        sweep or cleanup aborts them (they are no decision's)
+decide                  only if every member of every partition pre-committed, and no member
+                        transaction may expire before its commit could end (the deadline
+                        gate, :meth:`~twophase.TwoPhaseCommitSink.commit_deadline`): else the
+                        batch is given up, every member's transactions aborted
+commit                  member by member in ``commit_order``; a crash between members leaves
+                        the later members prepared: recovery commits them, in order
+lost after decision     a member transaction found gone raises
+                        :class:`~twophase.TransactionLostError` naming the batch, the
+                        members committed and the member lost: the batch is split
+======================  =====================================================================
+
+Member names are stable: they are written in the state file (each member transaction's
+handle names its member), so renaming a member of a running query strands its transactions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from twophase._handle import Handle, TxnId, validate_namespace
+from twophase._loader import build_sink
+from twophase.errors import ConfigurationError, SchemaMismatchError, TwoPhaseError
+from twophase.sink import (
+    AbortOutcome,
+    Column,
+    CommitOutcome,
+    Committer,
+    TransactionContext,
+    TwoPhaseCommitSink,
+)
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+log = logging.getLogger(__name__)
+
+GROUP_KIND = "group"
+#: How many chunks (row lists or Arrow batches) wait for each member's writer.
+FAN_OUT_DEPTH = 4
+#: How long the reader waits for a slow member's queue before it checks for a failure.
+_FAN_OUT_POLL_S = 0.5
+_MEMBER = "member"
+_MEMBERS = "members"
+_HANDLE = "handle"
+_NAMED = "sink group member "
+
+T = TypeVar("T")
+
+
+@dataclass
+class GroupTransaction:
+    """One partition's transactions, one per member (in commit order)."""
+
+    ctx: TransactionContext
+    begun: dict[str, Any] = field(default_factory=dict)
+    prepared: dict[str, Handle] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CommitStage:
+    """The handles of one member that commit together, after every earlier stage."""
+
+    member: str | None
+    handles: tuple[Handle, ...]
+    parallelism: int
+
+
+class SinkGroup(TwoPhaseCommitSink[GroupTransaction]):
+    """Named member sinks written and decided as one (see the module docstring).
+
+    ``members``: name -> sink (or, as in a cleanup config, name -> ``{"sink": "module:Class",
+    "options": {...}}``). ``commit_order``: every member's name once (default: the order of
+    ``members``). ``columns``: name -> the DataFrame's columns that member writes (default:
+    every column). A member's transaction ids carry the namespace ``<group's>-<member>``
+    (the group's: the job's ``namespace``, by default the first member's default), or the one
+    ``namespaces`` gives it; each at most 24 characters of ``[A-Za-z0-9_-]``.
+    """
+
+    kind = GROUP_KIND
+
+    def __init__(
+        self,
+        members: Mapping[str, TwoPhaseCommitSink[Any] | Mapping[str, Any]],
+        *,
+        commit_order: Sequence[str] | None = None,
+        columns: Mapping[str, Sequence[str]] | None = None,
+        namespaces: Mapping[str, str] | None = None,
+    ) -> None:
+        if not members:
+            raise ConfigurationError("a sink group needs at least one member.",
+                                     fix="pass {'name': sink, ...}")
+        built = {name: _member_sink(name, member) for name, member in members.items()}
+        self.commit_order = _checked_order(list(built), commit_order)
+        self.members = {name: built[name] for name in self.commit_order}
+        self.columns = _checked_columns(self.members, columns or {})
+        self.namespaces = _checked_namespaces(self.members, namespaces or {})
+
+    def member_namespaces(self, namespace: str) -> dict[str, str]:
+        """Each member's namespace when the group's is ``namespace``."""
+        chosen = {name: self.namespaces.get(name) or f"{namespace}-{name}"
+                  for name in self.members}
+        for name, member_namespace in chosen.items():
+            if not _usable_namespace(member_namespace):
+                raise ConfigurationError(
+                    f"member {name!r} of the sink group would name its transactions "
+                    f"{member_namespace!r}: not usable in transaction ids (at most 24 "
+                    "characters of A-Z a-z 0-9 _ -).",
+                    fix=f"pass a shorter namespace= to the job, or namespaces={{{name!r}: ...}} "
+                    "to the group")
+        _require_distinct(chosen)
+        return chosen
+
+    def __repr__(self) -> str:
+        members = ", ".join(f"{name}={sink!r}" for name, sink in self.members.items())
+        return f"SinkGroup({members})"
+
+    def default_namespace(self) -> str:
+        return self.members[self.commit_order[0]].default_namespace()
+
+    # -- driver: before the first write ----------------------------------------------------
+
+    def check_schema(self, columns: Sequence[Column]) -> None:
+        by_name = {column.name: column for column in columns}
+        for name, sink in self.members.items():
+            wanted = self.columns.get(name)
+            if wanted is None:
+                sink.check_schema(columns)
+                continue
+            if missing := [column for column in wanted if column not in by_name]:
+                raise SchemaMismatchError(
+                    f"member {name!r} of the sink group writes column "
+                    f"{', '.join(map(repr, missing))}, which the DataFrame lacks (its columns: "
+                    f"{', '.join(by_name)}).",
+                    fix=f"add the column to the DataFrame, or fix columns[{name!r}]")
+            sink.check_schema([by_name[column] for column in wanted])
+
+    # -- executor --------------------------------------------------------------------------
+
+    def begin_transaction(self, ctx: TransactionContext) -> GroupTransaction:
+        txn = GroupTransaction(ctx)
+        try:
+            for name, sink in self.members.items():
+                with naming(name):
+                    txn.begun[name] = sink.begin_transaction(self._member_context(name, ctx))
+        except BaseException:
+            self.discard(txn)
+            raise
+        return txn
+
+    def write(self, txn: GroupTransaction, rows: Iterable[Sequence[Any]]) -> None:
+        writers = {name: self._row_writer(name, txn) for name in self.members}
+        fan_out(rows, writers)
+
+    def write_arrow(self, txn: GroupTransaction, batches: Iterable[pa.RecordBatch]) -> None:
+        writers = {name: self._arrow_writer(name, txn) for name in self.members}
+        fan_out(batches, writers)
+
+    def pre_commit(self, txn: GroupTransaction) -> Handle:
+        for name, sink in self.members.items():
+            with naming(name):
+                txn.prepared[name] = sink.pre_commit(txn.begun[name])
+            del txn.begun[name]
+        return self._partition_handle(txn.ctx.txn_id, txn.prepared)
+
+    def discard(self, txn: GroupTransaction) -> None:
+        """End what the partition began: discard the begun members, abort the pre-committed
+        ones (a later sweep or cleanup aborts what this cannot)."""
+        for name, begun in txn.begun.items():
+            self.members[name].discard(begun)
+        for name, handle in txn.prepared.items():
+            try:
+                self.members[name].abort(handle)
+            except TwoPhaseError as exc:
+                log.warning("member %s: transaction %s stays in doubt (a sweep or cleanup "
+                            "aborts it): %s", name, handle.txn_id, exc)
+
+    # -- driver ----------------------------------------------------------------------------
+
+    def committer(self) -> GroupCommitter:
+        return GroupCommitter(self)
+
+    def commit_deadline(self, handle: Handle) -> float | None:
+        deadlines = [deadline for name, member in self.member_handles(handle)
+                     if (deadline := self.members[name].commit_deadline(member)) is not None]
+        return min(deadlines, default=None)
+
+    def list_in_doubt(self, namespace: str) -> list[Handle]:
+        """The members' unresolved transactions, one handle per partition transaction of the
+        group (named as ``pre_commit`` named it) holding what each member still has of it."""
+        held: dict[TxnId, dict[str, Handle]] = {}
+        for name, member_namespace in self.member_namespaces(namespace).items():
+            for handle in self.members[name].list_in_doubt(member_namespace):
+                held.setdefault(replace(handle.txn_id, namespace=namespace), {})[name] = handle
+        return [self._partition_handle(txn_id, members) for txn_id, members in held.items()]
+
+    def purge_commit_records(self, namespace: str, older_than: datetime) -> int:
+        namespaces = self.member_namespaces(namespace)
+        return sum(sink.purge_commit_records(namespaces[name], older_than)
+                   for name, sink in self.members.items())
+
+    # -- handles ---------------------------------------------------------------------------
+
+    def member_handles(self, handle: Handle) -> list[tuple[str, Handle]]:
+        """The member transactions a handle of this group stands for, in commit order: one
+        (a member's transaction) or one per member (a partition's pre-commit)."""
+        order = {name: number for number, name in enumerate(self.commit_order)}
+        return sorted(member_handles(handle), key=lambda pair: order.get(pair[0], len(order)))
+
+    def stages(self, handles: Sequence[Handle]) -> list[CommitStage]:
+        """A decision's handles as one stage per member, in commit order: each stage holds
+        that member's transaction of every partition (a handle naming the member)."""
+        split = [pair for handle in handles for pair in self.member_handles(handle)]
+        stages = [CommitStage(name, tuple(self._wrapped(name, member)
+                                          for member_name, member in split
+                                          if member_name == name),
+                              self.members[name].commit_parallelism)
+                  for name in self.commit_order]
+        return [stage for stage in stages if stage.handles]
+
+    def _partition_handle(self, txn_id: TxnId, members: Mapping[str, Handle]) -> Handle:
+        rows = max((handle.rows for handle in members.values()), default=0)
+        return self.handle(txn_id, rows, members={
+            name: handle.to_json() for name, handle in members.items()})
+
+    def _wrapped(self, name: str, member: Handle) -> Handle:
+        return Handle(txn_id=member.txn_id, sink=self.kind, rows=member.rows,
+                      data={_MEMBER: name, _HANDLE: member.to_json()})
+
+    def _member_context(self, name: str, ctx: TransactionContext) -> TransactionContext:
+        txn_id = replace(ctx.txn_id,
+                         namespace=self.member_namespaces(ctx.txn_id.namespace)[name])
+        wanted = self.columns.get(name)
+        if wanted is None:
+            return TransactionContext(txn_id, ctx.columns)
+        by_name = {column.name: column for column in ctx.columns}
+        return TransactionContext(txn_id, tuple(by_name[column] for column in wanted))
+
+    def _row_writer(self, name: str, txn: GroupTransaction
+                    ) -> Callable[[Iterator[Sequence[Any]]], None]:
+        sink, begun = self.members[name], txn.begun[name]
+        wanted = self.columns.get(name)
+        positions = None if wanted is None else [txn.ctx.column_names.index(c) for c in wanted]
+
+        def write(rows: Iterator[Sequence[Any]]) -> None:
+            with naming(name):
+                sink.write(begun, rows if positions is None
+                           else ([row[i] for i in positions] for row in rows))
+
+        return write
+
+    def _arrow_writer(self, name: str, txn: GroupTransaction
+                      ) -> Callable[[Iterator[pa.RecordBatch]], None]:
+        sink, begun = self.members[name], txn.begun[name]
+        wanted = self.columns.get(name)
+
+        def write(batches: Iterator[pa.RecordBatch]) -> None:
+            with naming(name):
+                sink.write_arrow(begun, batches if wanted is None
+                                 else (batch.select(wanted) for batch in batches))
+
+        return write
+
+
+class GroupCommitter(Committer):
+    """One committer per member (opened on first use), each handle routed to its member's."""
+
+    sink: SinkGroup
+
+    def __init__(self, sink: SinkGroup) -> None:
+        super().__init__(sink)
+        self._committers: dict[str, Committer] = {}
+        self._lock = threading.Lock()
+
+    def member(self, name: str) -> Committer:
+        with self._lock:
+            if name not in self._committers:
+                self._committers[name] = self.sink.members[name].committer()
+            return self._committers[name]
+
+    def fence(self, namespace: str, query_id: str, epoch: int) -> None:
+        namespaces = self.sink.member_namespaces(namespace)
+        for name in self.sink.commit_order:
+            self.member(name).fence(namespaces[name], query_id, epoch)
+
+    def commit(self, handle: Handle) -> CommitOutcome:
+        outcomes = []
+        for name, member in self.sink.member_handles(handle):
+            with naming(name):
+                outcomes.append(self.member(name).commit(member))
+        committed = CommitOutcome.COMMITTED in outcomes
+        return CommitOutcome.COMMITTED if committed else CommitOutcome.ALREADY_COMMITTED
+
+    def abort(self, handle: Handle) -> AbortOutcome:
+        outcomes = []
+        for name, member in self.sink.member_handles(handle):
+            with naming(name):
+                outcomes.append(self.member(name).abort(member))
+        aborted = AbortOutcome.ABORTED in outcomes
+        return AbortOutcome.ABORTED if aborted else AbortOutcome.NOT_FOUND
+
+    def finish_batch(self, namespace: str, batch: int, handles: Sequence[Handle]) -> None:
+        namespaces = self.sink.member_namespaces(namespace)
+        for stage in self.sink.stages(handles):
+            assert stage.member is not None
+            members = [member for handle in stage.handles
+                       for _name, member in self.sink.member_handles(handle)]
+            self.member(stage.member).finish_batch(namespaces[stage.member], batch, members)
+
+    def close(self) -> None:
+        with self._lock:
+            committers, self._committers = list(self._committers.values()), {}
+        for committer in committers:
+            committer.close()
+
+
+@contextlib.contextmanager
+def naming(member: str) -> Iterator[None]:
+    """A member's error as it was (the same kind: retried or not alike), its message naming
+    the member."""
+    try:
+        yield
+    except TwoPhaseError as exc:
+        if exc.cause.startswith(_NAMED):
+            raise
+        raise type(exc)(f"{_NAMED}{member!r}: {exc.cause}", fix=exc.fix) from exc
+
+
+def member_handles(handle: Handle) -> list[tuple[str, Handle]]:
+    """The member transactions a group's handle stands for, as it lists them (read from a
+    state file without the group: ``python -m twophase.status``); none for another sink's."""
+    if handle.sink != GROUP_KIND:
+        return []
+    if _MEMBER in handle.data:
+        return [(str(handle.data[_MEMBER]), Handle.from_json(handle.data[_HANDLE]))]
+    return [(name, Handle.from_json(member))
+            for name, member in handle.data.get(_MEMBERS, {}).items()]
+
+
+def commit_stages(sink: TwoPhaseCommitSink[Any], handles: Sequence[Handle]) -> list[CommitStage]:
+    """The order in which a decision's handles commit: a group's member by member, any other
+    sink's all at once."""
+    if isinstance(sink, SinkGroup):
+        return sink.stages(handles)
+    return [CommitStage(None, tuple(handles), sink.commit_parallelism)]
+
+
+def fan_out(items: Iterable[T], writers: Mapping[str, Callable[[Iterator[T]], None]]) -> None:
+    """Give every item to each writer, each running in a thread of its own and reading from a
+    bounded queue; the first writer's error stops the others and is raised here."""
+    feeds = {name: _Feed[T]() for name in writers}
+    failures: list[BaseException] = []
+    threads = [threading.Thread(target=_run_writer, args=(writer, feeds[name], failures),
+                                name=f"twophase-group-{name}", daemon=True)
+               for name, writer in writers.items()]
+    for thread in threads:
+        thread.start()
+    try:
+        for item in items:
+            for feed in feeds.values():
+                feed.put(item, failures)
+            if failures:
+                break
+    except BaseException as exc:  # the source itself failed: the writers must not finish
+        failures.append(exc)
+    finally:
+        for feed in feeds.values():
+            feed.end(failures)
+        for thread in threads:
+            thread.join()
+    if failures:
+        raise failures[0]
+
+
+class _Feed(Iterator[T]):
+    """The items of one writer: a bounded queue, ended by a marker (or a failure)."""
+
+    _END = object()
+    _FAILED = object()
+
+    def __init__(self) -> None:
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=FAN_OUT_DEPTH)
+        self._done = False
+
+    def put(self, item: T, failures: list[BaseException]) -> None:
+        while not failures:
+            try:
+                self._queue.put(item, timeout=_FAN_OUT_POLL_S)
+                return
+            except queue.Full:
+                continue
+
+    def end(self, failures: list[BaseException]) -> None:
+        """Mark the end: after every item, or (a writer or the source failed) instead of the
+        items not read yet, which a writer that stopped reading would never take."""
+        while not failures:
+            try:
+                self._queue.put(self._END, timeout=_FAN_OUT_POLL_S)
+                return
+            except queue.Full:
+                continue
+        while True:
+            try:
+                self._queue.put_nowait(self._FAILED)
+                return
+            except queue.Full:
+                with contextlib.suppress(queue.Empty):
+                    self._queue.get_nowait()
+
+    def __next__(self) -> T:
+        if self._done:
+            raise StopIteration
+        item = self._queue.get()
+        if item is self._END:
+            self._done = True
+            raise StopIteration
+        if item is self._FAILED:
+            self._done = True
+            raise _WriteStoppedError
+        return item  # type: ignore[no-any-return]
+
+
+class _WriteStoppedError(Exception):
+    """Raised inside a member's write when another member (or the source) failed."""
+
+
+def _run_writer(writer: Callable[[Iterator[T]], None], feed: _Feed[T],
+                failures: list[BaseException]) -> None:
+    try:
+        writer(feed)
+        for _left in feed:  # a writer that stopped early still drains its feed
+            pass
+    except _WriteStoppedError:
+        pass
+    except BaseException as exc:
+        failures.append(exc)
+
+
+def _member_sink(name: str, member: TwoPhaseCommitSink[Any] | Mapping[str, Any]
+                 ) -> TwoPhaseCommitSink[Any]:
+    if isinstance(member, TwoPhaseCommitSink):
+        if isinstance(member, SinkGroup):
+            raise ConfigurationError(f"member {name!r} is itself a sink group.",
+                                     fix="list its members in this group instead")
+        return member
+    if isinstance(member, Mapping) and isinstance(member.get("sink"), str):
+        return build_sink(member["sink"], member.get("options", {}))
+    raise ConfigurationError(
+        f"member {name!r} of the sink group is {member!r}, not a sink.",
+        fix="give a sink object, or {'sink': 'module:Class', 'options': {...}}")
+
+
+def _checked_order(names: list[str], commit_order: Sequence[str] | None) -> list[str]:
+    if commit_order is None:
+        return names
+    order = list(commit_order)
+    if sorted(order) != sorted(names) or len(set(order)) != len(order):
+        raise ConfigurationError(
+            f"commit_order {order} must name every member of the group once: {names}.",
+            fix="list each member's name exactly once, in the order they should commit")
+    return order
+
+
+def _checked_columns(members: Mapping[str, TwoPhaseCommitSink[Any]],
+                     columns: Mapping[str, Sequence[str]]) -> dict[str, tuple[str, ...]]:
+    if unknown := sorted(set(columns) - set(members)):
+        raise ConfigurationError(f"columns names no member {unknown} (members: {list(members)}).",
+                                 fix="key columns= by the members' names")
+    checked = {name: tuple(names) for name, names in columns.items()}
+    if empty := [name for name, names in checked.items() if not names]:
+        raise ConfigurationError(f"member {empty[0]!r} would write no column.",
+                                 fix="give it at least one column, or leave it out of columns=")
+    return checked
+
+
+def _checked_namespaces(members: Mapping[str, TwoPhaseCommitSink[Any]],
+                        namespaces: Mapping[str, str]) -> dict[str, str]:
+    if unknown := sorted(set(namespaces) - set(members)):
+        raise ConfigurationError(f"namespaces names no member {unknown}.",
+                                 fix="key namespaces= by the members' names")
+    chosen = {name: validate_namespace(namespace) for name, namespace in namespaces.items()}
+    _require_distinct(chosen)
+    return chosen
+
+
+def _usable_namespace(namespace: str) -> bool:
+    try:
+        validate_namespace(namespace)
+    except ConfigurationError:
+        return False
+    return True
+
+
+def _require_distinct(namespaces: Mapping[str, str]) -> None:
+    seen: dict[str, str] = {}
+    for name, namespace in namespaces.items():
+        if namespace in seen:
+            raise ConfigurationError(
+                f"members {seen[namespace]!r} and {name!r} would both name their transactions "
+                f"{namespace!r}.", fix="give one of them its own namespace in namespaces=")
+        seen[namespace] = name
