@@ -41,7 +41,9 @@ Every run gets a fresh target, ``setup.new_target(**overrides)``; the twophase w
 sees exactly the stream's event ids, each once (``target.visible()``).
 
 ``python -m bench.spark_peers NAME`` imports ``bench.peer_NAME``. :func:`run_writer` and the
-``/proc`` helpers are for modules that drive their own rounds.
+``/proc`` helpers are for modules that drive their own rounds: a contest of more than two
+writers (``bench/peer_group.py``) sets ``Peer.rounds``, which runs its rounds over the
+:class:`Contest` of its ``start`` and returns its own markdown report.
 """
 
 from __future__ import annotations
@@ -105,6 +107,9 @@ class Peer:
 
     jars: Callable[[], list[str]]
     start: Callable[[SparkSession, Path, contextlib.ExitStack], Contest]
+    #: ``(spark, contest, feed, workdir, expected, rounds)`` -> the report, for a contest that
+    #: drives its own rounds (None: :func:`contest_rounds` and :func:`report`).
+    rounds: Callable[[SparkSession, Contest, DataFrame, Path, int, int], str] | None = None
 
 
 @dataclass
@@ -336,9 +341,13 @@ def main() -> None:
         for name, peer in peers.items():
             with contextlib.ExitStack() as stack:
                 contest = peer.start(spark, workdir / name, stack)
-                runs = contest_rounds(spark, contest, feed, workdir, expected=expected,
-                                      rounds=args.rounds)
-            print(report(contest, runs, expected), "\n", flush=True)
+                if peer.rounds is not None:
+                    table = peer.rounds(spark, contest, feed, workdir, expected, args.rounds)
+                else:
+                    runs = contest_rounds(spark, contest, feed, workdir, expected=expected,
+                                          rounds=args.rounds)
+                    table = report(contest, runs, expected)
+            print(table, "\n", flush=True)
     spark.stop()
 
 

@@ -19,14 +19,25 @@ network cut    the proxy resets every connection to the server and refuses new o
                few seconds (mid-batch, as a server kill)
 network reset  the proxy resets every open connection once (mid-batch)
 network slowed every chunk through the proxy waits a few hundred ms, for a few seconds
+member down    (groups) a member's server is SIGKILLed mid-batch and kept down for longer
+               than a batch: while it is down no batch may be decided (none can pre-commit
+               on it), so the state's last decided batch and what a reader of the first
+               member sees must not move past where they were as it went down
 ============== ==========================================================================
 
-After every run nothing may be visible twice; at the end every row of the feed must be visible
-exactly once, the state must have nothing pending and the sink nothing in doubt.
+Over a group (:class:`~chaos.systems.GroupSystem`) each server or network fault strikes at one
+member, drawn among those it applies to.
+
+After every run nothing may be visible twice, and no member of a group may show a row that a
+member committing before it lacks (an event in the topic before its row in the table); at the
+end every row of the feed must be visible exactly once in every member (a member lacking rows
+of a batch the first one shows is a split batch), the state must have nothing pending and the
+sinks nothing in doubt.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import random
 import signal
@@ -39,6 +50,7 @@ from pathlib import Path
 
 from chaos.systems import (
     DRIVER_KILL,
+    MEMBER_DOWN,
     NETWORK_CUT,
     NETWORK_RESET,
     NETWORK_SLOW,
@@ -47,9 +59,9 @@ from chaos.systems import (
     System,
     in_doubt,
 )
-from setups import Target
+from twophase.testing import ExactlyOnceError, GroupTarget, Target
 from twophase.testing.crash_points import CRASH_POINTS, signal_session
-from twophase.testing.driver import DriverSpec, RunResult, generate_feed, launch
+from twophase.testing.driver import POLL_INTERVAL_S, DriverSpec, RunResult, generate_feed, launch
 from twophase.testing.protocol import StateStore
 
 log = logging.getLogger(__name__)
@@ -62,6 +74,11 @@ FOREACH_BATCH_SHARE = 0.3
 FAULT_DELAY_S = (0.0, 1.5)
 #: ...and lasts this long (a reset is instant).
 OUTAGE_S = (1.0, 5.0)
+#: A member down stays down this long (a batch takes a second or two)...
+MEMBER_DOWN_S = (8.0, 12.0)
+#: ...and its checks start this long after it went down (a batch whose every pre-commit was
+#: done may still be decided then).
+DOWN_GRACE_S = 2.0
 SLOW_CHUNK_DELAY_S = (0.05, 0.3)
 #: A zombie is thawed this many seconds after its successor took the query over.
 THAW_AFTER_S = (0.0, 4.0)
@@ -86,6 +103,15 @@ class RoundResult:
     crash_runs: int = 0  # runs with at least one fault injected
     failed_runs: int = 0  # ended non-zero without a SIGKILL: a fault it could not ride out
     zombies_fenced: int = 0
+    #: Groups: the most rows a member showed that a member committing before it lacked
+    #: ("events seen before their row"), after any run.
+    before_their_row: int = 0
+    #: Groups, at the end: batches that the first member shows and a later one lacks rows of.
+    split_batches: int = 0
+    #: Member down: batches decided (or shown by the first member) while a member was down,
+    #: beyond those decided as it went down; and how many times that was checked.
+    ahead_while_down: int = 0
+    checks_while_down: int = 0
     faults: Counter[str] = field(default_factory=Counter)
     seconds: float = 0.0
     logs: Path | None = None
@@ -93,6 +119,7 @@ class RoundResult:
     @property
     def exactly_once(self) -> bool:
         return (self.finished and self.duplicates == self.missing == self.in_doubt == 0
+                and self.before_their_row == self.split_batches == self.ahead_while_down == 0
                 and self.visible == self.rows_in)
 
 
@@ -110,7 +137,12 @@ class Round:
     kinds: tuple[str, ...] | None = None
     #: A server or network fault strikes this many seconds after the run's first batch.
     fault_delay_s: tuple[float, float] = FAULT_DELAY_S
+    #: A group's member that server and network faults strike at; None: drawn per fault.
+    strike: str | None = None
     target: Target = field(init=False)
+    #: The member system the run's server or network fault strikes at.
+    victim: System = field(init=False)
+    _down_until: float = field(init=False, default=0.0)
     spec: DriverSpec = field(init=False)
     store: StateStore = field(init=False)
 
@@ -132,8 +164,7 @@ class Round:
             kind = self._draw() if result.crash_runs < self.budget else None
             self._run(kind, result)
             self._restore()
-            seen = self.target.visible()
-            result.duplicates = max(result.duplicates, len(seen) - len(set(seen)))
+            self._look(result)
         self._judge(result)
         result.seconds = time.monotonic() - started
         return result
@@ -142,7 +173,13 @@ class Round:
 
     def _draw(self) -> str:
         kinds = [DRIVER_KILL] * DRIVER_KILL_WEIGHT + [ZOMBIE, *self.system.server_faults]
-        return self.rng.choice([kind for kind in kinds if kind in (self.kinds or kinds)])
+        kind = self.rng.choice([kind for kind in kinds if kind in (self.kinds or kinds)])
+        down = SERVER_KILL if kind == MEMBER_DOWN else kind
+        victims = [member for name, member in self.system.members.items()
+                   if down in member.server_faults and self.strike in (None, name)]
+        victims = victims or [self.system]
+        self.victim = self.rng.choice(victims) if len(victims) > 1 else victims[0]
+        return kind
 
     def _run(self, kind: str | None, result: RoundResult) -> None:
         injected: Counter[str] = Counter()
@@ -153,7 +190,11 @@ class Round:
         elif kind is None:
             outcomes = [self._launch()]
         else:
-            outcomes = [self._launch(while_running=self._server_fault(kind, injected))]
+            tick = self._server_fault(kind, injected, result)
+            outcomes = [self._launch(while_running=tick)]
+            while kind == MEMBER_DOWN and time.monotonic() < self._down_until:
+                tick()  # the driver gave up: the member stays down (and checked) all the same
+                time.sleep(POLL_INTERVAL_S)
         for outcome in outcomes:
             result.runs += 1
             result.failed_runs += not outcome.crashed and outcome.returncode != 0
@@ -161,8 +202,9 @@ class Round:
             result.zombies_fenced += 1
         result.crash_runs += bool(injected)
         result.faults.update(injected)
-        log.info("  run %d: %s -> %s", result.runs,
-                 ", ".join(injected) or "no fault", _ending(outcomes[-1]))
+        at = f" at {self.victim.name}" if injected.keys() - {DRIVER_KILL, ZOMBIE} else ""
+        log.info("  run %d: %s%s -> %s", result.runs,
+                 ", ".join(injected) or "no fault", at, _ending(outcomes[-1]))
 
     def _armed(self) -> str:
         batch = min(self._next_batch() + self.rng.randrange(2), self.batches - 1)
@@ -182,14 +224,16 @@ class Round:
             injected[DRIVER_KILL] += 1
         return outcome
 
-    def _server_fault(self, kind: str, injected: Counter[str]) -> Callable[[], None]:
+    def _server_fault(self, kind: str, injected: Counter[str],
+                      result: RoundResult) -> Callable[[], None]:
         """A ``while_running`` hook that strikes once, mid-batch: ``FAULT_DELAY_S`` after the
-        run has done its first batch."""
+        run has done its first batch (a member down: checked while it is down)."""
         first_batch = self._next_batch()
-        outage_s = self.rng.uniform(*OUTAGE_S)
+        outage_s = self.rng.uniform(*(MEMBER_DOWN_S if kind == MEMBER_DOWN else OUTAGE_S))
         delay_s = self.rng.uniform(*self.fault_delay_s)
         strike_at: list[float] = []
         heal_at: list[float] = []
+        decided_as_down: list[int] = []
 
         def tick() -> None:
             now = time.monotonic()
@@ -199,17 +243,37 @@ class Round:
                 self._strike(kind)
                 injected[kind] += 1
                 heal_at.append(now + outage_s)
+                self._down_until = heal_at[0] if kind == MEMBER_DOWN else 0.0
             elif heal_at and now >= heal_at[0]:
                 self._restore()
+            elif kind == MEMBER_DOWN and heal_at and now >= heal_at[0] - outage_s + DOWN_GRACE_S:
+                self._check_down(decided_as_down, result)
 
         return tick
 
+    def _check_down(self, decided_as_down: list[int], result: RoundResult) -> None:
+        """While a member is down: nothing decided past the batches decided as it went down,
+        and (read if it is up) the first member shows no row of a later batch."""
+        decided = self._last_decided()
+        if not decided_as_down:
+            decided_as_down.append(decided)
+            return
+        ahead = decided - decided_as_down[0]
+        first = next(iter(self._members().items()))
+        if first[0] != self.victim.name:
+            shown = {row // self.rows_per_batch for row in first[1].visible()}
+            ahead = max(ahead, len({batch for batch in shown if batch > decided_as_down[0]}))
+        result.checks_while_down += 1
+        if ahead > 0:
+            log.error("  %d batches decided while %s was down", ahead, self.victim.name)
+        result.ahead_while_down = max(result.ahead_while_down, ahead)
+
     def _strike(self, kind: str) -> None:
-        proxy = self.system.proxy
-        if kind == SERVER_KILL:
-            self.system.kill_server()
+        proxy = self.victim.proxy
+        if kind in (SERVER_KILL, MEMBER_DOWN):
+            self.victim.kill_server()
         elif proxy is None:
-            raise ValueError(f"{self.system.name} has no network to fault")
+            raise ValueError(f"{self.victim.name} has no network to fault")
         elif kind == NETWORK_CUT:
             proxy.cut()
         elif kind == NETWORK_RESET:
@@ -218,9 +282,10 @@ class Round:
             proxy.slow(self.rng.uniform(*SLOW_CHUNK_DELAY_S))
 
     def _restore(self) -> None:
-        if self.system.proxy is not None:
-            self.system.proxy.heal()
-        self.system.start_server()
+        for member in self.system.members.values():
+            if member.proxy is not None:
+                member.proxy.heal()
+            member.start_server()
 
     def _zombie(self, injected: Counter[str]) -> list[RunResult]:
         """Freeze a driver after a batch, run a successor, thaw the zombie during it."""
@@ -270,17 +335,49 @@ class Round:
         state = self.store.read() if self.store.exists() else None
         return state.last_done_batch + 1 if state else 0
 
+    def _last_decided(self) -> int:
+        state = self.store.read() if self.store.exists() else None
+        return state.last_decided_batch if state else -1
+
+    def _members(self) -> dict[str, Target]:
+        """The target of each member in commit order (a sink's own target: just that)."""
+        if isinstance(self.target, GroupTarget):
+            return {name: self.target.members[name] for name in self.target.commit_order}
+        return {self.system.name: self.target}
+
+    def _look(self, result: RoundResult) -> list[int]:
+        """What a reader of the (first) member sees, judged by the target: no row twice, and
+        in a group no row in a member that one committing before it lacks. A violation is
+        counted, from each member's reader, and the first member's rows returned."""
+        try:
+            seen = self.target.visible()
+        except ExactlyOnceError as error:
+            log.error("  %s", error)
+        else:
+            result.duplicates = max(result.duplicates, len(seen) - len(set(seen)))
+            return seen
+        members = [target.visible() for target in self._members().values()]
+        result.duplicates = max([result.duplicates] + [len(r) - len(set(r)) for r in members])
+        result.before_their_row = max([result.before_their_row] + [
+            len(set(later) - set(earlier)) for earlier, later in itertools.pairwise(members)])
+        return members[0]
+
     def _judge(self, result: RoundResult) -> None:
-        seen = self.target.visible()
+        seen = self._look(result)
         expected = set(range(result.rows_in))
         result.visible = len(seen)
         result.duplicates = max(result.duplicates, len(seen) - len(set(seen)) +
                                 len(set(seen) - expected))
         result.missing = len(expected - set(seen))
         state = self.store.read() if self.store.exists() else None
+        if isinstance(self.target, GroupTarget):
+            members = [set(target.visible()) for target in self._members().values()]
+            result.split_batches = len({row // self.rows_per_batch for later in members[1:]
+                                        for row in members[0] - later})
+            result.in_doubt += sum(len(target.in_doubt()) for target in self._members().values())
         if state is not None:
             result.finished = state.last_done_batch == self.batches - 1
-            result.in_doubt = len(state.pending) + len(in_doubt(self.target, state.namespace))
+            result.in_doubt += len(state.pending) + len(in_doubt(self.target, state.namespace))
 
 
 def _thaw(session: int) -> None:

@@ -6,6 +6,11 @@ Spark drivers: a zombie driver thawed on the same state after its successor took
 SIGKILLed mid-batch (PostgreSQL), the network to a Kafka broker cut (the broker advertises the
 proxy), the HTTP receiver SIGKILLed mid-batch. Each
 round ends with every row visible exactly once and nothing in doubt.
+
+Then sink groups: MariaDB then Kafka (the outbox) with a member's server killed and the network
+to a member cut, and Kafka down for longer than a batch: no batch decided while it is down, the
+table not ahead of what was decided as it went down; every round ends with every row once in
+both members and no event seen in the topic (read_committed) before its row in the table.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import pytest
 
 from chaos.proxy import HOST, FaultProxy
 from chaos.scenario import Round
-from chaos.systems import DRIVER_KILL, NETWORK_CUT, SERVER_KILL, SYSTEMS, ZOMBIE
+from chaos.systems import DRIVER_KILL, MEMBER_DOWN, NETWORK_CUT, SERVER_KILL, SYSTEMS, ZOMBIE
 
 SLOW_DELAY_S = 0.3
 #: Faults strike at once after a run's first batch, so that the run has batches left.
@@ -133,4 +138,30 @@ def test_a_chaos_round_delivers_every_row_exactly_once(
     assert result.crash_runs >= 1 and set(result.faults) <= {*kinds, DRIVER_KILL}, result
     if ZOMBIE in kinds:
         assert result.zombies_fenced == result.faults[ZOMBIE] == 1, result
+    assert result.exactly_once, result
+
+
+@pytest.mark.spark
+@pytest.mark.crash
+def test_a_group_round_keeps_the_table_ahead_of_the_topic(tmp_path: Path) -> None:
+    with SYSTEMS["mysql+kafka"](tmp_path).running() as system:
+        result = Round(system, tmp_path / "round", random.Random("mysql+kafka"), batches=8,
+                       rows_per_batch=100, budget=3, kinds=(SERVER_KILL, NETWORK_CUT),
+                       fault_delay_s=PROMPT).play()
+    assert result.crash_runs >= 2 and set(result.faults) <= {SERVER_KILL, NETWORK_CUT}, result
+    assert result.before_their_row == result.split_batches == 0, result
+    assert result.exactly_once, result
+
+
+@pytest.mark.spark
+@pytest.mark.crash
+def test_no_batch_is_decided_while_a_member_is_down(tmp_path: Path) -> None:
+    """The topic's broker down for longer than a batch: the table must not run ahead by a
+    decided batch (read while the broker is down); once it is back, every row once in both."""
+    with SYSTEMS["mysql+kafka"](tmp_path).running() as system:
+        result = Round(system, tmp_path / "round", random.Random("member down"), batches=6,
+                       rows_per_batch=100, budget=1, kinds=(MEMBER_DOWN,),
+                       fault_delay_s=PROMPT, strike="kafka").play()
+    assert result.faults == {MEMBER_DOWN: 1} and result.checks_while_down >= 3, result
+    assert result.ahead_while_down == 0, result
     assert result.exactly_once, result

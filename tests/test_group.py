@@ -165,6 +165,8 @@ def test_every_transaction_of_a_member_commits_before_any_of_the_next(tmp_path: 
     assert rows_in(group, "orders") == rows_in(group, "changes") == sorted(
         10 * p + i for p in range(3) for i in range(3))
     assert group.list_in_doubt(NAMESPACE) == []
+    record = StateStore(tmp_path / "state").read_existing().history[-1]
+    assert (record.rows, record.txns, record.already_committed) == (9, 6, 0)
 
 
 def test_the_decision_lists_each_member_transaction_and_recovery_finishes_in_order(

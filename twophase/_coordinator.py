@@ -342,7 +342,7 @@ class Coordinator:
         record = BatchRecord(
             batch=decision.batch,
             epoch=decision.epoch,
-            txns=len(decision.handles),
+            txns=len(outcomes),  # a sink group's: one per member transaction
             rows=sum(handle.rows for handle in decision.handles),
             already_committed=outcomes.count(CommitOutcome.ALREADY_COMMITTED),
             decided_at=decision.decided_at,
