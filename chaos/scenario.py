@@ -137,6 +137,8 @@ class Round:
     kinds: tuple[str, ...] | None = None
     #: A server or network fault strikes this many seconds after the run's first batch.
     fault_delay_s: tuple[float, float] = FAULT_DELAY_S
+    #: How long a member down stays down.
+    down_s: tuple[float, float] = MEMBER_DOWN_S
     #: A group's member that server and network faults strike at; None: drawn per fault.
     strike: str | None = None
     target: Target = field(init=False)
@@ -229,7 +231,7 @@ class Round:
         """A ``while_running`` hook that strikes once, mid-batch: ``FAULT_DELAY_S`` after the
         run has done its first batch (a member down: checked while it is down)."""
         first_batch = self._next_batch()
-        outage_s = self.rng.uniform(*(MEMBER_DOWN_S if kind == MEMBER_DOWN else OUTAGE_S))
+        outage_s = self.rng.uniform(*(self.down_s if kind == MEMBER_DOWN else OUTAGE_S))
         delay_s = self.rng.uniform(*self.fault_delay_s)
         strike_at: list[float] = []
         heal_at: list[float] = []

@@ -4,9 +4,10 @@ judged by its own reader (the setups' ``visible``: the table, a read_committed c
 S3 listing, the receiver's store) and every member's server checked for what it holds in doubt.
 
 The groups: MySQL XA then Kafka (the outbox: the table commits before the topic, which takes
-some of the columns), PostgreSQL then S3, SQLite then the HTTP receiver. Each member keeps the
-options its setup gives; its namespace is the group's plus its name, so the members' are
-distinct. The group of SQLite and a directory of JSON-lines files: tests/test_group.py.
+some of the columns; also on the standalone cluster, ``-m long``), PostgreSQL then S3, SQLite
+then the HTTP receiver, and two SQLite tables over Spark Connect (``-m long``). Each member
+keeps the options its setup gives; its namespace is the group's plus its name, so the
+members' are distinct. The group of SQLite and a directory of JSON-lines files: tests/test_group.py.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from __future__ import annotations
 import pytest
 
 from setups import HttpSetup, KafkaSetup, MySQLSetup, PostgresSetup, S3Setup, SQLiteSetup
+from tests.test_cluster import OnCluster
+from tests.test_connect import ConnectCrashSuite
 from twophase._crash import GROUP_CRASH_POINTS
 from twophase.testing import GroupTarget
 from twophase.testing.crash import CrashSuite
@@ -24,7 +27,7 @@ pytestmark = [pytest.mark.spark, pytest.mark.crash]
 EVENT_COLUMNS = ["event_id", "order_id", "status"]
 
 
-class TestMySQLKafkaGroupCrashes(CrashSuite):
+class OnTableAndTopic(CrashSuite):
     """The outbox: the table commits, then the topic; a read_committed consumer never finds
     an event whose row the table lacks, and at the end both hold every row once."""
 
@@ -35,6 +38,28 @@ class TestMySQLKafkaGroupCrashes(CrashSuite):
         return GroupTarget.of({"orders": mysql_setup.new_target(),
                                "events": kafka_setup.new_target()},
                               columns={"events": EVENT_COLUMNS})
+
+
+class TestMySQLKafkaGroupCrashes(OnTableAndTopic):
+    """In local mode: the driver and its executors in one session."""
+
+
+@pytest.mark.long
+class TestMySQLKafkaGroupOnCluster(OnCluster, OnTableAndTopic):
+    """On the standalone cluster: executors open both members' transactions, the driver
+    commits them member by member."""
+
+
+@pytest.mark.long
+class TestSQLiteGroupConnectCrashes(ConnectCrashSuite):
+    """Over Spark Connect: the server is the driver that dies at each point."""
+
+    crash_points = GROUP_CRASH_POINTS
+
+    @pytest.fixture
+    def target(self, sqlite_setup: SQLiteSetup) -> GroupTarget:
+        return GroupTarget.of({"orders": sqlite_setup.new_target(),
+                               "copy": sqlite_setup.new_target()})
 
 
 class TestPostgresS3GroupCrashes(CrashSuite):
