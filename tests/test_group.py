@@ -155,6 +155,18 @@ def partitions(group: SinkGroup, count: int, *, batch: int = 0) -> list[Handle]:
             for p in range(count)]
 
 
+def dies_between_members(point: str, batch: int) -> None:
+    if point == BETWEEN_MEMBERS:
+        raise SystemExit("the driver dies between the members' commits")
+
+
+def crash_between_members(group: SinkGroup, tmp_path: Path) -> None:
+    """Batch 0 of two partitions decided, its first member committed, then the driver dies."""
+    with run(group, tmp_path, crash_point=dies_between_members) as coordinator, \
+            pytest.raises(SystemExit):
+        coordinator.commit_batch(0, QUERY_ID, partitions(group, 2))
+
+
 def test_every_transaction_of_a_member_commits_before_any_of_the_next(tmp_path: Path) -> None:
     group = two_tables(tmp_path)
     with run(group, tmp_path) as coordinator:
@@ -173,13 +185,7 @@ def test_the_decision_lists_each_member_transaction_and_recovery_finishes_in_ord
         tmp_path: Path) -> None:
     group = two_tables(tmp_path)
 
-    def crash_between_members(point: str, batch: int) -> None:
-        if point == BETWEEN_MEMBERS:
-            raise SystemExit("the driver dies between the members' commits")
-
-    with run(group, tmp_path, crash_point=crash_between_members) as coordinator, \
-            pytest.raises(SystemExit):
-        coordinator.commit_batch(0, QUERY_ID, partitions(group, 2))
+    crash_between_members(group, tmp_path)
     pending = StateStore(tmp_path / "state").read_existing().pending
     assert [sorted(h.data["members"]) for h in pending[0].handles] == [
         ["changes", "orders"]] * 2, "the decision lists every member's transaction"
@@ -350,13 +356,7 @@ def test_status_shows_and_cleanup_finishes_a_group_from_its_config(
     group = target.sink
     assert isinstance(group, SinkGroup)
 
-    def crash_between_members(point: str, batch: int) -> None:
-        if point == BETWEEN_MEMBERS:
-            raise SystemExit("the driver dies between the members' commits")
-
-    with run(group, tmp_path, crash_point=crash_between_members) as coordinator, \
-            pytest.raises(SystemExit):
-        coordinator.commit_batch(0, QUERY_ID, partitions(group, 2))
+    crash_between_members(group, tmp_path)
     store = StateStore(tmp_path / "state")
     shown = status.describe(store, store.read_existing(), time.time())
     assert shown.count("member orders: orders-orders.") == 2

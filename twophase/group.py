@@ -78,6 +78,7 @@ _HANDLE = "handle"
 _NAMED = "sink group member "
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 
 @dataclass
@@ -316,20 +317,22 @@ class GroupCommitter(Committer):
             self.member(name).fence(namespaces[name], query_id, epoch)
 
     def commit(self, handle: Handle) -> CommitOutcome:
-        outcomes = []
-        for name, member in self.sink.member_handles(handle):
-            with naming(name):
-                outcomes.append(self.member(name).commit(member))
+        outcomes = self._each_member(handle, Committer.commit)
         committed = CommitOutcome.COMMITTED in outcomes
         return CommitOutcome.COMMITTED if committed else CommitOutcome.ALREADY_COMMITTED
 
     def abort(self, handle: Handle) -> AbortOutcome:
+        aborted = AbortOutcome.ABORTED in self._each_member(handle, Committer.abort)
+        return AbortOutcome.ABORTED if aborted else AbortOutcome.NOT_FOUND
+
+    def _each_member(self, handle: Handle, step: Callable[[Committer, Handle], R]) -> list[R]:
+        """``step`` (commit or abort) of every member transaction ``handle`` stands for, in
+        commit order, through each member's committer."""
         outcomes = []
         for name, member in self.sink.member_handles(handle):
             with naming(name):
-                outcomes.append(self.member(name).abort(member))
-        aborted = AbortOutcome.ABORTED in outcomes
-        return AbortOutcome.ABORTED if aborted else AbortOutcome.NOT_FOUND
+                outcomes.append(step(self.member(name), member))
+        return outcomes
 
     def finish_batch(self, namespace: str, batch: int, handles: Sequence[Handle]) -> None:
         namespaces = self.sink.member_namespaces(namespace)
