@@ -101,6 +101,28 @@ class RecordingSink(SQLiteSink):
         return RecordingCommitter(self)
 
 
+class FencingCommitter(SQLiteCommitter):
+    """Commits only what it claimed an epoch for, as MySQL's committer with fencing=True."""
+
+    def __init__(self, sink: SQLiteSink) -> None:
+        super().__init__(sink)
+        self.claimed: set[str] = set()
+
+    def fence(self, namespace: str, query_id: str, epoch: int) -> None:
+        self.claimed.add(namespace)
+
+    def commit(self, handle: Handle) -> CommitOutcome:
+        if handle.txn_id.namespace not in self.claimed:
+            raise ConfigurationError(f"{handle.txn_id}: this committer never claimed an epoch",
+                                     fix="fence first")
+        return super().commit(handle)
+
+
+class FencingSink(SQLiteSink):
+    def committer(self) -> SQLiteCommitter:
+        return FencingCommitter(self)
+
+
 class ExpiringSink(SQLiteSink):
     """Its transactions may expire ``lifetime_s`` after they were opened."""
 
@@ -179,6 +201,13 @@ def test_every_transaction_of_a_member_commits_before_any_of_the_next(tmp_path: 
     assert group.list_in_doubt(NAMESPACE) == []
     record = StateStore(tmp_path / "state").read_existing().history[-1]
     assert (record.rows, record.txns, record.already_committed) == (9, 6, 0)
+
+
+def test_members_commit_through_the_committers_the_group_fenced(tmp_path: Path) -> None:
+    group = two_tables(tmp_path, first=FencingSink, second=FencingSink)
+    with run(group, tmp_path) as coordinator:
+        coordinator.commit_batch(0, QUERY_ID, partitions(group, 2))
+    assert rows_in(group, "orders") == rows_in(group, "changes") == [0, 1, 2, 10, 11, 12]
 
 
 def test_the_decision_lists_each_member_transaction_and_recovery_finishes_in_order(

@@ -317,17 +317,19 @@ class GroupCommitter(Committer):
             self.member(name).fence(namespaces[name], query_id, epoch)
 
     def commit(self, handle: Handle) -> CommitOutcome:
-        outcomes = self._each_member(handle, Committer.commit)
+        outcomes = self._each_member(handle, lambda member, txn: member.commit(txn))
         committed = CommitOutcome.COMMITTED in outcomes
         return CommitOutcome.COMMITTED if committed else CommitOutcome.ALREADY_COMMITTED
 
     def abort(self, handle: Handle) -> AbortOutcome:
-        aborted = AbortOutcome.ABORTED in self._each_member(handle, Committer.abort)
+        aborted = AbortOutcome.ABORTED in self._each_member(
+            handle, lambda member, txn: member.abort(txn))
         return AbortOutcome.ABORTED if aborted else AbortOutcome.NOT_FOUND
 
     def _each_member(self, handle: Handle, step: Callable[[Committer, Handle], R]) -> list[R]:
         """``step`` (commit or abort) of every member transaction ``handle`` stands for, in
-        commit order, through each member's committer."""
+        commit order, through each member's committer (the one this committer opened and
+        fenced: a member's own ``commit`` would open another, unfenced)."""
         outcomes = []
         for name, member in self.sink.member_handles(handle):
             with naming(name):
