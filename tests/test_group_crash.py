@@ -4,8 +4,9 @@ judged by its own reader (the setups' ``visible``: the table, a read_committed c
 S3 listing, the receiver's store) and every member's server checked for what it holds in doubt.
 
 The groups: MySQL XA then Kafka (the outbox: the table commits before the topic, which takes
-some of the columns; also on the standalone cluster, ``-m long``), PostgreSQL then S3, SQLite
-then the HTTP receiver, and two SQLite tables over Spark Connect (``-m long``). Each member
+some of the columns; also on the standalone cluster, ``-m long``), PostgreSQL then S3 and SQLite
+then the HTTP receiver (``-m long``: CI time), and two SQLite tables over Spark Connect
+(``-m long``). Each member
 keeps the options its setup gives; its namespace is the group's plus its name, so the
 members' are distinct. The group of SQLite and a directory of JSON-lines files: tests/test_group.py.
 """
@@ -62,6 +63,7 @@ class TestSQLiteGroupConnectCrashes(ConnectCrashSuite):
                                "copy": sqlite_setup.new_target()})
 
 
+@pytest.mark.long
 class TestPostgresS3GroupCrashes(CrashSuite):
     """A table, then Parquet objects under a prefix: the listing never shows a row the table
     lacks; no open upload is left."""
@@ -74,6 +76,7 @@ class TestPostgresS3GroupCrashes(CrashSuite):
                                "files": s3_setup.new_target()})
 
 
+@pytest.mark.long
 class TestSQLiteHttpGroupCrashes(CrashSuite):
     """A local table, then the reference receiver: the receiver never stores a record the
     table lacks, nor one twice."""
