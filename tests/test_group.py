@@ -20,7 +20,7 @@ import pyarrow as pa
 import pytest
 from pyspark.sql import SparkSession
 
-from setups.sqlite import orders_database
+from setups.sqlite import SQLiteSetup, orders_database
 from sinks.sqlite import SQLiteCommitter, SQLiteSink, SQLiteTransaction
 from tests.test_user_sink import JsonLinesTarget
 from tests.user_sink import JsonLinesSink
@@ -40,7 +40,7 @@ from twophase._crash import BETWEEN_MEMBERS, GROUP_CRASH_POINTS
 from twophase._state import StateStore
 from twophase.group import fan_out
 from twophase.spark import as_sink, write_stream
-from twophase.testing import GroupTarget, Target
+from twophase.testing import GroupTarget
 from twophase.testing.contract import (
     NAMESPACE,
     ORDER_COLUMNS,
@@ -56,18 +56,11 @@ from twophase.testing.driver import generate_feed, read_feed
 COMMITS: list[str] = []
 
 
-class SQLiteTableTarget(Target):
-    def visible(self) -> list[int]:
-        with sqlite3.connect(self.options["path"]) as connection:
-            return sorted(row[0] for row in connection.execute("SELECT event_id FROM orders"))
-
-
 def table_and_files(tmp_path: Path) -> GroupTarget:
     """An SQLite table committed before a directory of JSON-lines files (the outbox shape)."""
-    table = SQLiteTableTarget("sinks.sqlite:SQLiteSink", {
-        "path": str(orders_database(tmp_path / "orders.db")), "table": "orders"})
-    return GroupTarget.of({"table": table, "files": JsonLinesTarget.in_directory(
-        tmp_path / "events")}, columns={"files": ["event_id", "status"]})
+    return GroupTarget.of({"table": SQLiteSetup(tmp_path / "sqlite").new_target(),
+                           "files": JsonLinesTarget.in_directory(tmp_path / "events")},
+                          columns={"files": ["event_id", "status"]})
 
 
 class TestGroupContract(SinkContract):

@@ -172,10 +172,12 @@ class SinkGroup(TwoPhaseCommitSink[GroupTransaction]):
 
     def begin_transaction(self, ctx: TransactionContext) -> GroupTransaction:
         txn = GroupTransaction(ctx)
+        namespaces = self.member_namespaces(ctx.txn_id.namespace)
         try:
             for name, sink in self.members.items():
+                member_ctx = self._member_context(name, ctx, namespaces[name])
                 with naming(name):
-                    txn.begun[name] = sink.begin_transaction(self._member_context(name, ctx))
+                    txn.begun[name] = sink.begin_transaction(member_ctx)
         except BaseException:
             self.discard(txn)
             raise
@@ -260,9 +262,9 @@ class SinkGroup(TwoPhaseCommitSink[GroupTransaction]):
         return Handle(txn_id=member.txn_id, sink=self.kind, rows=member.rows,
                       data={_MEMBER: name, _HANDLE: member.to_json()})
 
-    def _member_context(self, name: str, ctx: TransactionContext) -> TransactionContext:
-        txn_id = replace(ctx.txn_id,
-                         namespace=self.member_namespaces(ctx.txn_id.namespace)[name])
+    def _member_context(self, name: str, ctx: TransactionContext,
+                        namespace: str) -> TransactionContext:
+        txn_id = replace(ctx.txn_id, namespace=namespace)
         wanted = self.columns.get(name)
         if wanted is None:
             return TransactionContext(txn_id, ctx.columns)
