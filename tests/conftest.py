@@ -28,7 +28,7 @@ from sinks.sqlite import SQLiteSink
 pytest_plugins = ["setups.servers.mariadb", "setups.servers.moto", "setups.servers.spark",
                   "setups.servers.spark_cluster", "setups.servers.connect",
                   "setups.servers.http_receiver", "setups.servers.kafka",
-                  "setups.servers.postgres", "setups.servers.prometheus"]
+                  "setups.servers.postgres", "setups.servers.prometheus", "setups.servers.tls"]
 
 
 @pytest.fixture

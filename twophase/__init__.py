@@ -9,6 +9,7 @@ modules whose names start with ``_`` is internal: a sink imports only ``twophase
 
 from twophase._handle import TXN_ID_MAX_LENGTH, Handle, TxnId
 from twophase._retry import RetryPolicy
+from twophase._secrets import Secret
 from twophase.errors import (
     ConfigurationError,
     FatalError,
@@ -42,6 +43,7 @@ __all__ = [
     "RetryPolicy",
     "RetryableError",
     "SchemaMismatchError",
+    "Secret",
     "SinkGroup",
     "StateCorruptError",
     "TransactionContext",

@@ -31,10 +31,10 @@ age: nothing of the query then holds a lock on the target. The query is not star
 next start goes on from there.
 
 Config file (TOML), one ``[[target]]`` per sink; an option written ``{ env = "NAME" }`` is read
-from the environment (keep passwords out of the file), also in a sink group's members'
-options (``sink = "twophase:SinkGroup"``, ``options = { members = { orders = { sink = ...,
-options = {...} }, ... }, commit_order = [...] }``: decided batches roll forward member by
-member in that order)::
+from the environment and ``{ file = "/path" }`` from a file (keep passwords out of the config),
+also in a sink group's members' options (``sink = "twophase:SinkGroup"``, ``options = {
+members = { orders = { sink = ..., options = {...} }, ... }, commit_order = [...] }``: decided
+batches roll forward member by member in that order)::
 
     [[target]]
     sink = "sinks.mysql:MySQLXASink"
@@ -53,7 +53,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import re
 import sys
 import time
@@ -68,6 +67,7 @@ from twophase._coordinator import Coordinator, abort_through, is_orphan
 from twophase._handle import Handle, validate_namespace
 from twophase._loader import build_sink
 from twophase._retry import DEFAULT_RETRY
+from twophase._secrets import Secret, is_reference
 from twophase._state import State, StateStore
 from twophase._storage import is_s3
 from twophase.errors import ConfigurationError, TransactionLostError, TwoPhaseError
@@ -362,20 +362,15 @@ def forget_batch(store: StateStore, batch: int) -> None:
 
 
 def _resolve_env(options: Mapping[str, Any]) -> dict[str, Any]:
-    return {key: _from_env(key, value) for key, value in options.items()}
+    return {key: _from_env(value) for key, value in options.items()}
 
 
-def _from_env(key: str, value: Any) -> Any:
-    """An option written ``{ env = "NAME" }`` is the value of $NAME, also inside a table (a
-    sink group's members' options)."""
-    if isinstance(value, Mapping) and set(value) != {"env"}:
-        return _resolve_env(value)
-    if not isinstance(value, Mapping):
-        return value
-    if value["env"] not in os.environ:
-        raise ConfigurationError(f"option {key!r} reads ${value['env']}, which is unset.",
-                                 fix=f"export {value['env']} for the cleanup job")
-    return os.environ[value["env"]]
+def _from_env(value: Any) -> Any:
+    """An option written ``{ env = "NAME" }`` (or ``{ file = "/path" }``) is read from there,
+    also inside a table (a sink group's members' options)."""
+    if is_reference(value):
+        return Secret.of(value).reveal()
+    return _resolve_env(value) if isinstance(value, Mapping) else value
 
 
 def target_from(entry: Mapping[str, Any]) -> Target:

@@ -32,6 +32,8 @@ piece                          what it does
                                permissions), and the codes a caller steers by
 :func:`boto_errors`            the botocore errors to catch around boto3 calls
 :func:`split_s3_location`      the bucket and the key or prefix of ``s3://bucket/...``
+:class:`Secret`                a secret option by reference (``env=`` / ``file=``): what is
+                               pickled, logged and shown; :func:`reveal` reads it where used
 =============================  ================================================================
 """
 
@@ -57,6 +59,7 @@ from twophase._s3 import (
     S3Settings,
     boto_errors,
 )
+from twophase._secrets import Secret, SecretOption, reveal
 from twophase.errors import (
     ConfigurationError,
     FatalError,
@@ -85,6 +88,8 @@ __all__ = [
     "S3Checksums",
     "S3Errors",
     "S3Settings",
+    "Secret",
+    "SecretOption",
     "TableColumn",
     "as_utc",
     "boto_errors",
@@ -93,6 +98,7 @@ __all__ = [
     "classified",
     "namespace_from",
     "query_key",
+    "reveal",
     "rows_of",
     "split_s3_location",
     "transaction_id_reused",

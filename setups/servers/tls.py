@@ -1,0 +1,120 @@
+"""A private certificate authority for the secured servers of the test setups.
+
+The fixture ``tls_ca`` makes one CA per test run (in its temporary directory, files readable by
+the owner only) and issues server certificates from it: MariaDB, PostgreSQL, the Kafka broker,
+``moto_server`` and the HTTP receiver all present one for ``localhost`` and ``127.0.0.1``.
+A second, unrelated CA (``other_ca``) and a certificate for another host name make the
+"wrong CA" and "wrong host name" cases: a client that trusts the first CA and checks host
+names must refuse both.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+#: The names every server certificate is valid for (the servers listen on loopback).
+SERVER_NAMES = ("localhost", "127.0.0.1")
+#: A name no server of the setups has: a certificate for it fails host-name verification.
+WRONG_HOST = "not-this-host.invalid"
+VALIDITY = datetime.timedelta(days=2)
+OWNER_ONLY = 0o600
+
+
+@dataclass(frozen=True)
+class Issued:
+    """A server's certificate (PEM, with the CA's after it) and its private key (PEM)."""
+
+    certfile: Path
+    keyfile: Path
+
+
+class CertificateAuthority:
+    """A self-signed CA in ``folder`` (``ca.pem``) that issues server certificates."""
+
+    def __init__(self, folder: Path, name: str = "twophase test CA") -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        self.folder = folder
+        self._key = ec.generate_private_key(ec.SECP256R1())
+        subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+        now = _now()
+        self._certificate = (
+            x509.CertificateBuilder()
+            .subject_name(subject).issuer_name(subject)
+            .public_key(self._key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + VALIDITY)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .add_extension(x509.KeyUsage(
+                digital_signature=True, key_cert_sign=True, crl_sign=True,
+                content_commitment=False, key_encipherment=False, data_encipherment=False,
+                key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
+            .sign(self._key, hashes.SHA256()))
+        self.cafile = folder / "ca.pem"
+        _write(self.cafile, self._certificate.public_bytes(serialization.Encoding.PEM))
+
+    def issue(self, name: str, hosts: tuple[str, ...] = SERVER_NAMES) -> Issued:
+        """A certificate for ``hosts`` (DNS names or IP addresses): ``<name>.pem``, ``.key``."""
+        key = ec.generate_private_key(ec.SECP256R1())
+        now = _now()
+        certificate = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])]))
+            .issuer_name(self._certificate.subject)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + VALIDITY)
+            .add_extension(x509.SubjectAlternativeName([_general_name(h) for h in hosts]),
+                           critical=False)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]),
+                           critical=False)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .sign(self._key, hashes.SHA256()))
+        issued = Issued(self.folder / f"{name}.pem", self.folder / f"{name}.key")
+        _write(issued.certfile, certificate.public_bytes(serialization.Encoding.PEM)
+               + self._certificate.public_bytes(serialization.Encoding.PEM))
+        _write(issued.keyfile, key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption()))
+        return issued
+
+
+def _now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+def _general_name(host: str) -> x509.GeneralName:
+    try:
+        return x509.IPAddress(ipaddress.ip_address(host))
+    except ValueError:
+        return x509.DNSName(host)
+
+
+def _write(path: Path, data: bytes) -> None:
+    """Writes ``data`` to a new file readable by its owner only."""
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, OWNER_ONLY)
+    with os.fdopen(descriptor, "wb") as out:
+        out.write(data)
+
+
+@pytest.fixture(scope="session")
+def tls_ca(tmp_path_factory: pytest.TempPathFactory) -> CertificateAuthority:
+    """The run's private CA: every secured server's certificate is issued by it."""
+    return CertificateAuthority(tmp_path_factory.mktemp("tls-ca"))
+
+
+@pytest.fixture(scope="session")
+def other_ca(tmp_path_factory: pytest.TempPathFactory) -> CertificateAuthority:
+    """An unrelated CA: a client told to trust it must refuse every secured server."""
+    return CertificateAuthority(tmp_path_factory.mktemp("tls-other-ca"), "some other CA")
