@@ -53,7 +53,7 @@ from setups.servers.mariadb import MariaDBServer, private_server
 from sinks.mysql import MySQLXASink
 from sinks.mysql.arrow import ArrowChunk, chunks_of
 from sinks.mysql.bulk import load_tsv
-from sinks.mysql.connection import open_connection
+from sinks.mysql.connection import Tls, open_connection
 from sinks.mysql.sink import MySQLBranch
 from twophase import TwoPhaseCommitSink
 from twophase.kit import DEFAULT_CHUNK_SIZE
@@ -95,7 +95,8 @@ class PlainWriter(DataSourceStreamArrowWriter):
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
         options = self.options
-        conn = open_connection(host=options["host"], port=int(options["port"]),
+        conn = open_connection(Tls(options["tls"]),  # type: ignore[arg-type]
+                               host=options["host"], port=int(options["port"]),
                                user=options["user"], password=options["password"],
                                database=options["database"], local_infile=True,
                                autocommit=True, init_command="SET time_zone = '+00:00'")
@@ -174,7 +175,7 @@ def start(variant: str, server: MariaDBServer, df: DataFrame, checkpoint: Path
         params = server.params
         writer = writer.format(PlainLoad.name()).options(
             host=params.host, port=str(params.port), user=params.user,
-            password=params.password, database=params.database)
+            password=params.password, database=params.database, tls=params.tls)
     else:
         writer = writer.format("noop")
     return writer.trigger(availableNow=True).start()

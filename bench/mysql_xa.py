@@ -47,7 +47,7 @@ import pyarrow as pa
 from setups.servers.mariadb import MariaDBServer, private_server
 from sinks.mysql import MySQLXASink
 from sinks.mysql.bulk import insert_rows, load_tsv
-from sinks.mysql.connection import open_connection
+from sinks.mysql.connection import Tls, open_connection
 from sinks.mysql.encoding import encode_tsv
 from twophase import Column, TransactionContext, TxnId
 from twophase.kit import DEFAULT_CHUNK_SIZE, chunks
@@ -99,7 +99,7 @@ def run_sink(server: MariaDBServer, parts: list[Rows] | list[list[pa.RecordBatch
     params = server.params
     sink = MySQLXASink(host=params.host, port=params.port, user=params.user,
                        password=params.password, database=params.database, table=TABLE,
-                       bulk=bulk)  # type: ignore[arg-type]
+                       tls=params.tls, bulk=bulk)  # type: ignore[arg-type]
     query_id = str(uuid.uuid4())
     handles = []
     for partition, part in enumerate(parts):
@@ -118,7 +118,10 @@ def run_sink(server: MariaDBServer, parts: list[Rows] | list[list[pa.RecordBatch
 
 def run_plain(server: MariaDBServer, parts: list[Rows], *, load: bool, chunk_size: int) -> None:
     for rows in parts:
-        conn = open_connection(**server.params.kwargs(), local_infile=load, autocommit=True)
+        params = server.params
+        conn = open_connection(Tls(params.tls), host=params.host,
+                               port=params.port, user=params.user, password=params.password,
+                               database=params.database, local_infile=load, autocommit=True)
         try:
             conn.begin()
             for chunk in chunks(rows, chunk_size):
@@ -223,7 +226,7 @@ def main() -> None:
         server.connect().query(TABLE_DDL)
         MySQLXASink(host=server.params.host, port=server.params.port, user=server.params.user,
                     password=server.params.password, database=server.params.database,
-                    table=TABLE).check_schema(COLUMNS)
+                    table=TABLE, tls=server.params.tls).check_schema(COLUMNS)
         variants: dict[str, Callable[[], None]] = {
             "sink": lambda: run_sink(server, parts, "auto"),
             "sink, Arrow": lambda: run_sink(server, arrow_parts, "auto"),

@@ -57,6 +57,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--mysql-port", type=int, default=3306)
     parser.add_argument("--mysql-user", default="etl")
     parser.add_argument("--mysql-database", default="shop")
+    parser.add_argument("--mysql-tls", choices=("verify", "require", "off"), default="verify",
+                        help="verify (the default): the server's certificate and host name")
+    parser.add_argument("--mysql-ca-bundle", default=None,
+                        help="the CA of the server's certificate (PEM); default: the system's")
     parser.add_argument("--table", default=TABLE)
     parser.add_argument("--foreach-batch", action="store_true",
                         help="drive the sink through foreachBatch instead of the data source")
@@ -76,7 +80,8 @@ def build_sink(args: argparse.Namespace) -> TwoPhaseCommitSink[Any]:
         return SQLiteSink(args.sqlite, args.table)
     return MySQLXASink(host=args.mysql_host, port=args.mysql_port, user=args.mysql_user,
                        password=os.environ.get(PASSWORD_ENV, ""),
-                       database=args.mysql_database, table=args.table)
+                       database=args.mysql_database, tls=args.mysql_tls,
+                       ca_bundle=args.mysql_ca_bundle, table=args.table)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -81,6 +81,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--mysql-port", type=int, default=3306)
     parser.add_argument("--mysql-user", default="etl")
     parser.add_argument("--mysql-database", default="shop")
+    parser.add_argument("--mysql-tls", choices=("verify", "require", "off"), default="verify",
+                        help="verify (the default): the server's certificate and host name")
+    parser.add_argument("--mysql-ca-bundle", default=None,
+                        help="the CA of the server's certificate (PEM); default: the system's")
     parser.add_argument("--mysql-table", default="orders_live")
     parser.add_argument("--jars", help="comma-separated jars for spark.jars (the Kafka source)")
     parser.add_argument("--available-now", action="store_true",
@@ -102,7 +106,8 @@ def build_sink(args: argparse.Namespace) -> TwoPhaseCommitSink[Any]:
         return KafkaSink(args.bootstrap, args.target_topic, key="order_id")
     return MySQLXASink(host=args.mysql_host, port=args.mysql_port, user=args.mysql_user,
                        password=os.environ.get(PASSWORD_ENV, ""),
-                       database=args.mysql_database, table=args.mysql_table, mode="upsert")
+                       database=args.mysql_database, tls=args.mysql_tls,
+                       ca_bundle=args.mysql_ca_bundle, table=args.mysql_table, mode="upsert")
 
 
 def build_changes_sink(args: argparse.Namespace) -> KafkaSink:

@@ -209,7 +209,8 @@ def test_wrong_password_is_a_clear_configuration_error(mariadb: MariaDBServer, d
                                                        table: str) -> None:
     params = mariadb.params
     wrong = MySQLXASink(host=params.host, port=params.port, user=params.user,
-                        password="not-the-password", database=params.database, table=table)
+                        password="not-the-password", database=params.database, table=table,
+                        tls=params.tls)
     with pytest.raises(ConfigurationError) as denied:
         wrong.begin_transaction(context(query_id=new_query_id(), columns=COLUMNS))
     message = str(denied.value)

@@ -117,6 +117,7 @@ def test_the_example_upserts_each_orders_latest_status_into_mysql(
     run_example(kafka_broker, topic, tmp_path, "--mysql-host", params.host,
                 "--mysql-port", str(params.port), "--mysql-user", params.user,
                 "--mysql-database", params.database, "--mysql-table", table,
+                "--mysql-tls", params.tls,
                 env={"MYSQL_PASSWORD": params.password})
     latest = {event["order_id"]: (event["status"], event["event_id"]) for event in events}
     rows = db.query(f"SELECT order_id, status, event_id FROM `{table}`")

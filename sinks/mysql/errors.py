@@ -12,6 +12,13 @@ a warning of ``LOAD DATA`` or of   :func:`rejected_rows`: the first warning's co
 a value Python cannot send         :func:`unsendable`: :class:`SchemaMismatchError`
 1062 on the marker row             :func:`marker_error`: the id was used once (kit wording)
 1402/1613/1614 on ``XA COMMIT``    :func:`lost`: the server rolled the branch back (kit wording)
+a certificate refused (2003 with   :class:`ConfigurationError` naming ``tls=``/``ca_bundle=``:
+OpenSSL's reason), no TLS offered  never retried, never a fall back to plain text
+(2026), plain text refused (4151)
+a denied privilege (1044, 1142,    :class:`ConfigurationError` with the ``GRANT`` to run
+1143, 1227)
+the password in a message          :func:`scrubbed`: replaced by ``***`` (also in the driver's
+                                   exception that the error is chained to)
 =================================  ============================================================
 
 The other modules use the codes below only to steer (1397: "no such xid", the refusal of
@@ -35,9 +42,10 @@ from twophase import (
     TwoPhaseError,
     TxnId,
 )
-from twophase.kit import ErrorTable, transaction_id_reused, transaction_lost
+from twophase.kit import Condition, ErrorTable, transaction_id_reused, transaction_lost
 
 SYSTEM = "MySQLXASink"
+REDACTED = "***"
 
 # -- codes the sink steers by (server ER_* and client CR_*) -----------------------------------
 XAER_NOTA = 1397  # unknown xid: committed, rolled back, or never prepared
@@ -55,6 +63,17 @@ FIX_LOCKS = (
 FIX_ROWS = "fix the rows (or the table definition) and restart the query"
 FIX_LOCAL_INFILE = "SET GLOBAL local_infile=1 on the server, or bulk='insert'"
 FIX_UNKNOWN_CODE = "look up the server error code and fix it"
+FIX_TLS_VERIFY = (
+    "the server's certificate must be issued by a CA in ca_bundle= (the system's CA store if "
+    "None) and name the host the sink connects to: pass ca_bundle= the CA that issued it, or "
+    "connect by a name the certificate holds; only on a network you trust, tls='require' "
+    "encrypts without verifying")
+FIX_TLS_OFFERED = (
+    "configure TLS on the server (ssl_cert, ssl_key; require_secure_transport=ON), or, only on "
+    "a network you trust, tls='off'")
+FIX_TLS_REQUIRED = "the server accepts TLS connections only: use tls='verify' (the default)"
+FIX_GRANT = ("GRANT the sink's user the privilege named above (the grants the sink needs are "
+             "listed in the README's Security section)")
 FIX_NO_CODE = (
     "check what sits between this host and the server (a proxy, a load balancer, TLS "
     "offloading) and the PyMySQL version, then restart the query: recovery commits or aborts "
@@ -79,17 +98,20 @@ ERRORS = ErrorTable(
         1836: (RetryableError, "the server is read-only (failover?); retried automatically"),
         1927: (RetryableError, FIX_RETRY),  # connection killed
         2003: (RetryableError, "check that the server runs and host:port is reachable from here"),
+        2026: (ConfigurationError, FIX_TLS_OFFERED),  # TLS asked for, the server offers none
+        4151: (ConfigurationError, FIX_TLS_REQUIRED),  # MariaDB: require_secure_transport
         2006: (RetryableError, FIX_RETRY),  # server has gone away
         2013: (RetryableError, FIX_RETRY),  # lost connection during query
         2055: (RetryableError, FIX_RETRY),  # lost connection (system error)
-        1045: (ConfigurationError, "check the user and password given to the sink"),
-        1044: (ConfigurationError, "GRANT the sink's user access to the database"),
+        1045: (ConfigurationError,
+               "check the user and password given to the sink (MariaDB also answers a "
+               "plain-text login this way when it has require_secure_transport=ON: then use "
+               "tls='verify', the default, not tls='off')"),
+        1044: (ConfigurationError, FIX_GRANT),
         1049: (ConfigurationError, "create the database or fix the sink's database name"),
-        1142: (ConfigurationError, "GRANT the sink's user the privilege named above on the table"),
-        1143: (ConfigurationError,
-               "GRANT the sink's user the privilege named above on the column"),
-        1227: (ConfigurationError,
-               "GRANT the privilege named above (MySQL 8: XA_RECOVER_ADMIN for XA RECOVER)"),
+        1142: (ConfigurationError, FIX_GRANT),
+        1143: (ConfigurationError, FIX_GRANT),
+        1227: (ConfigurationError, FIX_GRANT + "; MySQL 8: XA_RECOVER_ADMIN for XA RECOVER"),
         1148: (ConfigurationError, FIX_LOCAL_INFILE),
         3948: (ConfigurationError, FIX_LOCAL_INFILE),
         4166: (ConfigurationError, FIX_LOCAL_INFILE),
@@ -112,6 +134,11 @@ ERRORS = ErrorTable(
                "write the referenced parent rows first, or drop the FOREIGN KEY"),
         3819: (SchemaMismatchError, "fix the rows that violate the CHECK constraint"),
         4025: (SchemaMismatchError, "fix the rows that violate the CHECK constraint"),
+    },
+    conditions={
+        # PyMySQL reports a failed TLS handshake as "can't connect" (2003) with OpenSSL's words
+        2003: (Condition("CERTIFICATE_VERIFY_FAILED", (ConfigurationError, FIX_TLS_VERIFY)),
+               Condition("[SSL", (ConfigurationError, FIX_TLS_VERIFY))),
     },
 )
 
@@ -159,6 +186,20 @@ def classify(exc: BaseException, what: str) -> TwoPhaseError:
         f"{SYSTEM}: {what} failed: PyMySQL raised {type(exc).__name__} without an error code "
         f"({error_text(exc) or 'no message'}): the client and the server disagree about the "
         "protocol, so what the statement did is unknown; it is not retried.", fix=FIX_NO_CODE)
+
+
+def scrubbed(exc: BaseException, what: str, *, secret: str) -> TwoPhaseError:
+    """:func:`classify`, the ``secret`` (the password just used) replaced by ``***`` in the
+    error and in the driver's exception it is chained to (no PyMySQL message is known to
+    carry it: this holds should one ever do)."""
+    if secret:
+        exc.args = tuple(arg.replace(secret, REDACTED) if isinstance(arg, str) else arg
+                         for arg in exc.args)
+    error = classify(exc, what)
+    if secret and secret in str(error):
+        return type(error)(error.cause.replace(secret, REDACTED),
+                           fix=(error.fix or "").replace(secret, REDACTED) or None)
+    return error
 
 
 def classify_unprepared(exc: BaseException, what: str) -> TwoPhaseError:

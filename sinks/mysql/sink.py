@@ -85,10 +85,13 @@ from sinks.mysql.connection import (
     DEFAULT_CONNECT_TIMEOUT_S,
     DEFAULT_PORT,
     DEFAULT_READ_TIMEOUT_S,
+    DEFAULT_TLS,
     RESERVED_CONNECT_ARGS,
     WRITER_IDLE_TIMEOUT_S,
     Connection,
     Server,
+    Tls,
+    TlsMode,
     close_quietly,
 )
 from sinks.mysql.encoding import Chunk, RowChunk
@@ -117,6 +120,8 @@ from twophase import (
 from twophase.kit import (
     DEFAULT_CHUNK_SIZE,
     Mode,
+    Secret,
+    SecretOption,
     chunks,
     classified,
     namespace_from,
@@ -149,7 +154,12 @@ class MySQLBranch:
 class MySQLXASink(TwoPhaseCommitSink[MySQLBranch]):
     """Exactly-once rows into one MySQL/MariaDB table, one XA branch per partition.
 
-    ``host``/``port``/``user``/``password``/``database``: where to connect (TCP).
+    ``host``/``port``/``user``/``password``/``database``: where to connect (TCP); ``password``
+    is the clear text or a :class:`twophase.Secret` (``Secret(env=...)``, ``Secret(file=...)``),
+    read in the process that connects, when it connects (the pickled sink holds the reference).
+    ``tls``: ``"verify"`` (the default: the certificate must come from a CA of ``ca_bundle``,
+    the system's CA store if None, and name ``host``), ``"require"`` (encrypted, not verified),
+    ``"off"`` (plain text); TLS asked for and not offered is refused, never a fall back.
     ``table``: the target table in ``database``; it must exist and be InnoDB.
     ``mode``: ``"insert"`` (a repeated key is an error) or ``"upsert"`` (``INSERT ... ON
     DUPLICATE KEY UPDATE`` every written column; the table needs a PRIMARY or UNIQUE key).
@@ -158,7 +168,7 @@ class MySQLXASink(TwoPhaseCommitSink[MySQLBranch]):
     refuses it), ``"load_data"`` (insist), ``"insert"`` (never read local files).
     ``fencing``: check the fence row in every commit/abort (see :mod:`sinks.mysql.fencing`).
     ``lock_wait_timeout_s``: the session's ``innodb_lock_wait_timeout`` (server default if None).
-    ``connect_args``: further PyMySQL ``connect`` options (``ssl``, ...).
+    ``connect_args``: further PyMySQL ``connect`` options (not TLS: that is ``tls=``).
     """
 
     kind: ClassVar[str] = "mysql"
@@ -168,10 +178,12 @@ class MySQLXASink(TwoPhaseCommitSink[MySQLBranch]):
         *,
         host: str,
         user: str,
-        password: str,
+        password: SecretOption,
         database: str,
         table: str,
         port: int = DEFAULT_PORT,
+        tls: TlsMode = DEFAULT_TLS,
+        ca_bundle: str | None = None,
         mode: Mode = "insert",
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         bulk: Bulk = "auto",
@@ -188,7 +200,8 @@ class MySQLXASink(TwoPhaseCommitSink[MySQLBranch]):
         self.bulk = _validated_bulk(bulk, self.mode)
         self.fencing = fencing
         self.server = Server(host=host, port=port, user=user, password=password,
-                             database=database, connect_timeout_s=connect_timeout_s,
+                             database=database, tls=Tls(tls, ca_bundle),
+                             connect_timeout_s=connect_timeout_s,
                              read_timeout_s=read_timeout_s, lock_wait_timeout_s=lock_wait_timeout_s,
                              connect_args=_validated_connect_args(connect_args or {}))
         self.table = table
@@ -198,8 +211,10 @@ class MySQLXASink(TwoPhaseCommitSink[MySQLBranch]):
 
     def __repr__(self) -> str:
         server = self.server
+        password = server.password if isinstance(server.password, Secret) else "'***'"
         return (f"MySQLXASink(host={server.host!r}, port={server.port}, user={server.user!r}, "
-                f"password='***', database={server.database!r}, table={self.table!r}, "
+                f"password={password}, database={server.database!r}, table={self.table!r}, "
+                f"tls={server.tls.mode!r}, "
                 f"mode={self.mode!r}, bulk={self.bulk!r}, fencing={self.fencing})")
 
     @property

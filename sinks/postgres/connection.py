@@ -6,34 +6,50 @@ it is; a ``timestamp`` column gets the UTC wall-clock time of an instant, as MyS
 with a retryable error instead of hanging) and ``application_name=twophase``. A writer's
 session also gets ``idle_in_transaction_session_timeout``: the unprepared transaction of a
 writer whose host vanished ends, and frees its row locks, after ``WRITER_IDLE_TIMEOUT_S``.
-TLS: ``sslmode="verify-full"`` by default (libpq's own default, ``prefer``, never checks the
-certificate); the server's certificate must be trusted (``sslrootcert=`` in ``connect_args``).
+
+TLS: ``sslmode="verify-full"`` by default: the server's certificate must come from a CA of
+``ca_bundle`` (libpq's ``sslrootcert``: a PEM file, or ``"system"`` for the system's CA store
+with libpq >= 16; libpq's own default ``~/.postgresql/root.crt`` if None) and name the host
+connected to. libpq's own default, ``prefer``, checks nothing and falls back to plain text, as
+``allow`` does: both are refused. ``verify-ca`` skips the host name, ``require`` encrypts
+without verifying, ``disable`` is plain text (the one way to relax it, named in the errors).
+
+The password (a :class:`twophase.Secret` or the clear text) is revealed only here, when a
+session is opened; libpq's messages do not carry it, and
+:func:`~sinks.postgres.errors.scrubbed` removes it from any that would.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import psycopg
 from psycopg import pq
 
-from sinks.postgres.errors import classify
-from twophase.kit import ConnectionPool, classified
+from sinks.postgres.errors import SYSTEM, classify, scrubbed
+from twophase import ConfigurationError
+from twophase.kit import ConnectionPool, SecretOption, classified, reveal
 
 Connection = psycopg.Connection[Any]
 
 DEFAULT_PORT = 5432
 DEFAULT_CONNECT_TIMEOUT_S = 10
-DEFAULT_SSLMODE = "verify-full"
+SslMode = Literal["verify-full", "verify-ca", "require", "disable"]
+SSL_MODES: tuple[SslMode, ...] = ("verify-full", "verify-ca", "require", "disable")
+#: Verify the certificate and the host name (libpq's default, ``prefer``, does neither).
+DEFAULT_SSLMODE: SslMode = "verify-full"
 APPLICATION_NAME = "twophase"
 #: A writer's unprepared transaction ends on the server after this long idle in it.
 WRITER_IDLE_TIMEOUT_S = 600
-#: Connection options the sink owns; ``connect_args`` may add others (sslrootcert, ...).
+#: Connection options the sink owns; ``connect_args`` may add others, not these (TLS is
+#: ``sslmode=`` and ``ca_bundle=``, so that nothing in ``connect_args`` can weaken it).
 RESERVED_CONNECT_ARGS = frozenset({"host", "port", "user", "password", "dbname", "autocommit",
-                                   "options", "application_name", "sslmode", "connect_timeout"})
+                                   "options", "application_name", "sslmode", "connect_timeout",
+                                   "sslrootcert", "sslnegotiation", "passfile", "service"})
 
 
 @dataclass(frozen=True)
@@ -43,12 +59,25 @@ class Server:
     host: str
     port: int
     user: str
-    password: str = field(repr=False)
+    password: SecretOption = field(repr=False)
     database: str
-    sslmode: str = DEFAULT_SSLMODE
+    sslmode: SslMode = DEFAULT_SSLMODE
+    ca_bundle: str | None = None
     connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
     lock_timeout_s: float | None = None
     connect_args: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.sslmode not in SSL_MODES:
+            raise ConfigurationError(
+                f"{SYSTEM}: sslmode={self.sslmode!r} is refused: libpq's 'prefer' and 'allow' "
+                "fall back to plain text without a word, and check no certificate.",
+                fix=f"use one of {SSL_MODES} ('verify-full', the default, unless the network "
+                "is trusted)")
+        if self.ca_bundle is not None and not self.sslmode.startswith("verify"):
+            raise ConfigurationError(
+                f"{SYSTEM}: ca_bundle= is given but sslmode={self.sslmode!r} does not verify the "
+                "server's certificate.", fix="use sslmode='verify-full' with ca_bundle=")
 
     @property
     def address(self) -> str:
@@ -66,12 +95,17 @@ class Server:
         if writer:
             settings["idle_in_transaction_session_timeout"] = f"{WRITER_IDLE_TIMEOUT_S}s"
         options = " ".join(f"-c {name}={value}" for name, value in settings.items())
-        with classified(classify, self.on(f"connecting as user {self.user!r}"), psycopg.Error):
+        tls: dict[str, Any] = {} if self.ca_bundle is None else {"sslrootcert": self.ca_bundle}
+        password = reveal(self.password) or ""
+        with classified(functools.partial(scrubbed, secret=password),
+                        self.on(f"connecting as user {self.user!r} (sslmode={self.sslmode!r})"),
+                        psycopg.Error):
             return psycopg.connect(
-                host=self.host, port=self.port, user=self.user, password=self.password,
+                host=self.host, port=self.port, user=self.user, password=password,
                 dbname=self.database, autocommit=autocommit, options=options,
                 application_name=APPLICATION_NAME, sslmode=self.sslmode,
-                connect_timeout=max(1, int(self.connect_timeout_s)), **self.connect_args)
+                connect_timeout=max(1, int(self.connect_timeout_s)), **tls,
+                **self.connect_args)
 
     @contextlib.contextmanager
     def session(self, step: str) -> Iterator[Connection]:

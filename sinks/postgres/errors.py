@@ -16,6 +16,11 @@ a client error (no SQLSTATE)       by psycopg's exception type: a lost or closed
 23505 on the marker row            :func:`marker_error`: the id was used once (kit wording)
 42704 on ``COMMIT PREPARED``       no such gid: the committer reads the marker (committed) or
                                    calls it :func:`lost` (kit wording)
+a certificate refused, a pg_hba    :class:`ConfigurationError` naming ``ca_bundle=`` and
+line refusing plain text           ``sslmode=``: never retried, never a fall back
+42501 (a privilege denied)         :class:`ConfigurationError` with the ``GRANT`` to run
+the password in a message          :func:`scrubbed`: replaced by ``***`` (also in the driver's
+                                   exception that the error is chained to)
 =================================  ============================================================
 """
 
@@ -52,9 +57,18 @@ FIX_LOCKS = (
 FIX_ROWS = "fix the rows (or the table definition) and restart the query"
 FIX_PREPARED_OFF = ("set max_prepared_transactions to at least twice the partitions of a "
                     "batch in postgresql.conf and restart the server")
-FIX_PRIVILEGE = "GRANT the sink's user the privilege named above"
-FIX_TLS = ("give the server a certificate the client trusts (sslrootcert=...), or pass "
-           "sslmode='require' / 'disable' on a network you trust")
+FIX_PRIVILEGE = ("GRANT the sink's user the privilege named above (the grants the sink needs "
+                 "are listed in the README's Security section)")
+FIX_TLS = (
+    "the server's certificate must be issued by a CA of ca_bundle= (libpq's sslrootcert) and, "
+    "with sslmode='verify-full' (the default), name the host the sink connects to: pass "
+    "ca_bundle= the CA that issued it, or connect by a name the certificate holds; only on a "
+    "network you trust, sslmode='require' encrypts without verifying")
+FIX_HBA = (
+    "the server's pg_hba.conf has no line for this host, user and database with this "
+    "encryption: a 'hostssl' line takes TLS connections only (sslmode='verify-full', the "
+    "default); otherwise ask the server's administrator for a line")
+REDACTED = "***"
 UNPREPARED_NOTE = (
     "The transaction is discarded (PostgreSQL rolls back an unprepared transaction when its "
     "session ends) and never committed: the partition must be written again.")
@@ -95,6 +109,7 @@ ERRORS = ErrorTable(
                                         "same prepared transaction; retried automatically"))),
         "53200": (Condition("prepared transactions", (ConfigurationError, FIX_PREPARED_OFF)),),
         "OperationalError": (
+            Condition("no pg_hba.conf entry", (ConfigurationError, FIX_HBA)),
             Condition("SSL", (ConfigurationError, FIX_TLS)),
             Condition("certificate", (ConfigurationError, FIX_TLS)),
             Condition("password authentication failed",
@@ -122,6 +137,20 @@ def classify(exc: BaseException, what: str) -> TwoPhaseError:
     code = error_code(exc)
     message = str(exc).strip() or type(exc).__name__
     return ERRORS.error(code, what, f"[{code}] {message}")
+
+
+def scrubbed(exc: BaseException, what: str, *, secret: str) -> TwoPhaseError:
+    """:func:`classify`, the ``secret`` (the password just used) replaced by ``***`` in the
+    error and in the driver's exception it is chained to (libpq is not known to put it in a
+    message: this holds should it ever do)."""
+    if secret:
+        exc.args = tuple(arg.replace(secret, REDACTED) if isinstance(arg, str) else arg
+                         for arg in exc.args)
+    error = classify(exc, what)
+    if secret and secret in str(error):
+        return type(error)(error.cause.replace(secret, REDACTED),
+                           fix=(error.fix or "").replace(secret, REDACTED) or None)
+    return error
 
 
 def classify_unprepared(exc: BaseException, what: str) -> TwoPhaseError:

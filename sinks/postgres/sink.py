@@ -76,6 +76,7 @@ from sinks.postgres.connection import (
     RESERVED_CONNECT_ARGS,
     Connection,
     Server,
+    SslMode,
     close_quietly,
 )
 from sinks.postgres.errors import SYSTEM, classify_unprepared, wrong_width
@@ -94,6 +95,8 @@ from twophase import (
 from twophase.kit import (
     DEFAULT_CHUNK_SIZE,
     Mode,
+    Secret,
+    SecretOption,
     chunks,
     classified,
     namespace_from,
@@ -124,13 +127,18 @@ class PostgresTransaction:
 class PostgresSink(TwoPhaseCommitSink[PostgresTransaction]):
     """Exactly-once rows into one PostgreSQL table, one prepared transaction per partition.
 
-    ``host``/``port``/``user``/``password``/``database``: where to connect (TCP).
+    ``host``/``port``/``user``/``password``/``database``: where to connect (TCP); ``password``
+    is the clear text or a :class:`twophase.Secret` (``Secret(env=...)``, ``Secret(file=...)``),
+    read in the process that connects, when it connects (the pickled sink holds the reference).
     ``table`` (in ``schema``): the target; it must exist. ``mode``: ``"insert"`` (COPY; a
     repeated key is an error) or ``"upsert"`` (``INSERT ... ON CONFLICT (key) DO UPDATE``;
     ``key`` must be a unique key of the table). ``chunk_size``: rows per statement.
-    ``sslmode``: libpq's, ``"verify-full"`` by default. ``lock_timeout_s``: the sessions'
+    ``sslmode``: ``"verify-full"`` (the default: the certificate must come from a CA of
+    ``ca_bundle``, libpq's ``sslrootcert``, and name ``host``), ``"verify-ca"``, ``"require"``
+    (encrypted, not verified) or ``"disable"``; libpq's ``prefer``/``allow`` (a silent fall back
+    to plain text) are refused. ``lock_timeout_s``: the sessions'
     ``lock_timeout`` (the server's if None). ``connect_args``: further libpq options
-    (``sslrootcert``, ...).
+    (not TLS: that is ``sslmode=`` and ``ca_bundle=``).
     """
 
     kind: ClassVar[str] = "postgres"
@@ -140,7 +148,7 @@ class PostgresSink(TwoPhaseCommitSink[PostgresTransaction]):
         *,
         host: str,
         user: str,
-        password: str,
+        password: SecretOption,
         database: str,
         table: str,
         schema: str = DEFAULT_SCHEMA,
@@ -149,7 +157,8 @@ class PostgresSink(TwoPhaseCommitSink[PostgresTransaction]):
         key: Sequence[str] = (),
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         marker_table: str = DEFAULT_MARKER_TABLE,
-        sslmode: str = DEFAULT_SSLMODE,
+        sslmode: SslMode = DEFAULT_SSLMODE,
+        ca_bundle: str | None = None,
         connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
         lock_timeout_s: float | None = None,
         connect_args: Mapping[str, Any] | None = None,
@@ -161,7 +170,7 @@ class PostgresSink(TwoPhaseCommitSink[PostgresTransaction]):
             raise ConfigurationError(f"{SYSTEM}: connect_args {reserved} are set by the sink "
                                      "itself.", fix="pass them as the sink's own options")
         self.server = Server(host=host, port=port, user=user, password=password,
-                             database=database, sslmode=sslmode,
+                             database=database, sslmode=sslmode, ca_bundle=ca_bundle,
                              connect_timeout_s=connect_timeout_s, lock_timeout_s=lock_timeout_s,
                              connect_args=dict(connect_args or {}))
         self.table = table
@@ -170,9 +179,10 @@ class PostgresSink(TwoPhaseCommitSink[PostgresTransaction]):
 
     def __repr__(self) -> str:
         server = self.server
+        password = server.password if isinstance(server.password, Secret) else "'***'"
         return (f"PostgresSink(host={server.host!r}, port={server.port}, user={server.user!r}, "
-                f"password='***', database={server.database!r}, table={str(self.target)!r}, "
-                f"mode={self.mode!r})")
+                f"password={password}, database={server.database!r}, "
+                f"table={str(self.target)!r}, mode={self.mode!r}, sslmode={server.sslmode!r})")
 
     @property
     def where(self) -> str:
