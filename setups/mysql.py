@@ -1,15 +1,28 @@
 """MariaDB through the XA sink: a fresh table (and marker table) per target on a private
-server (:mod:`setups.servers.mariadb`)."""
+server (:mod:`setups.servers.mariadb`), plain or secured (``secured_mariadb``: the same setup,
+the sink's options verify TLS); the grants the sink's user needs
+(:func:`setups.least_privilege.least_privileged_target`)."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from setups.base import Proxy, ProxyFactory, SinkSetup, Target, relayed
+from setups.least_privilege import Grant
 from setups.servers.mariadb import Db, MariaDBServer, private_server
+from sinks.mysql.fencing import DEFAULT_FENCE_TABLE
+from sinks.mysql.markers import DEFAULT_MARKER_TABLE
+from sinks.mysql.schema import Table
+
+#: What the sink's user needs, by role (README, Security: MySQL / MariaDB). CREATE on the
+#: marker and fence tables only if the sink creates them (``check_schema``); XA statements,
+#: ``XA RECOVER`` and ``XA COMMIT`` of another session's branch need none on MariaDB.
+TABLE_PRIVILEGES = ("INSERT",)
+MARKER_PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "DELETE", "CREATE")
+FENCE_PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "CREATE")
 
 ORDERS_DDL = (
     "CREATE TABLE `{table}` (event_id BIGINT NOT NULL PRIMARY KEY, order_id BIGINT NOT NULL, "
@@ -47,6 +60,20 @@ class MySQLSetup(SinkSetup):
     def in_doubt(self, target: Target) -> list[Any]:
         """Every prepared XA branch on the server (tests run one at a time)."""
         return self.db.xa_recover()
+
+    def sink_grants(self, options: Mapping[str, Any]) -> dict[str, Grant]:
+        database = options.get("database", self.server.params.database)
+        grants = {"table": (TABLE_PRIVILEGES, str(Table(database, options["table"]))),
+                  "markers": (MARKER_PRIVILEGES, str(Table(
+                      database, options.get("marker_table", DEFAULT_MARKER_TABLE))))}
+        if options.get("fencing"):
+            grants["fence"] = (FENCE_PRIVILEGES, str(Table(
+                database, options.get("fence_table", DEFAULT_FENCE_TABLE))))
+        return grants
+
+    def create_sink_user(self, name: str, password: str, grants: list[Grant]) -> None:
+        self.server.create_user(name, password, [f"{', '.join(privileges)} ON {on}"
+                                                 for privileges, on in grants])
 
     def kill_server(self) -> None:
         self.server.kill()

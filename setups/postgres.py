@@ -1,5 +1,7 @@
 """PostgreSQL through ``PREPARE TRANSACTION``: a fresh orders table per target on a private
-server (:mod:`setups.servers.postgres`)."""
+server (:mod:`setups.servers.postgres`), plain or secured (``secured_postgres``: the same
+setup, the sink's options verify TLS); the grants the sink's user needs
+(:func:`setups.least_privilege.least_privileged_target`)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,16 @@ from pathlib import Path
 from typing import Any
 
 from setups.base import Proxy, ProxyFactory, SinkSetup, Target, relayed
+from setups.least_privilege import Grant
 from setups.servers.postgres import PgView, PostgresServer, private_server
+from sinks.postgres.markers import DEFAULT_MARKER_TABLE
+from sinks.postgres.schema import MARKER_PRIVILEGES, Table, marker_ddl
+
+#: What the sink's user needs on the table (README, Security: PostgreSQL); on the marker
+#: table :data:`~sinks.postgres.schema.MARKER_PRIVILEGES`, the table created beforehand by its
+#: owner (or CREATE on the schema, for the sink to create it). ``COMMIT PREPARED`` needs the
+#: user that prepared: the driver, executors and cleanup log in as the same user.
+TABLE_PRIVILEGES = ("INSERT",)
 
 
 class PostgresSetup(SinkSetup):
@@ -42,6 +53,17 @@ class PostgresSetup(SinkSetup):
     def in_doubt(self, target: Target) -> list[Any]:
         """The prepared transactions of the test database (tests run one at a time)."""
         return self.view.prepared()
+
+    def sink_grants(self, options: Mapping[str, Any]) -> dict[str, Grant]:
+        schema = options.get("schema", "public")
+        markers = Table(schema, options.get("marker_table", DEFAULT_MARKER_TABLE))
+        self.view.query(marker_ddl(markers))  # by the owner: the sink's user cannot CREATE
+        return {"table": (TABLE_PRIVILEGES, str(Table(schema, options["table"]))),
+                "markers": (MARKER_PRIVILEGES, str(markers))}
+
+    def create_sink_user(self, name: str, password: str, grants: list[Grant]) -> None:
+        self.server.create_user(name, password, [f"{', '.join(privileges)} ON {on}"
+                                                 for privileges, on in grants])
 
     def kill_server(self) -> None:
         self.server.kill()

@@ -7,6 +7,11 @@ Used as a pytest plugin (``pytest_plugins = ["setups.servers.mariadb"]``) it pro
   with a password, so the code under test connects over TCP with real credentials. It is stopped
   and its directory deleted at the end.
 * ``mariadb`` (function): the same server, restarted first if an earlier test killed it.
+* ``secured_mariadb_server`` (session) and ``secured_mariadb`` (function): a second server
+  with a certificate from the run's private CA (``tls_ca``, :mod:`setups.servers.tls`) and
+  ``require_secure_transport=ON`` (plain TCP refused); its :attr:`MariaDBServer.params` carry
+  the sink's ``tls="verify"`` and ``ca_bundle=``. :meth:`MariaDBServer.create_user` makes a
+  user holding exactly the given grants (the least-privilege tests).
 
 Tests can :meth:`~MariaDBServer.kill` it (SIGKILL, like a power cut) and
 :meth:`~MariaDBServer.start` it again on the same datadir and port. The benchmark
@@ -28,7 +33,7 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +41,8 @@ import pymysql
 import pytest
 
 from setups.servers.local import ServerProcess, free_port
+from setups.servers.tls import CertificateAuthority, Issued
+from sinks.mysql.connection import TlsMode
 from twophase import Handle
 
 SERVER_BINARY = "mariadbd"
@@ -84,17 +91,34 @@ def _os_user() -> str:
 
 @dataclass(frozen=True)
 class ConnectionParams:
-    """How a client reaches the private server over TCP with the test user."""
+    """How a client reaches the private server over TCP with the test user: ``tls`` and
+    ``ca_bundle`` as :class:`~sinks.mysql.MySQLXASink` takes them (``"off"`` for the plain
+    server, ``"verify"`` with the run's CA for the secured one)."""
 
     host: str
     port: int
     user: str
     password: str
     database: str
+    tls: TlsMode = "off"
+    ca_bundle: str | None = None
 
     def kwargs(self) -> dict[str, Any]:
-        return {"host": self.host, "port": self.port, "user": self.user,
-                "password": self.password, "database": self.database}
+        """The sink's connection options (its ``tls=`` and ``ca_bundle=`` included)."""
+        options = {"host": self.host, "port": self.port, "user": self.user,
+                   "password": self.password, "database": self.database, "tls": self.tls}
+        if self.ca_bundle is not None:
+            options["ca_bundle"] = self.ca_bundle
+        return options
+
+    def client_kwargs(self) -> dict[str, Any]:
+        """PyMySQL's ``connect`` options for the same: TLS verified, or disabled (never
+        PyMySQL's default, which tries TLS and falls back to plain text)."""
+        options = {"host": self.host, "port": self.port, "user": self.user,
+                   "password": self.password, "database": self.database}
+        if self.tls == "off":
+            return {**options, "ssl_disabled": True}
+        return {**options, "ssl_ca": self.ca_bundle, "ssl_verify_identity": True}
 
     def __repr__(self) -> str:
         return (f"ConnectionParams(host={self.host!r}, port={self.port}, user={self.user!r}, "
@@ -106,12 +130,17 @@ class MariaDBServer(ServerProcess):
 
     program = SERVER_BINARY
 
-    def __init__(self, base_dir: Path) -> None:
+    def __init__(self, base_dir: Path, ca: CertificateAuthority | None = None) -> None:
         super().__init__(base_dir / "error.log", free_port(HOST))
         self.base_dir = base_dir
         self.datadir = base_dir / "data"
         self.socket = base_dir / "mariadb.sock"
         self.params = ConnectionParams(HOST, self.port, USER, secrets.token_hex(12), DATABASE)
+        #: The server's certificate and key (None: plain TCP only).
+        self.certificate: Issued | None = None
+        if ca is not None:
+            self.certificate = ca.issue(f"mariadb-{self.port}")
+            self.params = replace(self.params, tls="verify", ca_bundle=str(ca.cafile))
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -136,7 +165,8 @@ class MariaDBServer(ServerProcess):
             _binary(SERVER_BINARY), "--no-defaults", f"--datadir={self.datadir}",
             f"--socket={self.socket}", f"--port={self.port}", f"--bind-address={HOST}",
             f"--pid-file={self.base_dir / 'mariadbd.pid'}", f"--log-error={self.log}",
-            f"--tmpdir={self.base_dir}", *SERVER_OPTIONS, *self._user_option(),
+            f"--tmpdir={self.base_dir}", *SERVER_OPTIONS, *self._tls_options(),
+            *self._user_option(),
         ]
         self._launch(command)
 
@@ -155,6 +185,14 @@ class MariaDBServer(ServerProcess):
             f"CREATE USER IF NOT EXISTS '{params.user}'@'%' IDENTIFIED BY '{params.password}';"
             f"GRANT ALL ON `{params.database}`.* TO '{params.user}'@'%';"
         )
+
+    def create_user(self, name: str, password: str, grants: list[str]) -> None:
+        """A user over TCP holding exactly ``grants`` (``"SELECT ON db.t"``: what follows
+        ``GRANT`` up to ``TO``), and nothing else."""
+        statements = [f"DROP USER IF EXISTS '{name}'@'%'",
+                      f"CREATE USER '{name}'@'%' IDENTIFIED BY '{password}'",
+                      *(f"GRANT {grant} TO '{name}'@'%'" for grant in grants)]
+        self.root_sql(";".join(statements))
 
     def root_sql(self, sql: str) -> str:
         """Run SQL as the server's administrator over its socket; returns tab-separated rows."""
@@ -183,14 +221,20 @@ class MariaDBServer(ServerProcess):
     def connect(self, **options: Any) -> pymysql.connections.Connection:
         """A PyMySQL connection as the test user (autocommit unless told otherwise).
 
-        Plain TCP: the private server has no certificate, and PyMySQL's TLS-preferred default
-        would spend ~30 ms building a TLS context for every connection before falling back.
+        Plain TCP to the plain server (PyMySQL's TLS-preferred default would spend ~30 ms
+        building a TLS context for every connection before falling back); verified TLS to the
+        secured one.
         """
         options.setdefault("autocommit", True)
-        options.setdefault("ssl_disabled", True)
-        return pymysql.connect(**self.params.kwargs(), **options)
+        return pymysql.connect(**{**self.params.client_kwargs(), **options})
 
     # -- internals -------------------------------------------------------------------------
+
+    def _tls_options(self) -> list[str]:
+        if self.certificate is None:
+            return []
+        return [f"--ssl-cert={self.certificate.certfile}",
+                f"--ssl-key={self.certificate.keyfile}", "--require-secure-transport=ON"]
 
     @staticmethod
     def _user_option() -> list[str]:
@@ -203,10 +247,11 @@ class MariaDBServer(ServerProcess):
 
 
 @contextlib.contextmanager
-def private_server() -> Iterator[MariaDBServer]:
-    """Install, start and bootstrap a private server; stop it and delete everything after."""
+def private_server(ca: CertificateAuthority | None = None) -> Iterator[MariaDBServer]:
+    """Install, start and bootstrap a private server (secured by a certificate of ``ca`` if
+    given); stop it and delete everything after."""
     base_dir = Path(tempfile.mkdtemp(prefix="twophase-mariadb-"))
-    server = MariaDBServer(base_dir)
+    server = MariaDBServer(base_dir, ca)
     try:
         server.install()
         server.start()
@@ -217,15 +262,21 @@ def private_server() -> Iterator[MariaDBServer]:
         shutil.rmtree(base_dir, ignore_errors=True)
 
 
-@pytest.fixture(scope="session")
-def mariadb_server() -> Iterator[MariaDBServer]:
-    """A private MariaDB for the whole test session (fails, never skips, if not installed)."""
+def _session_server(ca: CertificateAuthority | None = None
+                    ) -> contextlib.AbstractContextManager[MariaDBServer]:
+    """:func:`private_server`, failing the test (never skipping) if MariaDB is missing."""
     try:
         for name in (SERVER_BINARY, INSTALL_BINARY, ADMIN_BINARY, CLIENT_BINARY):
             _binary(name)
     except MariaDBMissingError as exc:
         pytest.fail(str(exc), pytrace=False)
-    with private_server() as server:
+    return private_server(ca)
+
+
+@pytest.fixture(scope="session")
+def mariadb_server() -> Iterator[MariaDBServer]:
+    """A private MariaDB for the whole test session (fails, never skips, if not installed)."""
+    with _session_server() as server:
         yield server
 
 
@@ -234,6 +285,20 @@ def mariadb(mariadb_server: MariaDBServer) -> MariaDBServer:
     """The session's server, started again if an earlier test killed it."""
     mariadb_server.start()
     return mariadb_server
+
+
+@pytest.fixture(scope="session")
+def secured_mariadb_server(tls_ca: CertificateAuthority) -> Iterator[MariaDBServer]:
+    """A private MariaDB that takes verified TLS only (a certificate of ``tls_ca``)."""
+    with _session_server(tls_ca) as server:
+        yield server
+
+
+@pytest.fixture
+def secured_mariadb(secured_mariadb_server: MariaDBServer) -> MariaDBServer:
+    """The secured session server, started again if an earlier test killed it."""
+    secured_mariadb_server.start()
+    return secured_mariadb_server
 
 
 _table_numbers = itertools.count()

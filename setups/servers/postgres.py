@@ -16,6 +16,13 @@ One module for every PostgreSQL test (contract, crash, model, chaos, benchmark):
   fault proxy's port if given), a reader, the in-doubt view.
 * fixtures ``postgres_server`` (session), ``postgres`` (restarted if a test killed it) and
   ``pg`` (the view; fails the test if it leaves a prepared transaction behind).
+* ``secured_postgres_server`` (session) and ``secured_postgres``: a second cluster with a
+  certificate from the run's private CA (``tls_ca``, :mod:`setups.servers.tls`) whose
+  ``pg_hba.conf`` takes ``hostssl`` lines only (plain TCP refused); its params carry the sink's
+  ``sslmode="verify-full"`` and ``ca_bundle=``. The key is copied into the cluster's
+  directory, owned by the server's user and readable by it only (PostgreSQL refuses a key
+  others can read). :meth:`PostgresServer.create_user` makes a user holding exactly the given
+  grants (the least-privilege tests).
 
 Missing binaries FAIL the fixture (never skip): ``apt-get install postgresql``. Durability as
 in production against a process crash (``synchronous_commit=on``); ``fsync=off`` because only
@@ -33,8 +40,9 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +51,7 @@ import pytest
 from psycopg import sql
 
 from setups.servers.local import HOST, ServerProcess, free_port
+from setups.servers.tls import OWNER_ONLY, CertificateAuthority, Issued
 
 BIN_DIRS = tuple(sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True))
 INSTALL_HINT = "install Debian's PostgreSQL server: apt-get install postgresql"
@@ -51,6 +60,7 @@ SUPERUSER = "postgres"
 DATABASE = "twophase_test"
 USER = "twophase"
 READY_TIMEOUT_S = 60.0
+RELOAD_WAIT_S = 0.5
 INITDB_TIMEOUT_S = 120.0
 SERVER_SETTINGS = {
     "max_prepared_transactions": "64",
@@ -65,6 +75,13 @@ ORDERS_DDL = (
     "CREATE TABLE {table} (event_id bigint PRIMARY KEY, order_id bigint NOT NULL, "
     "status varchar(16) NOT NULL CHECK (status <> 'bogus'), ts timestamptz)"
 )
+#: The secured cluster's pg_hba.conf: the superuser over the socket, everyone else over TLS.
+HOSTSSL_ONLY_HBA = (
+    "local all all trust\n"
+    "hostssl all all 127.0.0.1/32 scram-sha-256\n"
+    "hostssl all all ::1/128 scram-sha-256\n"
+)
+CERT_FILE, KEY_FILE = "server.crt", "server.key"
 
 
 class PostgresMissingError(RuntimeError):
@@ -96,11 +113,27 @@ class PgParams:
     user: str
     password: str
     database: str
+    sslmode: str = "disable"
+    ca_bundle: str | None = None
 
     def sink_options(self) -> dict[str, Any]:
-        """The connection options of :class:`~sinks.postgres.PostgresSink` (no TLS here)."""
-        return {"host": self.host, "port": self.port, "user": self.user,
-                "password": self.password, "database": self.database, "sslmode": "disable"}
+        """The connection options of :class:`~sinks.postgres.PostgresSink` (its ``sslmode``
+        and ``ca_bundle`` included)."""
+        options = {"host": self.host, "port": self.port, "user": self.user,
+                   "password": self.password, "database": self.database,
+                   "sslmode": self.sslmode}
+        if self.ca_bundle is not None:
+            options["ca_bundle"] = self.ca_bundle
+        return options
+
+    def client_options(self) -> dict[str, Any]:
+        """psycopg's ``connect`` options for the same."""
+        options = {"host": self.host, "port": self.port, "user": self.user,
+                   "password": self.password, "dbname": self.database,
+                   "sslmode": self.sslmode}
+        if self.ca_bundle is not None:
+            options["sslrootcert"] = self.ca_bundle
+        return options
 
     def __repr__(self) -> str:
         return (f"PgParams(host={self.host!r}, port={self.port}, user={self.user!r}, "
@@ -114,12 +147,19 @@ class PostgresServer(ServerProcess):
     stop_signal = signal.SIGINT  # "fast" shutdown
     ready_timeout_s = READY_TIMEOUT_S
 
-    def __init__(self, base_dir: Path, settings: Mapping[str, str] | None = None) -> None:
+    def __init__(self, base_dir: Path, settings: Mapping[str, str] | None = None,
+                 ca: CertificateAuthority | None = None) -> None:
         super().__init__(base_dir / "server.log", free_port(HOST))
         self.base_dir = base_dir
         self.settings = {**SERVER_SETTINGS, **(settings or {})}
         self.datadir = base_dir / "data"
         self.params = PgParams(HOST, self.port, USER, secrets.token_hex(12), DATABASE)
+        #: The CA whose certificate the server presents (None: plain TCP only).
+        self.ca = ca
+        if ca is not None:
+            self.params = replace(self.params, sslmode="verify-full", ca_bundle=str(ca.cafile))
+            self.settings.update(ssl="on", ssl_cert_file=str(base_dir / CERT_FILE),
+                                 ssl_key_file=str(base_dir / KEY_FILE))
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -135,6 +175,29 @@ class PostgresServer(ServerProcess):
         if done.returncode != 0:
             raise RuntimeError(f"initdb failed ({done.returncode}): "
                                f"{done.stderr.decode(errors='replace')[-2000:]}")
+        if self.ca is not None:
+            self._own_file(self.datadir / "pg_hba.conf", HOSTSSL_ONLY_HBA.encode())
+            self.present(self.ca.issue(f"postgres-{self.port}"), reload=False)
+
+    def present(self, issued: Issued, *, reload: bool = True) -> None:
+        """Serve ``issued`` (certificate and key) from now on: copied into the cluster's
+        directory for the server's user, read again on a configuration reload."""
+        self._own_file(self.base_dir / CERT_FILE, issued.certfile.read_bytes())
+        self._own_file(self.base_dir / KEY_FILE, issued.keyfile.read_bytes())
+        if reload:
+            with self.superuser() as conn:
+                conn.execute("SELECT pg_reload_conf()")
+            time.sleep(RELOAD_WAIT_S)  # the postmaster reloads on SIGHUP, asynchronously
+
+    @staticmethod
+    def _own_file(path: Path, data: bytes) -> None:
+        """``data`` in a file owned by the server's user, readable by it only."""
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, OWNER_ONLY)
+        with os.fdopen(descriptor, "wb") as out:
+            out.write(data)
+        os.chmod(path, OWNER_ONLY)
+        if owner := _run_as():
+            os.chown(path, owner["user"], owner["group"])
 
     def start(self) -> None:
         """Start postgres on the data directory and wait until it takes connections."""
@@ -158,6 +221,19 @@ class PostgresServer(ServerProcess):
             conn.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(
                 sql.Identifier(DATABASE), sql.Identifier(USER)))
 
+    def create_user(self, name: str, password: str, grants: list[str]) -> None:
+        """A user over TCP holding exactly ``grants`` (``"SELECT ON t"``: what follows
+        ``GRANT`` up to ``TO``, in the test database) and nothing else."""
+        with self.superuser(DATABASE) as conn:
+            user = sql.Identifier(name)
+            if conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (name,)).fetchone():
+                conn.execute(sql.SQL("DROP OWNED BY {} CASCADE").format(user))
+                conn.execute(sql.SQL("DROP ROLE {}").format(user))
+            conn.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(
+                user, sql.Literal(password)))
+            for grant in grants:
+                conn.execute(sql.SQL(f"GRANT {grant} TO {{}}").format(user))
+
     def superuser(self, database: str = "postgres") -> psycopg.Connection[Any]:
         """An autocommit superuser session over the server's socket."""
         return psycopg.connect(host=str(self.base_dir), port=self.port, user=SUPERUSER,
@@ -166,10 +242,7 @@ class PostgresServer(ServerProcess):
     def connect(self, **options: Any) -> psycopg.Connection[Any]:
         """An autocommit session as the test user over TCP."""
         options.setdefault("autocommit", True)
-        params = self.params
-        return psycopg.connect(host=params.host, port=params.port, user=params.user,
-                               password=params.password, dbname=params.database,
-                               sslmode="disable", **options)
+        return psycopg.connect(**{**self.params.client_options(), **options})
 
     def _ready(self) -> bool:
         try:
@@ -180,11 +253,12 @@ class PostgresServer(ServerProcess):
 
 
 @contextlib.contextmanager
-def private_server(settings: Mapping[str, str] | None = None) -> Iterator[PostgresServer]:
-    """Initialise, start and bootstrap a private server (``settings`` over the defaults);
-    stop it and delete everything after."""
+def private_server(settings: Mapping[str, str] | None = None,
+                   ca: CertificateAuthority | None = None) -> Iterator[PostgresServer]:
+    """Initialise, start and bootstrap a private server (``settings`` over the defaults;
+    secured by a certificate of ``ca`` if given); stop it and delete everything after."""
     base_dir = Path(tempfile.mkdtemp(prefix="twophase-postgres-"))
-    server = PostgresServer(base_dir, settings)
+    server = PostgresServer(base_dir, settings, ca)
     try:
         server.install()
         server.start()
@@ -237,16 +311,36 @@ class PgView:
         return left
 
 
-@pytest.fixture(scope="session")
-def postgres_server() -> Iterator[PostgresServer]:
-    """A private PostgreSQL for the whole test session (fails, never skips, if missing)."""
+def _session_server(ca: CertificateAuthority | None = None
+                    ) -> contextlib.AbstractContextManager[PostgresServer]:
+    """:func:`private_server`, failing the test (never skipping) if PostgreSQL is missing."""
     try:
         for name in ("initdb", "postgres"):
             _binary(name)
     except PostgresMissingError as exc:
         pytest.fail(str(exc), pytrace=False)
-    with private_server() as server:
+    return private_server(ca=ca)
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """A private PostgreSQL for the whole test session (fails, never skips, if missing)."""
+    with _session_server() as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def secured_postgres_server(tls_ca: CertificateAuthority) -> Iterator[PostgresServer]:
+    """A private PostgreSQL that takes verified TLS only (``hostssl``, a ``tls_ca`` cert)."""
+    with _session_server(tls_ca) as server:
+        yield server
+
+
+@pytest.fixture
+def secured_postgres(secured_postgres_server: PostgresServer) -> PostgresServer:
+    """The secured session server, started again if an earlier test killed it."""
+    secured_postgres_server.start()
+    return secured_postgres_server
 
 
 @pytest.fixture
