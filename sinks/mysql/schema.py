@@ -3,7 +3,9 @@
 ``check_schema`` refuses, before a query starts: a server too old for XA, a missing or
 non-transactional target table, a column the table lacks, a NOT NULL column without default
 that the rows lack, an upsert without a unique key made of written columns, ``bulk='load_data'``
-against a server that refuses local loads, and (MySQL 8) a user without ``XA_RECOVER_ADMIN``.
+against a server that refuses local loads, a user lacking a privilege on the table or on the
+sink's own tables (:func:`check_privileges`: every missing one named, with its ``GRANT``), and
+(MySQL 8) a user without ``XA_RECOVER_ADMIN``.
 It creates the marker (and fence) table if missing: CREATE only what is missing, so a DBA may
 create them from :data:`MARKER_TABLE_DDL` / :data:`FENCE_TABLE_DDL` and grant no CREATE right.
 """
@@ -14,7 +16,10 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import pymysql
+
 from sinks.mysql.connection import Connection, query, server_version
+from sinks.mysql.errors import error_code
 from twophase import Column, ConfigurationError, SchemaMismatchError
 from twophase.kit import TableColumn
 from twophase.kit import check_columns as check_columns_of
@@ -143,6 +148,48 @@ def _unique_keys(conn: Connection, table: Table) -> list[list[str]]:
     for index, column in rows:
         keys.setdefault(str(index), []).append(str(column))
     return list(keys.values())
+
+
+#: A table privilege, and the statement whose ``EXPLAIN`` needs exactly it: ``EXPLAIN`` runs
+#: a statement's privilege checks without running the statement (``{column}``: one the
+#: sink writes or stamps).
+PRIVILEGE_PROBES = {
+    "SELECT": "EXPLAIN SELECT 1 FROM {table} WHERE FALSE",
+    "INSERT": "EXPLAIN INSERT INTO {table} ({column}) VALUES (NULL)",
+    "UPDATE": "EXPLAIN UPDATE {table} SET {column} = NULL WHERE FALSE",
+    "DELETE": "EXPLAIN DELETE FROM {table} WHERE FALSE",
+}
+PRIVILEGE_DENIED = frozenset({1142, 1143})
+
+
+def check_privileges(conn: Connection, wanted: Mapping[Table, tuple[Sequence[str], str]],
+                     user: str) -> None:
+    """Refuse a user lacking any of ``wanted`` (table: its privileges, and the column the
+    probes name), every missing privilege named with its ``GRANT``."""
+    missing = [f"{privilege} ON {table}" for table, (privileges, column) in wanted.items()
+               for privilege in privileges
+               if not _granted(conn, PRIVILEGE_PROBES[privilege].format(
+                   table=table, column=quote_identifier(column)))]
+    if missing:
+        raise ConfigurationError(
+            f"user {user!r} lacks {', '.join(missing)}.",
+            fix="GRANT " + "; GRANT ".join(f"{m} TO {quote_user(user)}" for m in missing)
+            + " (the README's Security section lists what the sink needs)")
+
+
+def _granted(conn: Connection, probe: str) -> bool:
+    try:
+        query(conn, probe)
+    except pymysql.err.MySQLError as exc:
+        if error_code(exc) in PRIVILEGE_DENIED:
+            return False
+        raise
+    return True
+
+
+def quote_user(user: str) -> str:
+    """``'user'@'%'``: the account as GRANT names it (the host is the DBA's to choose)."""
+    return "'" + user.replace("'", "''") + "'@'%'"
 
 
 def check_local_infile(conn: Connection, address: str) -> None:

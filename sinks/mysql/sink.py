@@ -234,6 +234,8 @@ class MySQLXASink(TwoPhaseCommitSink[MySQLBranch]):
         with self.server.session(f"checking {self.target}") as conn:
             schema.check_server(conn, address)
             schema.create_missing(conn, self._own_tables())
+            # first: a table the user holds no privilege on is not in its information_schema
+            schema.check_privileges(conn, self._privileges(columns), self.server.user)
             schema.check_table(conn, self.target, address)
             schema.check_columns(conn, self.target, columns, upsert=self.mode == "upsert",
                                  where=self.where)
@@ -245,6 +247,17 @@ class MySQLXASink(TwoPhaseCommitSink[MySQLBranch]):
         """Create the marker table (and the fence table if fencing) unless they exist."""
         with self.server.session("creating twophase's tables") as conn:
             schema.create_missing(conn, self._own_tables())
+
+    def _privileges(self, columns: Sequence[Column]) -> dict[Table, tuple[Sequence[str], str]]:
+        """What the sink does on each table: the privileges, and a column the probes name."""
+        written = ("INSERT", "UPDATE") if self.mode == "upsert" else ("INSERT",)
+        wanted: dict[Table, tuple[Sequence[str], str]] = {
+            self.markers.table: (("SELECT", "INSERT", "UPDATE", "DELETE"), "committed_at")}
+        if columns:
+            wanted[self.target] = (written, columns[0].name)
+        if self.fencing:
+            wanted[self.fences.table] = (("SELECT", "INSERT", "UPDATE"), "fenced_at")
+        return wanted
 
     def _own_tables(self) -> dict[Table, str]:
         tables = {self.markers.table: MARKER_TABLE_DDL}

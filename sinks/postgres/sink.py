@@ -201,12 +201,13 @@ class PostgresSink(TwoPhaseCommitSink[PostgresTransaction]):
         with self.server.session(f"checking {self.target}") as conn:
             schema.check_prepared_transactions(conn, self.server.address)
             schema.check_table(conn, self.target, self.where)
+            schema.create_missing_markers(conn, self.markers.table)
+            # before the columns: a user without privileges on the table sees none of them
+            schema.check_privileges(conn, self.target, self.markers.table,
+                                    upsert=self.mode == "upsert", user=self.server.user)
             schema.check_columns_of(conn, self.target, columns,
                                     upsert_key=self.key if self.mode == "upsert" else None,
                                     where=self.where)
-            schema.create_missing_markers(conn, self.markers.table)
-            schema.check_privileges(conn, self.target, self.markers.table,
-                                    upsert=self.mode == "upsert", user=self.server.user)
 
     # -- executor: begin, write, pre-commit ----------------------------------------------------
 
