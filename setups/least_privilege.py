@@ -9,6 +9,8 @@ reference: what is pickled to the executors is the reference, never the clear te
 
 Over a secured server (``secured_mariadb``, ``secured_postgres``) the same setup class is the
 secured variant: the server's params carry the sink's verified-TLS options.
+:class:`LeastPrivileged` wraps a setup so that every fresh target is least-privileged (the
+crash suites of both SQL sinks run on it, over the secured servers).
 """
 
 from __future__ import annotations
@@ -29,6 +31,12 @@ FACTORY = f"{__name__}:sink_with_password_file"
 USER_PREFIX = "sink_"
 
 
+#: What a SQL sink's user needs on its target table: INSERT, and in upsert mode SELECT and
+#: UPDATE too (MySQL's ON DUPLICATE KEY UPDATE and PostgreSQL's ON CONFLICT DO UPDATE read
+#: the row they update: refused without SELECT on both, found by experiment).
+TABLE_PRIVILEGES = ("INSERT",)
+UPSERT_PRIVILEGES = ("SELECT", "INSERT", "UPDATE")
+
 #: A grant: the privileges and the object they are on (``("SELECT", "INSERT"), "`db`.`t`"``).
 Grant = tuple[tuple[str, ...], str]
 
@@ -45,6 +53,11 @@ class GrantingSetup(Protocol):
     def create_sink_user(self, name: str, password: str, grants: list[Grant]) -> None:
         """User ``name`` holding exactly ``grants`` (an earlier user of that name dropped)."""
         ...
+
+
+def table_privileges(options: Mapping[str, Any]) -> tuple[str, ...]:
+    """What the sink's user needs on the target table of ``options`` (a target's options)."""
+    return UPSERT_PRIVILEGES if options.get("mode") == "upsert" else TABLE_PRIVILEGES
 
 
 def least_privileged_target(setup: SinkSetup, *, without: tuple[str, str] | None = None,
@@ -67,6 +80,17 @@ def least_privileged_target(setup: SinkSetup, *, without: tuple[str, str] | None
     options = {key: value for key, value in options.items() if key != "password"}
     return Target(FACTORY, {**options, "sink": setup.factory, "user": name,
                             "password_file": str(password_file)}, setup)
+
+
+class LeastPrivileged:
+    """A setup whose fresh targets are all least-privileged (a
+    :class:`twophase.testing.target.Setup`: a suite's ``setup_fixture`` may name it)."""
+
+    def __init__(self, setup: SinkSetup) -> None:
+        self.setup = setup
+
+    def new_target(self, **overrides: Any) -> Target:
+        return least_privileged_target(self.setup, **overrides)
 
 
 def sink_with_password_file(*, sink: str, password_file: str,

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from setups.base import Proxy, ProxyFactory, SinkSetup, Target, relayed
-from setups.least_privilege import Grant
+from setups.least_privilege import Grant, table_privileges
 from setups.servers.mariadb import Db, MariaDBServer, private_server
 from sinks.mysql.fencing import DEFAULT_FENCE_TABLE
 from sinks.mysql.markers import DEFAULT_MARKER_TABLE
@@ -20,7 +20,6 @@ from sinks.mysql.schema import Table
 #: What the sink's user needs, by role (README, Security: MySQL / MariaDB). CREATE on the
 #: marker and fence tables only if the sink creates them (``check_schema``); XA statements,
 #: ``XA RECOVER`` and ``XA COMMIT`` of another session's branch need none on MariaDB.
-TABLE_PRIVILEGES = ("INSERT",)
 MARKER_PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "DELETE", "CREATE")
 FENCE_PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "CREATE")
 
@@ -63,7 +62,7 @@ class MySQLSetup(SinkSetup):
 
     def sink_grants(self, options: Mapping[str, Any]) -> dict[str, Grant]:
         database = options.get("database", self.server.params.database)
-        grants = {"table": (TABLE_PRIVILEGES, str(Table(database, options["table"]))),
+        grants = {"table": (table_privileges(options), str(Table(database, options["table"]))),
                   "markers": (MARKER_PRIVILEGES, str(Table(
                       database, options.get("marker_table", DEFAULT_MARKER_TABLE))))}
         if options.get("fencing"):

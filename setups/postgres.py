@@ -11,16 +11,16 @@ from pathlib import Path
 from typing import Any
 
 from setups.base import Proxy, ProxyFactory, SinkSetup, Target, relayed
-from setups.least_privilege import Grant
+from setups.least_privilege import Grant, table_privileges
 from setups.servers.postgres import PgView, PostgresServer, private_server
 from sinks.postgres.markers import DEFAULT_MARKER_TABLE
 from sinks.postgres.schema import MARKER_PRIVILEGES, Table, marker_ddl
 
-#: What the sink's user needs on the table (README, Security: PostgreSQL); on the marker
-#: table :data:`~sinks.postgres.schema.MARKER_PRIVILEGES`, the table created beforehand by its
-#: owner (or CREATE on the schema, for the sink to create it). ``COMMIT PREPARED`` needs the
-#: user that prepared: the driver, executors and cleanup log in as the same user.
-TABLE_PRIVILEGES = ("INSERT",)
+# What the sink's user needs (README, Security: PostgreSQL): on the table
+# :func:`~setups.least_privilege.table_privileges`; on the marker table
+# :data:`~sinks.postgres.schema.MARKER_PRIVILEGES`, the table created beforehand by its owner
+# (or CREATE on the schema, for the sink to create it). ``COMMIT PREPARED`` needs the user
+# that prepared: the driver, executors and cleanup log in as the same user.
 
 
 class PostgresSetup(SinkSetup):
@@ -58,7 +58,7 @@ class PostgresSetup(SinkSetup):
         schema = options.get("schema", "public")
         markers = Table(schema, options.get("marker_table", DEFAULT_MARKER_TABLE))
         self.view.query(marker_ddl(markers))  # by the owner: the sink's user cannot CREATE
-        return {"table": (TABLE_PRIVILEGES, str(Table(schema, options["table"]))),
+        return {"table": (table_privileges(options), str(Table(schema, options["table"]))),
                 "markers": (MARKER_PRIVILEGES, str(markers))}
 
     def create_sink_user(self, name: str, password: str, grants: list[Grant]) -> None:

@@ -17,11 +17,12 @@ from setups import (
     S3Setup,
     SQLiteSetup,
 )
+from setups.least_privilege import LeastPrivileged
 from setups.servers.http_receiver import ReceiverProcess
 from setups.servers.kafka import KafkaBroker
 from setups.servers.mariadb import Db, MariaDBServer
 from setups.servers.moto import MotoServer
-from setups.servers.postgres import PgView
+from setups.servers.postgres import PgView, PostgresServer
 from setups.sqlite import orders_database
 from sinks.sqlite import SQLiteSink
 
@@ -44,6 +45,41 @@ def mysql_setup(mariadb: MariaDBServer, db: Db, tmp_path: Path) -> MySQLSetup:
 @pytest.fixture
 def postgres_setup(pg: PgView, tmp_path: Path) -> PostgresSetup:
     return PostgresSetup(tmp_path, pg.server)
+
+
+@pytest.fixture
+def secured_mysql_setup(secured_mariadb: MariaDBServer, tmp_path: Path
+                        ) -> Iterator[MySQLSetup]:
+    """The MySQL setup over the secured server: the sink verifies TLS (fails the test if it
+    leaves a prepared branch behind)."""
+    view = Db(secured_mariadb)
+    view.rollback_all_prepared()
+    yield MySQLSetup(tmp_path, secured_mariadb)
+    secured_mariadb.start()
+    assert view.rollback_all_prepared() == [], "prepared XA branches left behind"
+
+
+@pytest.fixture
+def secured_postgres_setup(secured_postgres: PostgresServer, tmp_path: Path
+                           ) -> Iterator[PostgresSetup]:
+    """The PostgreSQL setup over the secured server (``hostssl`` only): the sink verifies TLS."""
+    view = PgView(secured_postgres)
+    view.rollback_all_prepared()
+    yield PostgresSetup(tmp_path, secured_postgres)
+    secured_postgres.start()
+    assert view.rollback_all_prepared() == [], "prepared transactions left behind"
+
+
+@pytest.fixture
+def least_privileged_mysql_setup(secured_mysql_setup: MySQLSetup) -> LeastPrivileged:
+    """Targets on the secured server written by a user holding exactly the sink's grants."""
+    return LeastPrivileged(secured_mysql_setup)
+
+
+@pytest.fixture
+def least_privileged_postgres_setup(secured_postgres_setup: PostgresSetup) -> LeastPrivileged:
+    """Targets on the secured server written by a role holding exactly the sink's grants."""
+    return LeastPrivileged(secured_postgres_setup)
 
 
 @pytest.fixture

@@ -34,10 +34,13 @@ class TestForeachBatchCrashes(TestSQLiteCrashes):
 
 
 class TestMySQLCrashes(CrashSuite):
-    setup_fixture = "mysql_setup"
+    """Over the secured server (verified TLS), as a user holding exactly the README's grants,
+    its password a ``Secret(file=...)`` (:mod:`setups.least_privilege`)."""
+
+    setup_fixture = "least_privileged_mysql_setup"
 
     def test_a_server_killed_while_branches_are_prepared_loses_nothing(
-        self, target: Target, mysql_setup: MySQLSetup, tmp_path: Path
+        self, target: Target, secured_mysql_setup: MySQLSetup, tmp_path: Path
     ) -> None:
         """The driver killed with branches prepared (undecided, then decided), then kill -9
         of MariaDB while the driver is down; the restarts deliver every row exactly once."""
@@ -49,8 +52,8 @@ class TestMySQLCrashes(CrashSuite):
             crashed = launch(spec, workdir=tmp_path / "runs", crash_at=f"{point}@{batch}")
             assert crashed.crashed, f"the driver did not die at {point}: see {crashed.log}"
             assert target.in_doubt(), "nothing was prepared when the driver died"
-            mysql_setup.kill_server()
-            mysql_setup.server.restart_after_kill()
+            secured_mysql_setup.kill_server()
+            secured_mysql_setup.server.restart_after_kill()
         finished = launch(spec, workdir=tmp_path / "runs")
         assert finished.returncode == 0, f"the last run failed: see {finished.log}"
         assert target.visible() == expected

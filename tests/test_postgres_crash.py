@@ -12,9 +12,11 @@ pytestmark = [pytest.mark.spark, pytest.mark.crash]
 
 
 class TestPostgresCrashes(CrashSuite):
-    """The data source path: COPY of Arrow's CSV."""
+    """The data source path: COPY of Arrow's CSV; over the secured server (``hostssl`` only,
+    verified TLS), as a role holding exactly the README's grants, its password a
+    ``Secret(file=...)`` (:mod:`setups.least_privilege`)."""
 
-    setup_fixture = "postgres_setup"
+    setup_fixture = "least_privileged_postgres_setup"
 
 
 @pytest.mark.long

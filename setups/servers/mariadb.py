@@ -186,6 +186,14 @@ class MariaDBServer(ServerProcess):
             f"GRANT ALL ON `{params.database}`.* TO '{params.user}'@'%';"
         )
 
+    def present(self, issued: Issued) -> None:
+        """Serve ``issued`` (certificate and key) to new connections from now on."""
+        if self.certificate is None:
+            raise ValueError("a plain server has no certificate to replace")
+        shutil.copyfile(issued.certfile, self.certificate.certfile)  # keeps the 0600 files
+        shutil.copyfile(issued.keyfile, self.certificate.keyfile)
+        self.root_sql("FLUSH SSL")
+
     def create_user(self, name: str, password: str, grants: list[str]) -> None:
         """A user over TCP holding exactly ``grants`` (``"SELECT ON db.t"``: what follows
         ``GRANT`` up to ``TO``), and nothing else."""

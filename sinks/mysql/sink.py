@@ -61,9 +61,11 @@ query fails and the next run's sweep clears it. Tables whose keys never repeat a
 connection half-open: the server never learns) holds its not yet prepared branch, and the
 branch's locks, until its session has been idle for ``WRITER_IDLE_TIMEOUT_S`` (10 minutes).
 
-Privileges: INSERT (+UPDATE for upsert) on the table; SELECT, INSERT, UPDATE, DELETE on the
-marker and fence tables (CREATE once, or create them from ``MARKER_TABLE_DDL``); MySQL 8 also
-needs ``XA_RECOVER_ADMIN`` for ``XA RECOVER``. The server needs binary logging for crash safety
+Privileges (checked by ``check_schema``; the README lists the GRANTs): INSERT (+SELECT, UPDATE
+for upsert) on the table; SELECT, INSERT, UPDATE, DELETE on the marker table, SELECT, INSERT,
+UPDATE on the fence table (CREATE on each once, or create them from ``MARKER_TABLE_DDL``); none
+for the XA statements on MariaDB (any account may resolve any branch); MySQL 8 also needs
+``XA_RECOVER_ADMIN`` for ``XA RECOVER``. The server needs binary logging for crash safety
 of prepared branches (MySQL before 8.0.30 has known XA/binlog crash-safety gaps).
 """
 
@@ -250,7 +252,8 @@ class MySQLXASink(TwoPhaseCommitSink[MySQLBranch]):
 
     def _privileges(self, columns: Sequence[Column]) -> dict[Table, tuple[Sequence[str], str]]:
         """What the sink does on each table: the privileges, and a column the probes name."""
-        written = ("INSERT", "UPDATE") if self.mode == "upsert" else ("INSERT",)
+        # an upsert's ON DUPLICATE KEY UPDATE reads the row it updates: SELECT too
+        written = ("SELECT", "INSERT", "UPDATE") if self.mode == "upsert" else ("INSERT",)
         wanted: dict[Table, tuple[Sequence[str], str]] = {
             self.markers.table: (("SELECT", "INSERT", "UPDATE", "DELETE"), "committed_at")}
         if columns:

@@ -120,8 +120,9 @@ def unique_keys(conn: Connection, table: Table) -> list[list[str]]:
 
 def check_privileges(conn: Connection, table: Table, markers: Table, *, upsert: bool,
                      user: str) -> None:
-    """INSERT (+UPDATE for upsert) on the table, and the marker table's rights."""
-    wanted = [(table, "INSERT")] + ([(table, "UPDATE")] if upsert else [])
+    """INSERT (+SELECT, UPDATE for upsert: ON CONFLICT DO UPDATE reads the row it updates)
+    on the table, and the marker table's rights."""
+    wanted = [(table, "INSERT")] + ([(table, "SELECT"), (table, "UPDATE")] if upsert else [])
     wanted += [(markers, privilege) for privilege in MARKER_PRIVILEGES]
     missing = [f"{privilege} ON {target}" for target, privilege in wanted
                if conn.execute("SELECT has_table_privilege(%s, %s)",

@@ -49,7 +49,7 @@ session, so the server rolls it back when the writer dies or disconnects, and af
 ``WRITER_IDLE_TIMEOUT_S`` idle if the writer's host vanished (half-open connection).
 
 Fencing: none beyond the state file's epoch, for the reason given in
-:mod:`~sinks.postgres.committer`. Privileges: INSERT (+UPDATE for upsert) on the table;
+:mod:`~sinks.postgres.committer`. Privileges: INSERT (+SELECT, UPDATE for upsert) on the table;
 SELECT, INSERT, UPDATE, DELETE on the marker table (CREATE once, or create it from
 ``MARKER_TABLE_DDL``). ``COMMIT PREPARED`` needs the same user that prepared (or a
 superuser). The server needs ``max_prepared_transactions`` > 0 (checked at the start).
