@@ -29,6 +29,8 @@ import pytest
 from setups import MySQLSetup, PostgresSetup, SinkSetup
 from setups.least_privilege import least_privileged_target
 from setups.servers.tls import WRONG_HOST, CertificateAuthority
+from sinks.mysql import MySQLXASink
+from sinks.postgres import PostgresSink
 from twophase import ConfigurationError, Secret, TwoPhaseCommitSink, TwoPhaseError
 from twophase.testing import Target
 from twophase.testing.contract import ORDER_COLUMNS, context, orders
@@ -176,3 +178,22 @@ def test_no_error_shows_the_password(secured: MySQLSetup | PostgresSetup) -> Non
     shown = "".join(traceback.format_exception(denied.value)) + repr(sink)
     assert CANARY not in shown
     assert "password" in shown.lower()
+
+
+# -- options -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("factory", "options", "named"), [
+    (MySQLXASink, {"tls": "preferred"}, "unknown tls='preferred'"),
+    (MySQLXASink, {"tls": "require", "ca_bundle": "ca.pem"}, "tls='require' does not verify"),
+    (MySQLXASink, {"connect_args": {"ssl_disabled": True}}, "connect_args ['ssl_disabled']"),
+    (PostgresSink, {"sslmode": "prefer"}, "sslmode='prefer' is refused"),
+    (PostgresSink, {"sslmode": "allow"}, "sslmode='allow' is refused"),
+    (PostgresSink, {"connect_args": {"sslrootcert": "ca.pem"}}, "connect_args ['sslrootcert']"),
+])
+def test_no_option_turns_verification_into_a_silent_fall_back(
+        factory: type[TwoPhaseCommitSink[Any]], options: dict[str, Any], named: str) -> None:
+    with pytest.raises(ConfigurationError) as refused:
+        factory(host="db", user="etl", password="pw", database="shop", table="orders",
+                **options)
+    assert named in str(refused.value)
