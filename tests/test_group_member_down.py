@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
-from pyspark.sql.streaming import StreamingQuery
+from pyspark.sql.streaming.query import StreamingQuery
 
 from setups.postgres import PostgresSetup
 from setups.sqlite import SQLiteSetup
@@ -33,7 +33,7 @@ FILES, ROWS_PER_FILE = 3, 50
 DOWN_S = 6.0
 TRIGGER = "0.5 seconds"
 ROWS_TIMEOUT_S = 120.0
-STOP_TIMEOUT_S = 120.0
+STOP_TIMEOUT_S = 120
 #: Patient enough to outlast DOWN_S (about 30 s of backoff), as a user's production policy is.
 PATIENT = RetryPolicy(max_attempts=40, initial_backoff_s=0.2, max_backoff_s=1.0)
 #: Gives up within a second.
