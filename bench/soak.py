@@ -247,6 +247,32 @@ def fresh_target(sink: str, folder: Path) -> Iterator[Target]:
         yield setup.new_target()
 
 
+def plot(samples: Path, png: Path) -> None:
+    """Latency, RSS and the state's size against the batch number, one panel each."""
+    import matplotlib  # noqa: PLC0415 - only for the plot
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    rows = [json.loads(line) for line in samples.read_text().splitlines() if line.strip()]
+    batches = [row["batch"] for row in rows]
+    figure, (latency, memory, state) = plt.subplots(3, 1, figsize=(8, 9), sharex=True)
+    latency.plot(batches, [row["commit_ms_p50"] for row in rows], label="p50")
+    latency.plot(batches, [row["commit_ms_p99"] for row in rows], label="p99")
+    latency.set_ylabel("decide + commit (ms)")
+    latency.legend()
+    memory.plot(batches, [row["rss_mb"] for row in rows])
+    memory.set_ylabel("driver RSS (MB)")
+    state.plot(batches, [row["state_bytes"] / 1024 for row in rows])
+    state.set_ylabel("state file (KiB)")
+    state.set_xlabel("batch")
+    for axis in (latency, memory, state):
+        axis.set_ylim(0, axis.get_ylim()[1] * 1.2)
+        axis.grid(alpha=0.3)
+    figure.suptitle(f"soak: {samples.stem}")
+    figure.tight_layout()
+    figure.savefig(png, dpi=90)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -259,7 +285,12 @@ def main() -> int:
     parser.add_argument("--sample-every", type=int, default=DEFAULT_SAMPLE_EVERY)
     parser.add_argument("--seed", type=int, default=20261125)
     parser.add_argument("--out", type=Path, help="write samples.jsonl and the summary here")
+    parser.add_argument("--plot", nargs=2, type=Path, metavar=("SAMPLES", "PNG"),
+                        help="only draw SAMPLES (a samples .jsonl of --out) into PNG")
     args = parser.parse_args()
+    if args.plot:
+        plot(*args.plot)
+        return 0
     if args.child:
         logging.basicConfig(level=logging.ERROR)
         run_child(Plan(**json.loads(args.child)))
