@@ -16,6 +16,7 @@ from twophase.errors import (
     RetryableError,
     SchemaMismatchError,
     StateCorruptError,
+    StateNewerError,
     TransactionLostError,
     TwoPhaseError,
 )
@@ -44,6 +45,7 @@ __all__ = [
     "SchemaMismatchError",
     "SinkGroup",
     "StateCorruptError",
+    "StateNewerError",
     "TransactionContext",
     "TransactionLostError",
     "TwoPhaseCommitSink",
