@@ -68,6 +68,8 @@ class DriverSpec:
     sink_kwargs: dict[str, Any] = field(default_factory=dict)
     files_per_batch: int = 1
     partitions: int = 2
+    #: Local mode's task slots (``local[cores]``); None: one per partition.
+    cores: int | None = None
     foreach_batch: bool = False
     log_level: str = "INFO"
     #: Where the state lives if not inside the checkpoint (a directory or ``s3://``), and
@@ -173,13 +175,7 @@ def launch(spec: DriverSpec, *, workdir: Path, crash_at: str | None = None,
     workdir.mkdir(parents=True, exist_ok=True)
     spec_path = workdir / "driver-spec.json"
     spec_path.write_text(json.dumps(spec.fields_set()))
-    scratch = workdir / "tmp"
-    scratch.mkdir(exist_ok=True)
-    # the caller's modules (a sink factory in its test package) from any directory
-    path = [*map(str, python_path), os.getcwd(), os.environ.get("PYTHONPATH")]
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "TMPDIR": str(scratch),
-           "PYTHONPATH": os.pathsep.join(filter(None, path))}
-    env.pop(CRASH_ENV, None)
+    env = driver_environment(workdir, python_path)
     if crash_at:
         env[CRASH_ENV] = crash_at
     log_path = workdir / "driver.log"
@@ -197,6 +193,19 @@ def launch(spec: DriverSpec, *, workdir: Path, crash_at: str | None = None,
         finally:
             kill_session(process.pid)  # what is left: a JVM whose Python parent died, say
     return RunResult(returncode, returncode == -signal.SIGKILL, log_path)
+
+
+def driver_environment(workdir: Path, python_path: Sequence[Path] = ()) -> dict[str, str]:
+    """The environment of a driver run in ``workdir`` (unarmed): its temporary directory
+    there, ``python_path`` first on its path, then the caller's modules (a sink factory in
+    its test package), from any directory."""
+    scratch = workdir / "tmp"
+    scratch.mkdir(parents=True, exist_ok=True)
+    path = [*map(str, python_path), os.getcwd(), os.environ.get("PYTHONPATH")]
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "TMPDIR": str(scratch),
+           "PYTHONPATH": os.pathsep.join(filter(None, path))}
+    env.pop(CRASH_ENV, None)
+    return env
 
 
 def _wait(process: subprocess.Popen[bytes], timeout_s: float,
@@ -278,7 +287,7 @@ def _session(spec: DriverSpec) -> SparkSession:
     conf = {"spark.local.dir": tempfile.gettempdir(), **spec.spark_conf}
     if "spark.master" in spec.spark_conf and CRASH_ENV in os.environ:
         conf.update(executor_crash_conf(os.environ[CRASH_ENV], Path(tempfile.gettempdir())))
-    return local_session("twophase-driver", spec.partitions, conf)
+    return local_session("twophase-driver", spec.cores or spec.partitions, conf)
 
 
 def executor_crash_conf(crash_at: str, scratch: Path) -> dict[str, str]:
