@@ -70,7 +70,12 @@ from twophase._retry import DEFAULT_RETRY
 from twophase._secrets import resolved
 from twophase._state import State, StateStore
 from twophase._storage import is_s3
-from twophase.errors import ConfigurationError, TransactionLostError, TwoPhaseError
+from twophase.errors import (
+    ConfigurationError,
+    StateCorruptError,
+    TransactionLostError,
+    TwoPhaseError,
+)
 from twophase.sink import Committer, TwoPhaseCommitSink
 
 log = logging.getLogger(__name__)
@@ -436,7 +441,8 @@ def main(argv: list[str] | None = None) -> int:
             forget_batch(StateStore(args.state[0]), args.forget_batch)
             return EXIT_OK
         targets = _targets(args)
-    except (ConfigurationError, tomllib.TOMLDecodeError, json.JSONDecodeError, OSError) as exc:
+    except (ConfigurationError, StateCorruptError, tomllib.TOMLDecodeError,
+            json.JSONDecodeError, OSError) as exc:  # a state it cannot read: named, no trace
         log.error("%s", exc)
         return EXIT_USAGE
     report = Report()
