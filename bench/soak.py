@@ -43,12 +43,16 @@ from typing import Any
 
 from setups import SETUPS
 from twophase import Handle, RetryPolicy, TwoPhaseCommitSink
-from twophase._crash import CRASH_ENV, CRASH_POINTS
-from twophase._loader import build_sink
-from twophase._spark import RunConfig, write_partition
-from twophase._task import Delivery
 from twophase.testing.contract import ORDER_COLUMNS, orders
-from twophase.testing.protocol import Coordinator, StateStore
+from twophase.testing.crash_points import CRASH_ENV, CRASH_POINTS
+from twophase.testing.protocol import (
+    Coordinator,
+    Delivery,
+    RunConfig,
+    StateStore,
+    build_sink,
+    write_partition,
+)
 from twophase.testing.simulated import FakeTask
 from twophase.testing.target import Target
 
