@@ -7,6 +7,10 @@ Used as a pytest plugin (``pytest_plugins = ["setups.servers.kafka"]``) it provi
   test session, stopped at the end. :meth:`KafkaBroker.kill` (SIGKILL) and
   :meth:`KafkaBroker.restart` serve the crash tests; the log dir survives both.
 * ``kafka_topic`` (function): a fresh topic on it (:data:`TOPIC_PARTITIONS` partitions).
+* ``kafka_secured_broker`` (session): a broker serving SASL_SSL only (SCRAM-SHA-512 users made
+  when it is formatted, a certificate of ``tls_ca``, the StandardAuthorizer, ACLs granted by
+  :meth:`KafkaBroker.grant`), with two more listeners whose certificates a client must refuse
+  (another CA's, another host name's): :class:`BrokerSecurity`.
 * ``kafka_short_timeout_broker`` (module): a second broker whose
   ``transaction.max.timeout.ms`` is :data:`SHORT_MAX_TIMEOUT_MS`, for transactions that outlive
   their timeout.

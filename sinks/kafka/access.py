@@ -82,11 +82,6 @@ class Grant:
         return (f"--add --allow-principal {principal} --operation {operation} {resource}"
                 f"{pattern}")
 
-    def __str__(self) -> str:
-        kind = "" if self.pattern == ACLResourcePatternType.LITERAL else \
-            f" ({self.pattern.name.lower()})"
-        return f"{self.operation.name} on {self.resource.name} {self.name}{kind}"
-
 
 def grants(topics: Iterable[str], transactional_id_prefix: str, registry_topic: str, *,
            create_registry: bool = False) -> list[Grant]:

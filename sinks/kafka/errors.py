@@ -69,7 +69,9 @@ GONE = frozenset({PRODUCER_FENCED, INVALID_PRODUCER_EPOCH, INVALID_TXN_STATE,
 
 FIX_RETRY = "retried automatically; if it persists, check that the brokers are up and reachable"
 FIX_CONNECT = ("retried automatically; if it persists, check bootstrap_servers= and that the "
-               "brokers are up and reachable from this host (and security_protocol=)")
+               "brokers are up and reachable from this host; with SASL, check "
+               "sasl_plain_username= and sasl_plain_password= too (kafka-python reports a "
+               "refused login as this timeout)")
 FIX_TOPIC = ("create the topic (kafka-topics.sh --create --topic ...) or fix topic= / the "
              "topic column: the sink never creates data topics, and clusters should run with "
              "auto.create.topics.enable=false")
