@@ -17,6 +17,7 @@ from setups import (
     S3Setup,
     SQLiteSetup,
 )
+from setups.kafka import SecuredKafkaSetup
 from setups.servers.http_receiver import ReceiverProcess
 from setups.servers.kafka import KafkaBroker
 from setups.servers.mariadb import Db, MariaDBServer
@@ -55,6 +56,13 @@ def s3_setup(moto_server: MotoServer, s3_bucket: str, tmp_path: Path) -> S3Setup
 def kafka_setup(kafka_broker: KafkaBroker, tmp_path: Path) -> Iterator[KafkaSetup]:
     with kafka_broker.reader() as reader:
         yield KafkaSetup(tmp_path, kafka_broker, reader)
+
+
+@pytest.fixture
+def kafka_secured_setup(kafka_secured_broker: KafkaBroker,
+                        tmp_path: Path) -> Iterator[SecuredKafkaSetup]:
+    with kafka_secured_broker.reader() as reader:
+        yield SecuredKafkaSetup(tmp_path, kafka_secured_broker, reader)
 
 
 @pytest.fixture
