@@ -35,7 +35,9 @@ import pytest
 
 from setups.base import SinkSetup, Target
 from setups.http import HttpSetup
+from setups.kafka import SecuredKafkaSetup
 from setups.servers.http_receiver import Receivers
+from setups.servers.kafka import APP_USER
 from twophase import Secret, TwoPhaseCommitSink
 from twophase._crash import AFTER_DECISION
 from twophase._loader import build_sink
@@ -75,6 +77,8 @@ class Canary:
 
     setup: SinkSetup
     options: dict[str, Any]
+    #: The sink's factory (the setup's unless told).
+    factory: str = ""
     secrets: dict[str, str] = field(default_factory=dict)  # option -> variable
     values: dict[str, str] = field(default_factory=dict)  # variable -> secret
     #: Folders of the servers' own files (not searched: a receiver keeps its token).
@@ -89,12 +93,21 @@ class Canary:
         return {**self.options, **{name: {"env": variable}
                                    for name, variable in self.secrets.items()}}
 
+    @property
+    def sink_factory(self) -> str:
+        return self.factory or self.setup.factory
+
     def member(self) -> dict[str, Any]:
         """The arguments of :func:`sink_with_secrets` for this sink."""
-        return {"factory": self.setup.factory, "options": self.options, "secrets": self.secrets}
+        return {"factory": self.sink_factory, "options": self.options, "secrets": self.secrets}
 
     def target(self) -> Target:
-        return Target(self.setup.factory, self.options, self.setup)
+        return Target(self.sink_factory, self.options, self.setup)
+
+    def needles(self) -> set[str]:
+        """What the search looks for: the marker, and each secret that cannot hold it (a
+        password the broker made)."""
+        return {MARKER, *(value for value in self.values.values() if MARKER not in value)}
 
 
 def secret(canary: Canary, option: str) -> str:
@@ -157,8 +170,24 @@ def http_canary(request: pytest.FixtureRequest) -> Canary:
     return canary
 
 
+def kafka_canary(request: pytest.FixtureRequest) -> Canary:
+    """The secured broker's SCRAM user (its password made by the broker's setup, 32 random
+    hex digits), with exactly the listed ACLs."""
+    setup: SecuredKafkaSetup = request.getfixturevalue("kafka_secured_setup")
+    options = setup.target_options()
+    del options["sasl_password_file"]
+    canary = Canary(setup, options, factory="sinks.kafka:KafkaSink",
+                    servers=(setup.password_file,))
+    variable = "TWOPHASE_CANARY_SASL_PLAIN_PASSWORD"
+    canary.secrets["sasl_plain_password"] = variable
+    assert setup.broker.security is not None
+    canary.values[variable] = setup.broker.security.passwords[APP_USER]
+    return canary
+
+
 CANARIES: dict[str, Callable[[pytest.FixtureRequest], Canary]] = {
-    "mysql": mysql_canary, "postgres": postgres_canary, "s3": s3_canary, "http": http_canary}
+    "mysql": mysql_canary, "postgres": postgres_canary, "s3": s3_canary, "http": http_canary,
+    "kafka": kafka_canary}
 
 
 # -- the search --------------------------------------------------------------------------------
@@ -171,18 +200,19 @@ class Searched:
     hits: list[str] = field(default_factory=list)
 
 
-def search(folders: list[Path], marker: str, *, servers: tuple[Path, ...] = ()) -> Searched:
-    """Every file under ``folders`` but the servers' own (a receiver's token file)."""
+def search(folders: list[Path], needles: set[str], *, servers: tuple[Path, ...] = ()
+           ) -> Searched:
+    """Every file under ``folders`` but the servers' own (a receiver's token file, the
+    mounted password file a sink reads) searched for each of ``needles``."""
     found = Searched()
-    needle = marker.encode()
     for folder in folders:
         for path in sorted(p for p in folder.rglob("*") if p.is_file()
                            and not any(p.is_relative_to(server) for server in servers)):
             data = path.read_bytes()
             found.files += 1
             found.bytes += len(data)
-            if needle in data:
-                found.hits.append(f"{path}: {data.count(needle)}")
+            found.hits += [f"{path}: {data.count(needle.encode())}" for needle in needles
+                           if needle.encode() in data]
     return found
 
 
@@ -225,7 +255,7 @@ def tool(workdir: Path, name: str, *args: str) -> int:
 
 def group_references(canaries: Mapping[str, Canary]) -> str:
     """The group's options for status and cleanup, each secret a reference (JSON)."""
-    return json.dumps({"members": {name: {"sink": canary.setup.factory,
+    return json.dumps({"members": {name: {"sink": canary.sink_factory,
                                           "options": canary.references()}
                                    for name, canary in canaries.items()}})
 
@@ -275,7 +305,8 @@ def test_no_secret_reaches_anything_the_job_or_its_tools_produce(
     folders = [tmp_path, *(canary.setup.scratch for canary in canaries.values()
                            if not canary.setup.scratch.is_relative_to(tmp_path))]
     servers = tuple(server for canary in canaries.values() for server in canary.servers)
-    searched = search(folders, MARKER, servers=servers)
+    needles = set().union(*(canary.needles() for canary in canaries.values()))
+    searched = search(folders, needles, servers=servers)
     log.warning("searched %d files, %d bytes under %s: %d hits", searched.files, searched.bytes,
                 ", ".join(map(str, folders)), len(searched.hits))
     assert searched.files > 20 and searched.bytes > 100_000, searched
