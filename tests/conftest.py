@@ -52,6 +52,12 @@ def s3_setup(moto_server: MotoServer, s3_bucket: str, tmp_path: Path) -> S3Setup
 
 
 @pytest.fixture
+def s3_secured_setup(moto_secured: MotoServer, tmp_path: Path) -> S3Setup:
+    """S3 over HTTPS (the run's CA, verified), each sink as a least-privilege IAM user."""
+    return S3Setup.secured(tmp_path, moto_secured, moto_secured.new_bucket())
+
+
+@pytest.fixture
 def kafka_setup(kafka_broker: KafkaBroker, tmp_path: Path) -> Iterator[KafkaSetup]:
     with kafka_broker.reader() as reader:
         yield KafkaSetup(tmp_path, kafka_broker, reader)
