@@ -74,12 +74,13 @@ class S3Setup(SinkSetup):
     def started(cls, scratch: Path, proxy: ProxyFactory | None = None, *,
                 tls_ca: CertificateAuthority | None = None) -> Iterator[S3Setup]:
         """A private server; the secured variant with ``tls_ca`` (see the module docstring)."""
-        tls = {"checks_credentials": True, "tls": tls_ca.issue("moto"), "ca": tls_ca} \
-            if tls_ca is not None else {}
-        with private_server(scratch / "moto", **tls) as server, \
+        secured = tls_ca is not None
+        with private_server(scratch / "moto", checks_credentials=secured, ca=tls_ca,
+                            tls=tls_ca.issue("moto") if tls_ca is not None else None
+                            ) as server, \
                 relayed(proxy, server.port) as relay:
             yield cls(scratch, server, server.new_bucket("orders"), relay,
-                      least_privilege=tls_ca is not None)
+                      least_privilege=secured)
 
     def target_options(self, **overrides: Any) -> dict[str, Any]:
         number = self.number()

@@ -69,6 +69,12 @@ def http_setup(http_receiver: ReceiverProcess, tmp_path: Path) -> HttpSetup:
 
 
 @pytest.fixture
+def http_secured_setup(http_secured: ReceiverProcess, tmp_path: Path) -> HttpSetup:
+    """HTTP over HTTPS (the run's CA, verified), with the token and the signing secret."""
+    return HttpSetup(tmp_path, http_secured)
+
+
+@pytest.fixture
 def orders_db(tmp_path: Path) -> Path:
     """A SQLite database with an empty ``orders`` table (the demo's order-status feed)."""
     return orders_database(tmp_path / "orders.db")

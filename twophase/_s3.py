@@ -104,6 +104,8 @@ OPERATION_PERMISSIONS = {
 }
 #: Codes of a request the store refused to these credentials.
 ACCESS_DENIED = frozenset({"AccessDenied", "403", "AllAccessDisabled"})
+#: A refusal without a body (a HEAD's): wrong credentials or a missing permission.
+BARE_403 = "403"
 
 #: What a code becomes: the kind of error and the fix an operator can act on.
 _Verdict = tuple[type[TwoPhaseError], str]
@@ -327,8 +329,9 @@ class S3Errors:
         rule = self.SERVER_ERROR if code not in self.rules and status >= 500 else code
         kind, fix = self.rules.get(rule, UNKNOWN_CODE)
         needed = OPERATION_PERMISSIONS.get(operation or "")
-        if code in ACCESS_DENIED and needed is not None:
-            fix = f"{operation} needs {needed}; {fix}"
+        if code in ACCESS_DENIED and needed is not None:  # a bare 403 may be the key's fault
+            fix = f"{fix}; {operation} needs {needed}" if code == BARE_403 \
+                else f"{operation} needs {needed}; {fix}"
         return kind(f"{SYSTEM}: {what} failed: {code}" + (f" ({message})." if message else "."),
                     fix=fix)
 
