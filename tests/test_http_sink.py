@@ -544,6 +544,25 @@ def test_a_missing_bucket_is_a_configuration_error_and_no_endpoint_retryable_wit
         unreachable.check_schema([])
 
 
+def test_s3_staging_takes_its_secrets_by_reference(
+        http_receiver: ReceiverProcess, moto_server: MotoServer, s3_bucket: str,
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setenv("TWOPHASE_STAGING_SECRET", "canary-staging-secret-0c4f")
+    monkeypatch.setenv("TWOPHASE_STAGING_TOKEN", "canary-staging-token-6d1a")
+    caplog.set_level(logging.DEBUG)
+    staging = s3_staging(moto_server, s3_bucket)
+    staging["staging_options"].update(secret_access_key=Secret(env="TWOPHASE_STAGING_SECRET"),
+                                      session_token=Secret(env="TWOPHASE_STAGING_TOKEN"))
+    path = new_path()
+    sink = HttpSink(**{**http_receiver.sink_options(path), **staging, **CONTRACT_OPTIONS})
+    sink.check_schema(())
+    assert commit(sink, prepare(sink, orders(0, 4))) is CommitOutcome.COMMITTED
+    assert http_receiver.event_ids(path) == [0, 1, 2, 3]
+    for canary in ("canary-staging-secret-0c4f", "canary-staging-token-6d1a"):
+        assert canary.encode() not in pickle.dumps(sink)
+        assert canary not in repr(sink) and canary not in caplog.text
+
+
 def test_s3_staging_options_are_checked_and_their_secrets_kept_out_of_repr(
         http_receiver: ReceiverProcess, moto_server: MotoServer, s3_bucket: str,
         tmp_path: Path) -> None:
