@@ -112,6 +112,8 @@ _Verdict = tuple[type[TwoPhaseError], str]
 #: Any code the table does not name: never retried blindly.
 UNKNOWN_CODE: _Verdict = (FatalError, FIX_UNKNOWN_CODE)
 
+log = logging.getLogger(__name__)
+
 #: botocore's loggers that print a request at DEBUG (its headers, its canonical form for the
 #: signature): the session token is a header there.
 REQUEST_LOGGERS = ("botocore.auth", "botocore.endpoint", "botocore.awsrequest",
@@ -193,6 +195,9 @@ class S3Settings:
     def _new_client(self, max_attempts: int) -> Any:
         secret, token = reveal(self.secret_access_key), reveal(self.session_token)
         _redaction.protect(secret, token)
+        if not self.verify:
+            log.warning("%s: TLS certificate verification is OFF (verify=False) for %s",
+                        SYSTEM, self.endpoint_url or "AWS")
         config = _boto("botocore.config").Config(
             s3={"addressing_style": "path" if self.path_style else "auto"},
             retries={"max_attempts": max_attempts, "mode": "standard"},
@@ -227,7 +232,10 @@ class _RedactSecrets(logging.Filter):
             self._installed = True
 
     def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
+        try:
+            message = record.getMessage()
+        except (TypeError, ValueError):  # a malformed record: its handler reports it
+            return True
         redacted = _SECRET_FIELDS.sub(
             lambda m: f"{m.group(1) or m.group(3)}{REDACTED}", message)
         for secret in self._secrets:

@@ -187,6 +187,9 @@ class HttpSink(TwoPhaseCommitSink[HttpTransaction]):
             url=url, method=method.upper(), headers=tuple(sorted((headers or {}).items())),
             token=token, signing_secret=signing_secret, verify=verify, ca_bundle=ca_bundle,
             connect_timeout_s=connect_timeout_s, read_timeout_s=read_timeout_s)
+        if not verify:
+            log.warning("HttpSink: TLS certificate verification is OFF (verify=False) for %s",
+                        self.settings.where)
         self.staging = staging_at(staging, staging_options)
         self.encoding: Encoding = encoding
         self.compression: Compression = compression
