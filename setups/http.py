@@ -1,6 +1,10 @@
 """HTTP (the reference receiver, a separate process): a fresh URL path and staging directory
 per target, judged by the receiver's store. The receiver holds nothing open between
-requests (a request is stored or not), so nothing is in doubt on its side."""
+requests (a request is stored or not), so nothing is in doubt on its side.
+
+The secured variant (``started(..., tls_ca=...)``, or the ``http_secured`` receiver): HTTPS
+with a certificate of the run's CA, verified by the sink (``ca_bundle=``), a bearer token and
+a signing secret (the receiver's authorization: it refuses a request without both)."""
 
 from __future__ import annotations
 
@@ -11,8 +15,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from setups.base import Proxy, ProxyFactory, SinkSetup, Target, relayed
-from setups.servers.http_receiver import ReceiverProcess, new_path, started
+from setups.servers.http_receiver import ReceiverProcess, new_path, secured, started
 from setups.servers.moto import MotoServer
+from setups.servers.tls import CertificateAuthority
 from twophase.kit import S3_OPTIONS
 
 #: Small requests, so that a partition's slice is several requests with a key each.
@@ -37,9 +42,11 @@ class HttpSetup(SinkSetup):
 
     @classmethod
     @contextlib.contextmanager
-    def started(cls, scratch: Path, proxy: ProxyFactory | None = None) -> Iterator[HttpSetup]:
-        with started(scratch / "receiver") as receiver, \
-                relayed(proxy, receiver.port) as relay:
+    def started(cls, scratch: Path, proxy: ProxyFactory | None = None, *,
+                tls_ca: CertificateAuthority | None = None) -> Iterator[HttpSetup]:
+        workdir = scratch / "receiver"
+        with (secured(workdir, tls_ca) if tls_ca is not None else started(workdir)
+              ) as receiver, relayed(proxy, receiver.port) as relay:
             yield cls(scratch, receiver, relay)
 
     def target_options(self, **overrides: Any) -> dict[str, Any]:
@@ -49,7 +56,8 @@ class HttpSetup(SinkSetup):
                    "encoding": "jsonl", "compression": "gzip",
                    "max_records_per_request": RECORDS_PER_REQUEST, **overrides}
         if self.proxy is not None:
-            options["url"] = f"http://{self.proxy.address}{path}"
+            scheme = "https" if self.receiver.certfile else "http"
+            options["url"] = f"{scheme}://{self.proxy.address}{path}"
         return options
 
     def visible(self, target: Target) -> list[int]:

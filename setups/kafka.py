@@ -1,21 +1,44 @@
 """Apache Kafka (a private KRaft broker): a fresh topic and transactional-id prefix per
 target, read ``read_committed``. Behind a relay the broker advertises the relay, so every
-client connection (the coordinator's markers too) crosses it."""
+client connection (the coordinator's markers too) crosses it.
+
+:class:`SecuredKafkaSetup` is the same over a secured broker (SASL_SSL with SCRAM-SHA-512, a
+certificate of the run's CA, ACLs enforced): the sink connects as a user holding exactly the
+ACLs :mod:`sinks.kafka.access` lists for the target, verifies the certificate and host name,
+and reads its password by reference (:func:`sink_with_password_file`)."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
 from setups.base import Proxy, ProxyFactory, SinkSetup, Target
-from setups.servers.kafka import KafkaBroker, TopicReader, private_broker
+from setups.servers.kafka import (
+    APP_USER,
+    BrokerSecurity,
+    KafkaBroker,
+    TopicReader,
+    private_broker,
+)
 from setups.servers.local import free_port
+from setups.servers.tls import CertificateAuthority
+from sinks.kafka import KafkaSink
+from sinks.kafka.access import grants
+from twophase import Secret
 
 HOST = "127.0.0.1"
 #: Long enough that the broker never aborts a transaction a crash test leaves for recovery.
 TRANSACTION_TIMEOUT_MS = 300_000
+OWNER_ONLY = 0o600
+
+
+def sink_with_password_file(*, sasl_password_file: str, **options: Any) -> KafkaSink:
+    """A KafkaSink whose SASL password is ``Secret(file=sasl_password_file)`` (a driver spec
+    is JSON: it names the file, and the sink reveals it where it connects)."""
+    return KafkaSink(**options, sasl_plain_password=Secret(file=sasl_password_file))
 
 
 class KafkaSetup(SinkSetup):
@@ -70,3 +93,45 @@ class KafkaSetup(SinkSetup):
     def start_server(self) -> None:
         if self.broker.process is None or self.broker.process.poll() is not None:
             self.broker.start()
+
+
+class SecuredKafkaSetup(KafkaSetup):
+    """The secured broker (:class:`~setups.servers.kafka.BrokerSecurity`); each target's topic,
+    id prefix and registry topic granted to the sink's user, and nothing else."""
+
+    name = "kafka-secured"
+    factory = "setups.kafka:sink_with_password_file"
+
+    def __init__(self, scratch: Path, broker: KafkaBroker, reader: TopicReader | None = None,
+                 proxy: Proxy | None = None) -> None:
+        if broker.security is None:
+            raise ValueError("SecuredKafkaSetup needs a broker started with security=")
+        super().__init__(scratch, broker, reader, proxy)
+        scratch.mkdir(parents=True, exist_ok=True)
+        self.password_file = scratch / f"kafka-{APP_USER}.password"
+        descriptor = os.open(self.password_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+                             OWNER_ONLY)
+        with os.fdopen(descriptor, "w") as out:
+            out.write(broker.security.passwords[APP_USER])
+
+    @classmethod
+    @contextlib.contextmanager
+    def started(cls, scratch: Path, proxy: ProxyFactory | None = None
+                ) -> Iterator[SecuredKafkaSetup]:
+        if proxy is not None:
+            raise NotImplementedError("a relay would need a certificate for its own address")
+        security = BrokerSecurity.issued(CertificateAuthority(scratch / "ca"),
+                                         CertificateAuthority(scratch / "other-ca", "other CA"))
+        with private_broker(scratch / "kafka", security=security) as broker, \
+                broker.reader() as reader:
+            yield cls(scratch, broker, reader)
+
+    def target_options(self, **overrides: Any) -> dict[str, Any]:
+        options = super().target_options(**overrides)
+        options["registry_topic"] = options.get("registry_topic",
+                                                f"{options['topic']}-registry")
+        self.broker.grant(grant.acl(f"User:{APP_USER}") for grant in grants(
+            [options["topic"]], options["transactional_id_prefix"], options["registry_topic"],
+            create_registry=True))
+        del options["sasl_plain_password"]
+        return {**options, "sasl_password_file": str(self.password_file)}

@@ -17,6 +17,7 @@ from setups import (
     S3Setup,
     SQLiteSetup,
 )
+from setups.kafka import SecuredKafkaSetup
 from setups.least_privilege import LeastPrivileged
 from setups.servers.http_receiver import ReceiverProcess
 from setups.servers.kafka import KafkaBroker
@@ -88,14 +89,33 @@ def s3_setup(moto_server: MotoServer, s3_bucket: str, tmp_path: Path) -> S3Setup
 
 
 @pytest.fixture
+def s3_secured_setup(moto_secured: MotoServer, tmp_path: Path) -> S3Setup:
+    """S3 over HTTPS (the run's CA, verified), each sink as a least-privilege IAM user."""
+    return S3Setup.secured(tmp_path, moto_secured, moto_secured.new_bucket())
+
+
+@pytest.fixture
 def kafka_setup(kafka_broker: KafkaBroker, tmp_path: Path) -> Iterator[KafkaSetup]:
     with kafka_broker.reader() as reader:
         yield KafkaSetup(tmp_path, kafka_broker, reader)
 
 
 @pytest.fixture
+def kafka_secured_setup(kafka_secured_broker: KafkaBroker,
+                        tmp_path: Path) -> Iterator[SecuredKafkaSetup]:
+    with kafka_secured_broker.reader() as reader:
+        yield SecuredKafkaSetup(tmp_path, kafka_secured_broker, reader)
+
+
+@pytest.fixture
 def http_setup(http_receiver: ReceiverProcess, tmp_path: Path) -> HttpSetup:
     return HttpSetup(tmp_path, http_receiver)
+
+
+@pytest.fixture
+def http_secured_setup(http_secured: ReceiverProcess, tmp_path: Path) -> HttpSetup:
+    """HTTP over HTTPS (the run's CA, verified), with the token and the signing secret."""
+    return HttpSetup(tmp_path, http_secured)
 
 
 @pytest.fixture

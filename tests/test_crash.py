@@ -71,6 +71,8 @@ class TestJsonLinesCrashes(CrashSuite):
 
 
 class TestS3Crashes(CrashSuite):
-    """A crash leaves open uploads, never a visible duplicate."""
+    """A crash leaves open uploads, never a visible duplicate; over HTTPS (the certificate
+    verified against the run's CA), the sink running as a user holding exactly the README's
+    least-privilege policy of its prefix."""
 
-    setup_fixture = "s3_setup"
+    setup_fixture = "s3_secured_setup"

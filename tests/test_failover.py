@@ -1,7 +1,8 @@
 """Driver failover: every restart on a fresh "host" with nothing of the crashed driver's disk.
 
 The checkpoint sits on shared storage (a directory outside every driver's working directory,
-as a shared file system would be), the state and the objects on S3 (a moto_server process).
+as a shared file system would be), the state and the objects on S3 (a moto_server process
+over HTTPS, its certificate verified against the run's CA).
 The driver is SIGKILLed at every crash point in turn, each time restarted from a new working
 directory (its temporary files and Spark's local directory inside) while the crashed one's is
 deleted: every row exactly once, nothing in doubt.
@@ -24,13 +25,14 @@ def s3_state(server: MotoServer) -> tuple[str, dict[str, Any]]:
     options = server.options()
     return (f"s3://{server.new_bucket('state')}/checkpoints/orders/twophase",
             {key: options[key] for key in ("endpoint_url", "region", "path_style",
-                                           "access_key_id", "secret_access_key")})
+                                           "access_key_id", "secret_access_key", "ca_bundle")
+             if key in options})
 
 
 class TestS3DriverFailover(CrashSuite):
-    setup_fixture = "s3_setup"
+    setup_fixture = "s3_secured_setup"
     fresh_host_per_run = True
 
     @pytest.fixture
-    def state(self, moto_server: MotoServer) -> tuple[str | None, dict[str, Any]]:
-        return s3_state(moto_server)
+    def state(self, moto_secured: MotoServer) -> tuple[str | None, dict[str, Any]]:
+        return s3_state(moto_secured)

@@ -1,4 +1,5 @@
-"""docs/GUARANTEES.md lists nothing without a test: every matrix row names tests, and they exist.
+"""docs/GUARANTEES.md lists nothing without a test: every row of the matrix and of the scorecard
+names tests, and they exist.
 
 Test ids are collected without importing anything: the test files are parsed (AST), and a
 class's tests include those it inherits, also from base classes in other modules
@@ -15,9 +16,12 @@ from functools import cache
 from itertools import takewhile
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 GUARANTEES = REPO / "docs" / "GUARANTEES.md"
 MATRIX_HEADING = "## Matrix"
+SCORECARD_HEADING = "## Scorecard"
 NODE_ID = re.compile(r"`(tests/[\w/]+\.py::[\w:]+(?:\[[\w.-]+\])?)`")
 
 
@@ -82,13 +86,14 @@ def exists(node_id: str) -> bool:
     return False
 
 
-def test_every_row_of_the_matrix_names_tests_that_exist() -> None:
-    rows = table_rows(GUARANTEES.read_text(), MATRIX_HEADING)
-    assert rows, "the matrix is empty"
+@pytest.mark.parametrize("heading", [MATRIX_HEADING, SCORECARD_HEADING])
+def test_every_row_of_the_table_names_tests_that_exist(heading: str) -> None:
+    rows = table_rows(GUARANTEES.read_text(), heading)
+    assert rows, f"the table under {heading!r} is empty"
     without = [row for row in rows if not NODE_ID.findall(row)]
     missing = sorted({node for row in rows for node in NODE_ID.findall(row) if not exists(node)})
-    assert without == [], f"matrix rows naming no test: {without}"
-    assert missing == [], f"matrix rows name tests that do not exist: {missing}"
+    assert without == [], f"rows naming no test: {without}"
+    assert missing == [], f"rows name tests that do not exist: {missing}"
 
 
 def test_the_check_sees_inherited_tests_and_refuses_missing_ones() -> None:

@@ -17,9 +17,10 @@ pytestmark = [pytest.mark.spark, pytest.mark.crash]
 
 class TestHttpCrashes(CrashSuite):
     """Requests staged, then sent with idempotency keys: a crash leaves staged requests or
-    requests the receiver replays, never a record delivered twice."""
+    requests the receiver replays, never a record delivered twice. Over HTTPS (the receiver's
+    certificate verified against the run's CA), with the bearer token and the signature."""
 
-    setup_fixture = "http_setup"
+    setup_fixture = "http_secured_setup"
 
 
 @pytest.mark.long

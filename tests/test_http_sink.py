@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pickle
 import stat
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
+import requests
 
 from setups.http import s3_staging
 from setups.servers.http_receiver import (
@@ -31,9 +33,11 @@ from setups.servers.http_receiver import (
     new_path,
 )
 from setups.servers.moto import MotoServer
+from setups.servers.tls import WRONG_HOST, CertificateAuthority
 from sinks.http import HttpSink
 from sinks.http.committer import HttpCommitter
 from sinks.http.encoding import encode_record
+from sinks.http.protocol import WELL_KNOWN
 from twophase import (
     AbortOutcome,
     Column,
@@ -41,6 +45,7 @@ from twophase import (
     ConfigurationError,
     FatalError,
     RetryableError,
+    Secret,
     TransactionLostError,
 )
 from twophase.testing.contract import NAMESPACE, SinkContract, commit, context, orders, prepare
@@ -302,29 +307,82 @@ def test_a_receiver_down_during_commit_is_retryable_and_after_its_restart_all_ar
     assert receiver.event_ids(path) == [0, 1, 2, 3, 10, 11, 12, 13, 20, 21, 22, 23]
 
 
-@pytest.fixture
-def certificate(tmp_path: Path) -> Path:
-    cert = tmp_path / "tls" / "receiver.pem"
-    cert.parent.mkdir()
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
-                    "-keyout", str(cert.with_suffix(".key")), "-out", str(cert)],
-                   check=True, capture_output=True)
-    return cert
-
-
-def test_tls_is_verified_by_default(private_receiver: Receivers, certificate: Path,
-                                    tmp_path: Path) -> None:
-    receiver = private_receiver(certfile=certificate)
+def test_tls_is_verified_by_default_and_plain_http_is_refused(
+        http_secured: ReceiverProcess, tmp_path: Path) -> None:
     path = new_path()
-    untrusting = make_sink(receiver, path, tmp_path, max_attempts=1)
-    assert untrusting.settings.url.startswith("https://")
-    handle = prepare(untrusting, orders(0, 2))
-    with pytest.raises(ConfigurationError, match=r"SSLError.*Fix: .*ca_bundle="):
-        commit(untrusting, handle)
-    trusting = make_sink(receiver, path, tmp_path, ca_bundle=str(certificate))
-    assert commit(trusting, handle) is CommitOutcome.COMMITTED
-    assert receiver.event_ids(path) == [0, 1]
+    trusting = make_sink(http_secured, path, tmp_path)
+    assert trusting.settings.url.startswith("https://") and trusting.settings.verify
+    assert trusting.settings.ca_bundle == str(http_secured.cafile)
+    trusting.check_schema(())
+    assert commit(trusting, prepare(trusting, orders(0, 2))) is CommitOutcome.COMMITTED
+    assert http_secured.event_ids(path) == [0, 1]
+    with pytest.raises(requests.ConnectionError):  # the receiver speaks TLS only
+        requests.get(http_secured.url(WELL_KNOWN).replace("https://", "http://"), timeout=5)
+
+
+def _refused_before_anything_is_sent(sink: HttpSink, receiver: ReceiverProcess, path: str,
+                                     cause: str) -> None:
+    """``sink``'s check and its commit are refused naming ``cause`` and the fix; the receiver
+    holds nothing."""
+    fix = r"Fix: the receiver's certificate was not verified.*pass ca_bundle=.*verify=False"
+    with pytest.raises(ConfigurationError, match=rf"SSLError.*{cause}.*{fix}"):
+        sink.check_schema(())
+    with pytest.raises(ConfigurationError, match=rf"SSLError.*{cause}.*{fix}"):
+        commit(sink, prepare(sink, orders(0, 2)))
+    assert receiver.event_ids(path) == [] and receiver.key_states() == {}
+
+
+@pytest.mark.parametrize("trusted", ["other CA", "default CAs"])
+def test_a_receiver_whose_certificate_another_ca_issued_is_refused_before_anything_is_sent(
+        private_receiver: Receivers, tls_ca: CertificateAuthority, other_ca: CertificateAuthority,
+        tmp_path: Path, trusted: str) -> None:
+    receiver = private_receiver(certfile=tls_ca.issue("receiver").certfile, cafile=tls_ca.cafile)
+    path = new_path()
+    ca_bundle = str(other_ca.cafile) if trusted == "other CA" else None
+    sink = make_sink(receiver, path, tmp_path, ca_bundle=ca_bundle, max_attempts=1)
+    _refused_before_anything_is_sent(sink, receiver, path, "CERTIFICATE_VERIFY_FAILED")
+
+
+def test_a_receiver_whose_certificate_names_another_host_is_refused_before_anything_is_sent(
+        private_receiver: Receivers, tls_ca: CertificateAuthority, tmp_path: Path) -> None:
+    receiver = private_receiver(certfile=tls_ca.issue("wrong-host", (WRONG_HOST,)).certfile,
+                                cafile=tls_ca.cafile, names_host=False)
+    path = new_path()
+    sink = make_sink(receiver, path, tmp_path, max_attempts=1)
+    assert sink.settings.ca_bundle == str(tls_ca.cafile)  # the right CA, the wrong name
+    _refused_before_anything_is_sent(sink, receiver, path,
+                                     "(IP address mismatch|Hostname mismatch|doesn't match)")
+    unverified = make_sink(receiver, path, tmp_path, verify=False)  # the one relaxing option
+    unverified.check_schema(())
+
+
+CANARY_TOKEN, CANARY_SIGNING = "canary-http-token-3b8e", "canary-http-signing-71d2"
+
+
+def test_secrets_by_reference_stay_out_of_repr_pickles_logs_and_errors(
+        private_receiver: Receivers, tls_ca: CertificateAuthority, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    receiver = private_receiver(certfile=tls_ca.issue("receiver").certfile, cafile=tls_ca.cafile,
+                                token=CANARY_TOKEN, signing_secret=CANARY_SIGNING)
+    monkeypatch.setenv("TWOPHASE_HTTP_TOKEN", CANARY_TOKEN)
+    token_file = tmp_path / "signing-secret"
+    token_file.write_text(CANARY_SIGNING + "\n")
+    caplog.set_level(logging.DEBUG)
+    path = new_path()
+    sink = make_sink(receiver, path, tmp_path / "staging", token=Secret(env="TWOPHASE_HTTP_TOKEN"),
+                     signing_secret=Secret(file=str(token_file)))
+    sink.check_schema(())
+    assert commit(sink, prepare(sink, orders(0, 5))) is CommitOutcome.COMMITTED
+    assert receiver.event_ids(path) == [0, 1, 2, 3, 4]  # the references were revealed
+    monkeypatch.setenv("TWOPHASE_HTTP_TOKEN", "rotated-" + CANARY_TOKEN)
+    with pytest.raises(ConfigurationError) as refused:  # read again by the next request
+        commit(sink, prepare(sink, orders(10, 2), batch=2))
+    assert "urllib3.connectionpool" in {record.name for record in caplog.records}
+    produced = [repr(sink), repr(sink.settings), str(refused.value), caplog.text,
+                receiver.log.read_text()]
+    for canary in (CANARY_TOKEN, CANARY_SIGNING):
+        assert not any(canary in text for text in produced), canary
+        assert canary.encode() not in pickle.dumps(sink)
 
 
 def test_secrets_and_bodies_stay_out_of_repr_messages_and_logs(
@@ -484,6 +542,25 @@ def test_a_missing_bucket_is_a_configuration_error_and_no_endpoint_retryable_wit
     with pytest.raises(RetryableError,
                        match=r"Could not connect to the endpoint.*Fix: .*endpoint_url="):
         unreachable.check_schema([])
+
+
+def test_s3_staging_takes_its_secrets_by_reference(
+        http_receiver: ReceiverProcess, moto_server: MotoServer, s3_bucket: str,
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setenv("TWOPHASE_STAGING_SECRET", "canary-staging-secret-0c4f")
+    monkeypatch.setenv("TWOPHASE_STAGING_TOKEN", "canary-staging-token-6d1a")
+    caplog.set_level(logging.DEBUG)
+    staging = s3_staging(moto_server, s3_bucket)
+    staging["staging_options"].update(secret_access_key=Secret(env="TWOPHASE_STAGING_SECRET"),
+                                      session_token=Secret(env="TWOPHASE_STAGING_TOKEN"))
+    path = new_path()
+    sink = HttpSink(**{**http_receiver.sink_options(path), **staging, **CONTRACT_OPTIONS})
+    sink.check_schema(())
+    assert commit(sink, prepare(sink, orders(0, 4))) is CommitOutcome.COMMITTED
+    assert http_receiver.event_ids(path) == [0, 1, 2, 3]
+    for canary in ("canary-staging-secret-0c4f", "canary-staging-token-6d1a"):
+        assert canary.encode() not in pickle.dumps(sink)
+        assert canary not in repr(sink) and canary not in caplog.text
 
 
 def test_s3_staging_options_are_checked_and_their_secrets_kept_out_of_repr(

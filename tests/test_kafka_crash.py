@@ -1,16 +1,58 @@
 """The crash suite against a real Kafka broker: a Spark driver SIGKILLed at every crash point,
-judged by a read_committed consumer; at the end no open transaction of the query is left."""
+judged by a read_committed consumer; at the end no open transaction of the query is left.
+
+In CI it runs against the secured broker (SASL_SSL, SCRAM-SHA-512, certificate and host name
+verified, ACLs enforced), as a user holding exactly the ACLs :mod:`sinks.kafka.access` lists,
+its password read from a file by the driver and every executor; the plain broker's run is
+under ``-m long``."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+from typing import Any
+
 import pytest
 
-from twophase.testing.crash import CrashSuite
+from setups.base import Target as SetupTarget
+from setups.kafka import SecuredKafkaSetup
+from setups.servers.kafka import APP_USER
+from twophase.testing.crash import CrashSuite, FeedSource
+from twophase.testing.target import Target
 
 pytestmark = [pytest.mark.spark, pytest.mark.crash]
 
 
+@pytest.mark.long
 class TestKafkaCrashes(CrashSuite):
     """A crash leaves open transactions (invisible to read_committed), never a duplicate."""
 
     setup_fixture = "kafka_setup"
+
+
+class TestSecuredKafkaCrashes(CrashSuite):
+    """The same over SASL_SSL with least privilege; the broker's authorizer saw the sink's
+    user write the records (the executors' librdkafka) and end the transactions (the driver's
+    kafka-python)."""
+
+    setup_fixture = "kafka_secured_setup"
+
+    def test_a_driver_killed_at_every_point_in_turn_delivers_every_row_exactly_once(
+        self, target: Target, state: tuple[str | None, dict[str, Any]],
+        spark_conf: dict[str, str], driver_disk: Path, tmp_path: Path, *,
+        source: FeedSource | None
+    ) -> None:
+        super().test_a_driver_killed_at_every_point_in_turn_delivers_every_row_exactly_once(
+            target, state, spark_conf, driver_disk, tmp_path, source=source)
+        assert isinstance(target, SetupTarget)
+        assert isinstance(target.setup, SecuredKafkaSetup)
+        broker = target.setup.broker
+        assert target.options["bootstrap_servers"] == broker.bootstrap_servers
+        assert target.options["security_protocol"] == "SASL_SSL"
+        allowed = broker.authorizer_log.read_text()
+        prefix = re.escape(target.options["transactional_id_prefix"])
+        for request, resource in (("Produce", f"Topic:LITERAL:{target.options['topic']}"),
+                                  ("EndTxn", f"TransactionalId:LITERAL:{prefix}\\S+")):
+            assert re.search(f"Principal = User:{APP_USER} is Allowed operation = WRITE .* "
+                             f"on resource = {resource} for request = {request} ",
+                             allowed), f"no {request} by {APP_USER} in the authorizer's log"

@@ -168,9 +168,9 @@ def test_s3_errors_are_classified_once_and_a_refusal_names_the_callers_permissio
     errors = S3Errors(("s3:GetObject", "s3:PutObject"))
     refused = errors.classify(s3_error("AccessDenied", 403), "GetObject of s3://b/k")
     assert isinstance(refused, ConfigurationError)
-    assert str(refused) == ("S3: GetObject of s3://b/k failed: AccessDenied (no). Fix: grant "
-                            "s3:GetObject and s3:PutObject on the bucket and prefix to these "
-                            "credentials")
+    assert str(refused) == ("S3: GetObject of s3://b/k failed: AccessDenied (no). Fix: "
+                            "GetObject needs s3:GetObject; grant s3:GetObject and s3:PutObject "
+                            "on the bucket and prefix to these credentials")
     assert isinstance(errors.classify(s3_error("WhoKnows", 502), "x"), RetryableError)
     unknown = errors.classify(s3_error("WhoKnows", 400), "x")
     assert type(unknown) is FatalError

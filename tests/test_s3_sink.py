@@ -4,6 +4,8 @@ each format, and what only this sink does (streamed parts, proven commits, keys,
 from __future__ import annotations
 
 import io
+import json
+import logging
 import os
 import pickle
 import signal
@@ -11,6 +13,7 @@ import subprocess
 import sys
 from collections.abc import Mapping
 from decimal import Decimal
+from pathlib import Path
 from typing import Any, ClassVar
 
 import pyarrow as pa
@@ -18,10 +21,11 @@ import pyarrow.parquet as pq
 import pytest
 from botocore.exceptions import ClientError
 
-from setups.s3 import read_rows
+from setups.s3 import moto_policy, read_rows
 from setups.servers.moto import MotoServer
+from setups.servers.tls import CertificateAuthority
 from sinks.s3 import S3Sink
-from sinks.s3.errors import classify
+from sinks.s3.errors import classify, iam_policy
 from sinks.s3.upload import META_TXN
 from twophase import (
     AbortOutcome,
@@ -32,8 +36,11 @@ from twophase import (
     Handle,
     RetryableError,
     SchemaMismatchError,
+    Secret,
     TransactionLostError,
+    _s3,
 )
+from twophase._s3 import OPERATION_PERMISSIONS
 from twophase.testing.contract import (
     NAMESPACE,
     ORDER_COLUMNS,
@@ -373,6 +380,115 @@ def test_credentials_that_cannot_list_uploads_fail_at_the_start_naming_the_permi
     sink = make_sink(server, bucket, access_key_id=key_id, secret_access_key=secret,
                      max_attempts=1)
     with pytest.raises(ConfigurationError,
-                       match=r"ListMultipartUploads .*AccessDenied.*Fix: grant .*"
-                       r"s3:ListBucketMultipartUploads"):
+                       match=r"ListMultipartUploads .*AccessDenied.*Fix: ListMultipartUploads "
+                       r"needs s3:ListBucketMultipartUploads; grant .*s3:PutObject"):
         sink.check_target()
+
+
+# -- TLS: verified by default --------------------------------------------------------------------
+
+def test_the_secured_store_is_reached_over_verified_https_only(moto_secured: MotoServer) -> None:
+    server = moto_secured
+    bucket = server.new_bucket()
+    sink = make_sink(server, bucket)
+    assert sink.settings.endpoint_url is not None
+    assert sink.settings.endpoint_url.startswith("https://")
+    assert sink.settings.ca_bundle is not None and sink.settings.verify
+    assert commit(sink, prepare(sink, orders(0, 10))) is CommitOutcome.COMMITTED
+    plain = make_sink(server, bucket, max_attempts=1,
+                      endpoint_url=server.endpoint_url.replace("https://", "http://"))
+    with pytest.raises(RetryableError, match=r"HeadBucket .* at http://"):
+        plain.check_target()  # the server speaks TLS only: a plain request gets no answer
+    assert len(visible_rows(sink, server)) == 10
+
+
+def _refused_before_anything_is_written(sink: S3Sink, server: MotoServer, bucket: str,
+                                        cause: str) -> None:
+    """``sink``'s check and its first upload are refused naming ``cause`` and the fix; the
+    bucket holds nothing."""
+    fix = r"Fix: the store's certificate was not verified: pass ca_bundle=.*verify=False"
+    with pytest.raises(ConfigurationError, match=rf"HeadBucket .*{cause}.*{fix}"):
+        sink.check_target()
+    with pytest.raises(ConfigurationError, match=rf"{cause}.*{fix}"):
+        prepare(sink, orders(0, 2000))
+    assert objects(server, bucket) == [] and open_uploads(server, bucket) == []
+
+
+@pytest.mark.parametrize("trusted", ["other CA", "default CAs"])
+def test_a_store_whose_certificate_another_ca_issued_is_refused_before_anything_is_written(
+        moto_secured: MotoServer, other_ca: CertificateAuthority, trusted: str) -> None:
+    bucket = moto_secured.new_bucket()
+    ca_bundle = str(other_ca.cafile) if trusted == "other CA" else None
+    sink = make_sink(moto_secured, bucket, ca_bundle=ca_bundle, max_attempts=1)
+    _refused_before_anything_is_written(sink, moto_secured, bucket, "CERTIFICATE_VERIFY_FAILED")
+
+
+def test_a_store_whose_certificate_names_another_host_is_refused_before_anything_is_written(
+        moto_wrong_host: MotoServer) -> None:
+    bucket = moto_wrong_host.new_bucket()
+    sink = make_sink(moto_wrong_host, bucket, max_attempts=1)
+    assert sink.settings.ca_bundle is not None  # the right CA: only the host name is wrong
+    _refused_before_anything_is_written(sink, moto_wrong_host, bucket,
+                                        "hostname '127.0.0.1' doesn't match")
+    unverified = make_sink(moto_wrong_host, bucket, verify=False)  # the one relaxing option
+    unverified.check_target()
+
+
+# -- least privilege ------------------------------------------------------------------------------
+
+def test_the_readme_policy_is_the_sinks_least_privilege_policy() -> None:
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    section = readme.split("### S3", 1)[1].split("\n### ", 1)[0]
+    written = json.loads(section.split("```json", 1)[1].split("```", 1)[0])
+    assert written == iam_policy("my-bucket", "orders", state_bucket="my-bucket",
+                                 state_prefix="checkpoints/orders/twophase")
+    actions = {a for statement in written["Statement"] for a in statement["Action"]}
+    assert set(OPERATION_PERMISSIONS.values()) - {"s3:DeleteObject"} <= actions
+
+
+@pytest.mark.parametrize(("missing", "operation"), [("s3:GetObject", "HeadObject"),
+                                                    ("s3:AbortMultipartUpload",
+                                                     "AbortMultipartUpload")])
+def test_a_policy_without_an_action_fails_naming_the_action(
+        moto_checking_credentials: MotoServer, missing: str, operation: str) -> None:
+    server = moto_checking_credentials
+    bucket = server.new_bucket()
+    policy = moto_policy(bucket, "orders")
+    for statement in policy["Statement"]:
+        statement["Action"] = [a for a in statement["Action"] if a != missing]
+    key_id, secret = server.add_user_with_policy(f"without-{operation}", policy)
+    sink = make_sink(server, bucket, access_key_id=key_id, secret_access_key=secret,
+                     max_attempts=1)
+    sink.check_target()  # the check needs neither
+    refused = rf"{operation} of .*Fix: .*{operation} needs {missing}"
+    with pytest.raises(ConfigurationError, match=refused):
+        handle = prepare(sink, orders(0, 2000))  # pre-commit HEADs the key
+        sink.abort(handle)
+    assert objects(server, bucket) == []
+
+
+# -- secrets by reference -------------------------------------------------------------------------
+
+CANARY_SECRET, CANARY_TOKEN = "canary-s3-secret-5e1f", "canary-s3-token-9a7c"
+
+
+def test_secrets_by_reference_stay_out_of_repr_pickles_logs_and_errors(
+        moto_server: MotoServer, s3_bucket: str, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setenv("TWOPHASE_S3_SECRET", CANARY_SECRET)
+    monkeypatch.setenv("TWOPHASE_S3_TOKEN", CANARY_TOKEN)
+    caplog.set_level(logging.DEBUG)
+    references = {"secret_access_key": Secret(env="TWOPHASE_S3_SECRET"),
+                  "session_token": Secret(env="TWOPHASE_S3_TOKEN")}
+    sink = make_sink(moto_server, s3_bucket, **references)
+    sink.check_target()
+    assert commit(sink, prepare(sink, orders(0, 2000))) is CommitOutcome.COMMITTED
+    with pytest.raises(ConfigurationError) as refused:
+        make_sink(moto_server, "no-such-bucket-here", **references).check_target()
+    assert "x-amz-security-token" in caplog.text.lower()  # botocore did log the request
+    produced = [repr(sink), repr(sink.settings), str(refused.value), caplog.text,
+                repr(list(_s3._clients))]
+    for canary in (CANARY_SECRET, CANARY_TOKEN):
+        assert not any(canary in text for text in produced), canary
+        assert canary.encode() not in pickle.dumps(sink)
+    assert len(visible_rows(sink, moto_server)) == 2000

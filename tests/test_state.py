@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import signal
 import stat
 import subprocess
@@ -22,7 +23,8 @@ from typing import Any
 import pytest
 
 from setups.servers.moto import MotoServer
-from twophase import ConfigurationError, FencedError, StateCorruptError
+from setups.servers.tls import CertificateAuthority
+from twophase import ConfigurationError, FencedError, Secret, StateCorruptError
 from twophase._state import State, StateStore
 
 Location = tuple[str, dict[str, Any]]
@@ -31,7 +33,8 @@ Location = tuple[str, dict[str, Any]]
 def s3_options(server: MotoServer) -> dict[str, Any]:
     options = server.options()
     return {key: options[key] for key in ("endpoint_url", "region", "path_style",
-                                          "access_key_id", "secret_access_key")}
+                                          "access_key_id", "secret_access_key", "ca_bundle")
+            if key in options}
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -220,4 +223,23 @@ def test_s3_locations_and_their_errors_name_the_fix(moto_server: MotoServer,
     key_id, secret = moto_checking_credentials.add_user("lister", ["s3:ListBucket"])
     lister = {**wrong, "access_key_id": key_id, "secret_access_key": secret}
     refuses(lambda: StateStore(f"s3://{bucket}/x", lister).read(),
-            r"AccessDenied.*Fix: grant s3:GetObject and s3:PutObject on the bucket")
+            r"AccessDenied.*Fix: GetObject needs s3:GetObject; grant s3:GetObject and "
+            r"s3:PutObject on the bucket")
+
+
+def test_a_state_on_s3_over_https_is_verified_and_takes_secrets_by_reference(
+        moto_secured: MotoServer, other_ca: CertificateAuthority,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TWOPHASE_STATE_SECRET", moto_secured.secret_access_key)
+    options = {**s3_options(moto_secured),
+               "secret_access_key": Secret(env="TWOPHASE_STATE_SECRET")}
+    assert options["endpoint_url"].startswith("https://") and options["ca_bundle"]
+    location = f"s3://{moto_secured.new_bucket('state')}/checkpoints/orders/twophase"
+    store = StateStore(location, options)
+    store.start_run("orders", {})
+    assert store.read() is not None
+    assert moto_secured.secret_access_key not in repr(store.storage)
+    assert moto_secured.secret_access_key.encode() not in pickle.dumps(options)
+    untrusting = StateStore(location, {**options, "ca_bundle": str(other_ca.cafile)})
+    refuses(untrusting.read, r"CERTIFICATE_VERIFY_FAILED.*Fix: the store's certificate was not "
+            r"verified: pass ca_bundle=")

@@ -17,6 +17,7 @@ from twophase.errors import (
     RetryableError,
     SchemaMismatchError,
     StateCorruptError,
+    StateNewerError,
     TransactionLostError,
     TwoPhaseError,
 )
@@ -46,6 +47,7 @@ __all__ = [
     "Secret",
     "SinkGroup",
     "StateCorruptError",
+    "StateNewerError",
     "TransactionContext",
     "TransactionLostError",
     "TwoPhaseCommitSink",

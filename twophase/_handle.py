@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from twophase.errors import ConfigurationError, StateCorruptError
+from twophase.errors import ConfigurationError, StateCorruptError, StateNewerError
 
 NAMESPACE_MAX_LENGTH = 24
 QUERY_DIGITS = 16
@@ -164,7 +164,8 @@ class Handle:
         """Load a handle written by this or any earlier version of twophase."""
         version = obj.get("v")
         if not isinstance(version, int) or version > HANDLE_FORMAT_VERSION:
-            raise StateCorruptError(
+            error = StateNewerError if isinstance(version, int) else StateCorruptError
+            raise error(
                 f"handle format {version!r} is unknown to this twophase "
                 f"(which reads up to {HANDLE_FORMAT_VERSION}): {dict(obj)!r}.",
                 fix="run the newer twophase version that wrote it",

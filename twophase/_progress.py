@@ -9,6 +9,7 @@ session, for every query started by :func:`twophase.spark.write_stream`) and log
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from typing import TYPE_CHECKING
 
@@ -28,6 +29,11 @@ if TYPE_CHECKING:
     )
 
 log = logging.getLogger(__name__)
+
+#: A twophase error as a Python worker's traceback ends (inside Spark's own exception text).
+_TWOPHASE_ERROR = re.compile(r"^twophase\.errors\.(\w+): (.*)$", re.MULTILINE)
+#: Lines of a cause's message read after its first, looking for its fix.
+_CAUSE_LINES = 4
 
 _LISTENERS: dict[int, _CommitLog] = {}
 _REGISTRATION = threading.Lock()
@@ -65,7 +71,7 @@ class _CommitLog(StreamingQueryListener):
         if store is not None and event.exception:
             log.error("query %s stopped: %s (pending decided batches, if any, are finished "
                       "by its next start; see `python -m twophase.status %s`)",
-                      event.id, event.exception.splitlines()[0], store.location)
+                      event.id, cause_of(event.exception), store.location)
         if not self.queries and is_connect(self.session):
             self._detach()
 
@@ -105,3 +111,19 @@ def log_batch(store: StateStore, batch: int) -> None:
         log.info("batch %d was a replay of a committed batch: nothing written twice", batch)
     else:
         log.warning("batch %d reported by Spark but not decided by twophase", batch)
+
+
+def cause_of(exception: str) -> str:
+    """What stopped a query, from Spark's text of the exception: the first twophase error of
+    a task's traceback (with its fix) if there is one, else Spark's first line ("Writing job
+    failed" says nothing of the cause a sink named; errors after the first are its echoes, as
+    the abort of the failed batch)."""
+    first = _TWOPHASE_ERROR.search(exception)
+    if first is None:
+        return exception.splitlines()[0]
+    lines = [f"{first.group(1)}: {first.group(2)}"]
+    for line in exception[first.end():].splitlines()[1:_CAUSE_LINES + 1]:
+        if "Fix:" in lines[-1] or not line.strip():
+            break
+        lines.append(line.strip())
+    return " ".join(lines)

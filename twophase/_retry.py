@@ -16,6 +16,9 @@ log = logging.getLogger(__name__)
 DEFAULT_MAX_ATTEMPTS = 6
 DEFAULT_INITIAL_BACKOFF_S = 0.1
 DEFAULT_MAX_BACKOFF_S = 5.0
+EXHAUSTED_FIX = ("fix the cause named above, then restart the query; an outage longer than "
+                 "the retries is waited out by a RetryPolicy with more attempts or a longer "
+                 "backoff")
 
 T = TypeVar("T")
 
@@ -52,7 +55,8 @@ class RetryPolicy:
                 if attempt == self.max_attempts:
                     raise FatalError(
                         f"{what} still failing after {attempt} attempts: {exc.cause}",
-                        fix=exc.fix or "fix the cause named above and restart the query",
+                        fix=f"{EXHAUSTED_FIX} (the sink's advice: {exc.fix})" if exc.fix
+                        else EXHAUSTED_FIX,
                     ) from exc
                 if on_retry is not None:
                     on_retry(exc)

@@ -20,7 +20,10 @@ what went wrong                        what it becomes
 a ``ClientError`` whose code is in     the verdict of the table: throttling and 5xx are
 the table                              retryable; a missing bucket, a refused or unknown key, a
                                        bad signature are :class:`ConfigurationError` with the fix
-                                       (a refused request names the caller's ``permissions``)
+                                       (a refused request names the permission of the refused
+                                       operation, and the caller's ``permissions``)
+a certificate not verified             :class:`ConfigurationError`: fix ``ca_bundle=`` or the
+                                       endpoint's host name (``verify=False`` turns it off)
 any other 5xx status                   :class:`RetryableError`
 any other code                         :class:`FatalError` (never retried blindly)
 no connection, a timeout               :class:`RetryableError` naming the endpoint
@@ -29,17 +32,26 @@ no credentials at all                  :class:`ConfigurationError`
 
 Callers read :meth:`S3Errors.code` / :meth:`S3Errors.status` only to steer (``NoSuchUpload``,
 ``PreconditionFailed``, 404 on HEAD), never to build an error of their own.
+
+TLS: boto3 verifies the store's certificate and host name by default, against certifi's CAs
+(or ``AWS_CA_BUNDLE``); ``ca_bundle=`` names the CA file of a private store, and only
+``verify=False`` turns the check off. Secrets (``secret_access_key``, ``session_token``) take a
+:class:`~twophase.Secret` reference, revealed only when a client is made: the pickled settings
+and the key of the client cache hold the reference, never the clear text.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
+import logging
 import os
+import re
 import threading
 from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
+from twophase._secrets import Secret, SecretOption, reveal
 from twophase.errors import ConfigurationError, FatalError, RetryableError, TwoPhaseError
 
 if TYPE_CHECKING:
@@ -68,11 +80,49 @@ FIX_CLOCK = "synchronise this host's clock (NTP): S3 refuses requests signed >15
 FIX_PART_SIZE = "raise part_size= (S3 needs at least 5 MiB for every part but the last)"
 FIX_UNKNOWN_CODE = "look up the S3 error code and fix its cause, then restart the query"
 FIX_NO_BOTO3 = "pip install 'twophase[s3]'"
+FIX_TLS = ("the store's certificate was not verified: pass ca_bundle= (the file of the CA that "
+           "issued it) and reach the store by a host name its certificate names "
+           "(endpoint_url=); verify=False turns the check off (never across a network you do "
+           "not trust)")
+
+#: The IAM action each S3 operation of twophase needs: a refused request's fix names it.
+OPERATION_PERMISSIONS = {
+    "HeadBucket": "s3:ListBucket",
+    "ListObjectsV2": "s3:ListBucket",
+    "ListMultipartUploads": "s3:ListBucketMultipartUploads",
+    "GetBucketLifecycleConfiguration": "s3:GetLifecycleConfiguration",
+    "CreateMultipartUpload": "s3:PutObject",
+    "UploadPart": "s3:PutObject",
+    "CompleteMultipartUpload": "s3:PutObject",
+    "PutObject": "s3:PutObject",
+    "HeadObject": "s3:GetObject",
+    "GetObject": "s3:GetObject",
+    "ListParts": "s3:ListMultipartUploadParts",
+    "AbortMultipartUpload": "s3:AbortMultipartUpload",
+    "DeleteObjects": "s3:DeleteObject",
+    "DeleteObject": "s3:DeleteObject",
+}
+#: Codes of a request the store refused to these credentials.
+ACCESS_DENIED = frozenset({"AccessDenied", "403", "AllAccessDisabled"})
+#: A refusal without a body (a HEAD's): wrong credentials or a missing permission.
+BARE_403 = "403"
 
 #: What a code becomes: the kind of error and the fix an operator can act on.
 _Verdict = tuple[type[TwoPhaseError], str]
 #: Any code the table does not name: never retried blindly.
 UNKNOWN_CODE: _Verdict = (FatalError, FIX_UNKNOWN_CODE)
+
+log = logging.getLogger(__name__)
+
+#: botocore's loggers that print a request at DEBUG (its headers, its canonical form for the
+#: signature): the session token is a header there.
+REQUEST_LOGGERS = ("botocore.auth", "botocore.endpoint", "botocore.awsrequest",
+                   "botocore.httpsession", "botocore.hooks", "botocore.parsers",
+                   "botocore.retryhandler", "urllib3.connectionpool")
+REDACTED = "***"
+#: A session token header and a signature, however botocore prints them.
+_SECRET_FIELDS = re.compile(r"(?i)(x-amz-security-token['\"]?\s*[:=,]\s*b?['\"]?)([^'\"\s,}]+)"
+                            r"|(Signature=)([0-9a-f]+)")
 
 _clients: dict[tuple[int, S3Settings, int], Any] = {}
 _sessions: dict[int, Any] = {}
@@ -88,8 +138,12 @@ class S3Settings:
     region: str | None = None
     path_style: bool = False
     access_key_id: str | None = field(default=None, repr=False)
-    secret_access_key: str | None = field(default=None, repr=False)
-    session_token: str | None = field(default=None, repr=False)
+    secret_access_key: SecretOption | None = field(default=None, repr=False)
+    session_token: SecretOption | None = field(default=None, repr=False)
+    #: The CA file the store's certificate is verified against (None: certifi's CAs).
+    ca_bundle: str | None = None
+    #: False turns certificate verification off (the one option that relaxes TLS).
+    verify: bool = True
     checksums: S3Checksums = "when_required"
     connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
     read_timeout_s: float = DEFAULT_READ_TIMEOUT_S
@@ -98,6 +152,10 @@ class S3Settings:
         if (self.access_key_id is None) != (self.secret_access_key is None):
             raise ConfigurationError(f"{SYSTEM}: access_key_id and secret_access_key go together.",
                                      fix="pass both, or neither to use boto3's chain")
+        for name in ("secret_access_key", "session_token"):
+            if not isinstance(getattr(self, name), str | Secret | None):
+                raise ConfigurationError(f"{SYSTEM}: {name} is a {type(getattr(self, name))}.",
+                                         fix=f"pass {name}= as a str or a twophase.Secret")
 
     @classmethod
     def of(cls, bucket: str, options: Mapping[str, Any], *, named: str) -> S3Settings:
@@ -114,9 +172,19 @@ class S3Settings:
         """The bucket and endpoint, as error messages name them."""
         return f"s3://{self.bucket}" + (f" at {self.endpoint_url}" if self.endpoint_url else "")
 
+    @property
+    def tls_verify(self) -> bool | str | None:
+        """boto3's ``verify=``: the CA file, False if turned off, None for boto3's default
+        (verified against certifi's CAs or ``AWS_CA_BUNDLE``)."""
+        if not self.verify:
+            return False
+        return self.ca_bundle
+
     def client(self, *, max_attempts: int = DEFAULT_S3_MAX_ATTEMPTS) -> Any:
         """This process's client for this endpoint, these credentials and ``max_attempts``
-        (made on first use, thread-safe, for every bucket)."""
+        (made on first use, thread-safe, for every bucket). The cache's key is these settings:
+        a :class:`~twophase.Secret` stays a reference there, and ``repr`` hides the
+        credentials either way."""
         key = (os.getpid(), replace(self, bucket=""), max_attempts)
         with _clients_lock:
             client = _clients.get(key)
@@ -125,6 +193,11 @@ class S3Settings:
             return client
 
     def _new_client(self, max_attempts: int) -> Any:
+        secret, token = reveal(self.secret_access_key), reveal(self.session_token)
+        _redaction.protect(secret, token)
+        if not self.verify:
+            log.warning("%s: TLS certificate verification is OFF (verify=False) for %s",
+                        SYSTEM, self.endpoint_url or "AWS")
         config = _boto("botocore.config").Config(
             s3={"addressing_style": "path" if self.path_style else "auto"},
             retries={"max_attempts": max_attempts, "mode": "standard"},
@@ -136,8 +209,43 @@ class S3Settings:
         )
         return _session().client(
             "s3", endpoint_url=self.endpoint_url, region_name=self.region,
-            aws_access_key_id=self.access_key_id, aws_secret_access_key=self.secret_access_key,
-            aws_session_token=self.session_token, config=config)
+            aws_access_key_id=self.access_key_id,
+            aws_secret_access_key=secret, aws_session_token=token, verify=self.tls_verify,
+            config=config)
+
+
+class _RedactSecrets(logging.Filter):
+    """Takes the credentials out of botocore's DEBUG records of requests: the session token
+    header, the signature, and every secret a client of this process was made with."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._secrets: set[str] = set()
+        self._installed = False
+
+    def protect(self, *secrets: str | None) -> None:
+        """Redact ``secrets`` from now on (and install the filter, once)."""
+        self._secrets.update(s for s in secrets if s)
+        if not self._installed:
+            for name in REQUEST_LOGGERS:
+                logging.getLogger(name).addFilter(self)
+            self._installed = True
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except (TypeError, ValueError):  # a malformed record: its handler reports it
+            return True
+        redacted = _SECRET_FIELDS.sub(
+            lambda m: f"{m.group(1) or m.group(3)}{REDACTED}", message)
+        for secret in self._secrets:
+            redacted = redacted.replace(secret, REDACTED)
+        if redacted != message:
+            record.msg, record.args = redacted, None
+        return True
+
+
+_redaction = _RedactSecrets()
 
 
 #: The options an S3 location takes: :class:`S3Settings`' fields but the bucket.
@@ -206,10 +314,13 @@ class S3Errors:
         if isinstance(exc, errors.ClientError):
             code = self.code(exc) or str(self.status(exc))
             return self.error(code, what, exc.response.get("Error", {}).get("Message", ""),
-                              status=self.status(exc))
+                              status=self.status(exc),
+                              operation=getattr(exc, "operation_name", None))
         failed = f"{SYSTEM}: {what} failed: {exc}."
         if isinstance(exc, (errors.NoCredentialsError, errors.PartialCredentialsError)):
             return ConfigurationError(failed, fix=FIX_CREDENTIALS)
+        if isinstance(exc, errors.SSLError):
+            return ConfigurationError(failed, fix=FIX_TLS)
         if isinstance(exc, (errors.ConnectionError, errors.HTTPClientError)):
             return RetryableError(failed, fix=FIX_UNREACHABLE)
         if isinstance(exc, errors.BotoCoreError):
@@ -217,13 +328,18 @@ class S3Errors:
         return FatalError(f"{SYSTEM}: {what} failed: {type(exc).__name__}: {exc}.",
                           fix=FIX_UNKNOWN_CODE)
 
-    def error(self, code: str, what: str, message: str = "", *, status: int = 0
-              ) -> TwoPhaseError:
+    def error(self, code: str, what: str, message: str = "", *, status: int = 0,
+              operation: str | None = None) -> TwoPhaseError:
         """The verdict on S3's error ``code`` (HTTP ``status``) during ``what``: also for a
         code that comes in a reply (DeleteObjects' per-key errors) or that a bodiless reply
-        only implies (a HEAD's 404 of a bucket is ``NoSuchBucket``)."""
+        only implies (a HEAD's 404 of a bucket is ``NoSuchBucket``). A refused ``operation``
+        (``"ListParts"``...) names the permission it needs first."""
         rule = self.SERVER_ERROR if code not in self.rules and status >= 500 else code
         kind, fix = self.rules.get(rule, UNKNOWN_CODE)
+        needed = OPERATION_PERMISSIONS.get(operation or "")
+        if code in ACCESS_DENIED and needed is not None:  # a bare 403 may be the key's fault
+            fix = f"{fix}; {operation} needs {needed}" if code == BARE_403 \
+                else f"{operation} needs {needed}; {fix}"
         return kind(f"{SYSTEM}: {what} failed: {code}" + (f" ({message})." if message else "."),
                     fix=fix)
 

@@ -73,3 +73,16 @@ def reveal(value: str | Secret | None) -> str | None:
 def is_reference(value: object) -> bool:
     """Whether a config value is written as a secret reference (``{ env = ... }``, ...)."""
     return isinstance(value, Mapping) and bool(value) and set(value) <= REFERENCE_KEYS
+
+
+def resolved(options: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` with every reference (``{"env": NAME}``, ``{"file": PATH}``) read, also
+    inside nested tables (a sink group's members' options): for the operator's tools, which
+    take a sink's options from a config file or the command line."""
+    return {key: _resolved(value) for key, value in options.items()}
+
+
+def _resolved(value: Any) -> Any:
+    if is_reference(value):
+        return Secret.of(value).reveal()
+    return resolved(value) if isinstance(value, Mapping) else value

@@ -15,6 +15,24 @@ refused (``StateCorruptError``) instead of being read as "nothing decided".
 
 Fencing: each run bumps the epoch when it starts. Every change a run makes names the epoch it
 holds; a run whose epoch is older than the file's is a zombie and gets ``FencedError``.
+
+Versions: the body's ``format`` (:data:`STATE_FORMAT_VERSION`) and each handle's ``v``
+(:data:`twophase._handle.HANDLE_FORMAT_VERSION`) version what is written; the rules:
+
+* A twophase reads every format any earlier release wrote (:data:`READABLE_STATE_FORMATS`;
+  handles through ``_HANDLE_UPGRADES``): upgrading with batches pending is a restart, and the
+  new code commits what the old one decided. The first write of the new code writes its own
+  format, so a downgrade after it is refused (below).
+* A format newer than the code knows is refused with :class:`StateNewerError`, naming both
+  versions, never read as what an older format would mean: fields it does not know could be
+  what decides a batch. The fix is to run that newer twophase (or a later one).
+* A change that older code may safely ignore (a field added with a default, like
+  ``metrics``) keeps the format; a change that older code would misread (a field it must not
+  ignore, a meaning changed) bumps it and adds the old format to the readable ones.
+* Every release's state stays covered by a test: ``tests/test_upgrade.py`` recovers, with
+  the current code, a state (and the transactions in each sink's server) that the previous
+  release wrote with a decided batch pending and orphans left, from the release's checked-in
+  wheel and state files (``tests/data/releases/``; ``scripts/release-fixture`` makes them).
 """
 
 from __future__ import annotations
@@ -39,6 +57,7 @@ from twophase.errors import (
     FencedError,
     RetryableError,
     StateCorruptError,
+    StateNewerError,
 )
 
 log = logging.getLogger(__name__)
@@ -213,9 +232,21 @@ class StateStore:
             raise self._corrupt(f"it is not a twophase state file ({exc})") from exc
         if not intact:
             raise self._corrupt("its checksum does not match its content")
-        if body.get("format") not in READABLE_STATE_FORMATS:
-            raise self._corrupt(f"its format {body.get('format')!r} is unknown to this version")
+        found = body.get("format")
+        if isinstance(found, int) and found > STATE_FORMAT_VERSION:
+            raise self._newer(found)
+        if found not in READABLE_STATE_FORMATS:
+            raise self._corrupt(f"its format {found!r} is unknown to this version")
         return State.from_json(body)
+
+    def _newer(self, found: int) -> StateNewerError:
+        return StateNewerError(
+            f"state file {self.path} was written by a newer twophase (state format {found}); "
+            f"this twophase {_version()} reads formats up to {STATE_FORMAT_VERSION}. It is "
+            "not read: what it records in fields this version does not know may decide a "
+            "batch.",
+            fix="upgrade twophase to the version that wrote it, or a later one, on every "
+            "process using this state (driver, cleanup, status); never delete the file")
 
     def read_unverified(self) -> tuple[Any, str]:
         """What the file holds, checked or not, and the verdict on it (for ``status``).
@@ -326,6 +357,13 @@ class StateStore:
         state = self._update(bump, epoch=None)
         self.storage.tidy()
         return state
+
+
+def _version() -> str:
+    """This twophase's version, for messages (imported late: the package imports this)."""
+    from twophase import __version__  # noqa: PLC0415
+
+    return __version__
 
 
 def _encode(state: State) -> bytes:

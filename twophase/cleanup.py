@@ -67,10 +67,15 @@ from twophase._coordinator import Coordinator, abort_through, is_orphan
 from twophase._handle import Handle, validate_namespace
 from twophase._loader import build_sink
 from twophase._retry import DEFAULT_RETRY
-from twophase._secrets import Secret, is_reference
+from twophase._secrets import resolved
 from twophase._state import State, StateStore
 from twophase._storage import is_s3
-from twophase.errors import ConfigurationError, TransactionLostError, TwoPhaseError
+from twophase.errors import (
+    ConfigurationError,
+    StateCorruptError,
+    TransactionLostError,
+    TwoPhaseError,
+)
 from twophase.sink import Committer, TwoPhaseCommitSink
 
 log = logging.getLogger(__name__)
@@ -361,21 +366,9 @@ def forget_batch(store: StateStore, batch: int) -> None:
 # -- configuration ---------------------------------------------------------------------------
 
 
-def _resolve_env(options: Mapping[str, Any]) -> dict[str, Any]:
-    return {key: _from_env(value) for key, value in options.items()}
-
-
-def _from_env(value: Any) -> Any:
-    """An option written ``{ env = "NAME" }`` (or ``{ file = "/path" }``) is read from there,
-    also inside a table (a sink group's members' options)."""
-    if is_reference(value):
-        return Secret.of(value).reveal()
-    return _resolve_env(value) if isinstance(value, Mapping) else value
-
-
 def target_from(entry: Mapping[str, Any]) -> Target:
-    sink = build_sink(entry["sink"], _resolve_env(entry.get("options", {})))
-    state_options = _resolve_env(entry.get("state_options", {}))
+    sink = build_sink(entry["sink"], resolved(entry.get("options", {})))
+    state_options = resolved(entry.get("state_options", {}))
     states = tuple(StateStore(path, state_options if is_s3(path) else None)
                    for path in entry.get("states", ()))
     namespace = entry.get("namespace") or _namespace_of(states) or sink.default_namespace()
@@ -420,7 +413,8 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", help="TOML file with [[target]] tables")
     parser.add_argument("--sink", help="module:Class of a single target's sink")
-    parser.add_argument("--options", default="{}", help="JSON keyword arguments of the sink")
+    parser.add_argument("--options", default="{}", help="JSON keyword arguments of the sink; "
+                        'a secret as a reference: {"password": {"env": "DB_PASSWORD"}}')
     parser.add_argument("--state", action="append", default=[],
                         help="a state location: a directory or s3://bucket/prefix")
     parser.add_argument("--namespace")
@@ -447,7 +441,8 @@ def main(argv: list[str] | None = None) -> int:
             forget_batch(StateStore(args.state[0]), args.forget_batch)
             return EXIT_OK
         targets = _targets(args)
-    except (ConfigurationError, tomllib.TOMLDecodeError, json.JSONDecodeError, OSError) as exc:
+    except (ConfigurationError, StateCorruptError, tomllib.TOMLDecodeError,
+            json.JSONDecodeError, OSError) as exc:  # a state it cannot read: named, no trace
         log.error("%s", exc)
         return EXIT_USAGE
     report = Report()

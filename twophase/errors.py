@@ -48,6 +48,11 @@ class StateCorruptError(FatalError):
     """The state file exists but cannot be trusted (checksum mismatch, unknown format)."""
 
 
+class StateNewerError(StateCorruptError):
+    """The state file (or a handle in it) was written by a newer twophase than this one: it is
+    refused, not misread. The fix is to run that newer version."""
+
+
 class FencedError(TwoPhaseError):
     """A newer run of the same query took over; this (zombie) run must not commit anything."""
 

@@ -158,7 +158,8 @@ class SinkGroup(TwoPhaseCommitSink[GroupTransaction]):
         for name, sink in self.members.items():
             wanted = self.columns.get(name)
             if wanted is None:
-                sink.check_schema(columns)
+                with naming(name):
+                    sink.check_schema(columns)
                 continue
             if missing := [column for column in wanted if column not in by_name]:
                 raise SchemaMismatchError(
@@ -166,7 +167,8 @@ class SinkGroup(TwoPhaseCommitSink[GroupTransaction]):
                     f"{', '.join(map(repr, missing))}, which the DataFrame lacks (its columns: "
                     f"{', '.join(by_name)}).",
                     fix=f"add the column to the DataFrame, or fix columns[{name!r}]")
-            sink.check_schema([by_name[column] for column in wanted])
+            with naming(name):
+                sink.check_schema([by_name[column] for column in wanted])
 
     # -- executor --------------------------------------------------------------------------
 
@@ -225,14 +227,19 @@ class SinkGroup(TwoPhaseCommitSink[GroupTransaction]):
         group (named as ``pre_commit`` named it) holding what each member still has of it."""
         held: dict[TxnId, dict[str, Handle]] = {}
         for name, member_namespace in self.member_namespaces(namespace).items():
-            for handle in self.members[name].list_in_doubt(member_namespace):
+            with naming(name):
+                member_held = self.members[name].list_in_doubt(member_namespace)
+            for handle in member_held:
                 held.setdefault(replace(handle.txn_id, namespace=namespace), {})[name] = handle
         return [self._partition_handle(txn_id, members) for txn_id, members in held.items()]
 
     def purge_commit_records(self, namespace: str, older_than: datetime) -> int:
         namespaces = self.member_namespaces(namespace)
-        return sum(sink.purge_commit_records(namespaces[name], older_than)
-                   for name, sink in self.members.items())
+        purged = 0
+        for name, sink in self.members.items():
+            with naming(name):
+                purged += sink.purge_commit_records(namespaces[name], older_than)
+        return purged
 
     # -- handles ---------------------------------------------------------------------------
 

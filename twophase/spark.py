@@ -392,12 +392,14 @@ def _check_schema(sink: TwoPhaseCommitSink[Any], columns: tuple[Column, ...],
                   store: StateStore, *, query_id: str | None, retry: RetryPolicy) -> None:
     """The sink's schema check; on a mismatch, first finish what earlier runs decided.
 
-    A redeploy that changes the schema is refused until the target is changed; but prepared
-    transactions of a crashed run's decided batch hold locks that the change (an ALTER
-    TABLE) would wait for. Finishing them takes no takeover: it is safe beside a live run.
+    A server that cannot be reached is retried as ``retry`` says (a query started while its
+    server restarts waits for it). A redeploy that changes the schema is refused until the
+    target is changed; but prepared transactions of a crashed run's decided batch hold locks
+    that the change (an ALTER TABLE) would wait for. Finishing them takes no takeover: it is
+    safe beside a live run.
     """
     try:
-        sink.check_schema(columns)
+        retry.call(lambda: sink.check_schema(columns), what="checking the target's schema")
     except SchemaMismatchError as exc:
         state = store.read()
         if state is None:

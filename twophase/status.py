@@ -24,6 +24,7 @@ import time
 
 from twophase._handle import Handle
 from twophase._loader import build_sink
+from twophase._secrets import resolved
 from twophase._state import State, StateStore
 from twophase.errors import TwoPhaseError
 from twophase.group import member_handles
@@ -103,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="show what a damaged state file holds, without trusting it")
     parser.add_argument("--sink", help="module:Class of the query's sink, to list its "
                         "undecided transactions in the target")
-    parser.add_argument("--options", default="{}", help="JSON keyword arguments of the sink")
+    parser.add_argument("--options", default="{}", help="JSON keyword arguments of the sink; "
+                        'a secret as a reference: {"password": {"env": "DB_PASSWORD"}}')
     args = parser.parse_args(argv)
     store = store_for(args.location)
     if args.unverified:
@@ -117,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"no state file at {store.path}\n")
         return 1
     try:
-        undecided = _undecided(state, args.sink, json.loads(args.options)) if args.sink else None
+        options = resolved(json.loads(args.options))
+        undecided = _undecided(state, args.sink, options) if args.sink else None
     except (TwoPhaseError, ValueError) as exc:
         sys.stderr.write(f"cannot list the target's transactions: {exc}\n")
         return 1

@@ -4,6 +4,8 @@ Used as a pytest plugin (``pytest_plugins = ["setups.servers.http_receiver"]``) 
 
 * ``http_receiver`` (session): one receiver process for the whole run, requiring a bearer
   token and a signature, with its own SQLite store; stopped at the end.
+* ``http_secured`` (session): the same over HTTPS, with a certificate of the run's CA
+  (``tls_ca``): its sink options name the CA file (``ca_bundle=``), the token and the secret.
 * ``receiver_path`` (function): a fresh URL path on it, so each test counts its own records.
 * ``private_receiver`` (function): a factory of receivers of a test's own (another store, other
   options: ``--max-body``, ``--key-expiry``, ``--forward``, TLS), for tests that SIGKILL and
@@ -38,6 +40,7 @@ from typing import Any
 import pytest
 
 from setups.servers.local import free_port, stop_process
+from setups.servers.tls import CertificateAuthority
 from sinks.http.protocol import WELL_KNOWN
 
 HOST = "127.0.0.1"
@@ -60,6 +63,10 @@ class ReceiverProcess:
     token: str | None = TOKEN
     signing_secret: str | None = SIGNING_SECRET
     certfile: Path | None = None
+    #: The CA file its clients verify ``certfile`` against (None: the certificate itself).
+    cafile: Path | None = None
+    #: False if ``certfile`` names another host (the readiness check then skips host names).
+    names_host: bool = True
     process: subprocess.Popen[bytes] | None = None
     starts: int = 0
 
@@ -76,8 +83,9 @@ class ReceiverProcess:
 
     def sink_options(self, path: str) -> dict[str, Any]:
         """What an HttpSink needs to reach it (the crash suite passes these to the driver)."""
+        tls = {"ca_bundle": str(self.cafile)} if self.certfile and self.cafile else {}
         return {"url": self.url(path), "token": self.token,
-                "signing_secret": self.signing_secret}
+                "signing_secret": self.signing_secret, **tls}
 
     # -- process ---------------------------------------------------------------------------
 
@@ -122,7 +130,10 @@ class ReceiverProcess:
 
     def _wait_ready(self) -> None:
         assert self.process is not None
-        context = ssl.create_default_context(cafile=str(self.certfile)) if self.certfile else None
+        context = None
+        if self.certfile:
+            context = ssl.create_default_context(cafile=str(self.cafile or self.certfile))
+            context.check_hostname = self.names_host
         deadline = time.monotonic() + READY_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -183,6 +194,21 @@ def new_path() -> str:
 @pytest.fixture(scope="session")
 def http_receiver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReceiverProcess]:
     with started(tmp_path_factory.mktemp("http-receiver")) as receiver:
+        yield receiver
+
+
+@contextlib.contextmanager
+def secured(workdir: Path, tls_ca: CertificateAuthority) -> Iterator[ReceiverProcess]:
+    """A receiver over HTTPS with a certificate of ``tls_ca``, requiring token and signature."""
+    with started(workdir, certfile=tls_ca.issue("http-receiver").certfile,
+                 cafile=tls_ca.cafile) as receiver:
+        yield receiver
+
+
+@pytest.fixture(scope="session")
+def http_secured(tmp_path_factory: pytest.TempPathFactory,
+                 tls_ca: CertificateAuthority) -> Iterator[ReceiverProcess]:
+    with secured(tmp_path_factory.mktemp("http-secured"), tls_ca) as receiver:
         yield receiver
 
 

@@ -7,6 +7,10 @@ Used as a pytest plugin (``pytest_plugins = ["setups.servers.kafka"]``) it provi
   test session, stopped at the end. :meth:`KafkaBroker.kill` (SIGKILL) and
   :meth:`KafkaBroker.restart` serve the crash tests; the log dir survives both.
 * ``kafka_topic`` (function): a fresh topic on it (:data:`TOPIC_PARTITIONS` partitions).
+* ``kafka_secured_broker`` (session): a broker serving SASL_SSL only (SCRAM-SHA-512 users made
+  when it is formatted, a certificate of ``tls_ca``, the StandardAuthorizer, ACLs granted by
+  :meth:`KafkaBroker.grant`), with two more listeners whose certificates a client must refuse
+  (another CA's, another host name's): :class:`BrokerSecurity`.
 * ``kafka_short_timeout_broker`` (module): a second broker whose
   ``transaction.max.timeout.ms`` is :data:`SHORT_MAX_TIMEOUT_MS`, for transactions that outlive
   their timeout.
@@ -29,21 +33,34 @@ import itertools
 import json
 import os
 import re
+import secrets
 import signal
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
-from kafka.admin import NewTopic, TransactionState
+from kafka.admin import (
+    ACL,
+    ACLFilter,
+    ACLOperation,
+    ACLPermissionType,
+    ACLResourcePatternType,
+    NewTopic,
+    ResourcePattern,
+    ResourcePatternFilter,
+    ResourceType,
+    TransactionState,
+)
 from kafka.structs import TopicPartition
 
 from setups.servers.local import free_port, stop_process
+from setups.servers.tls import WRONG_HOST, CertificateAuthority, Issued
 
 HOST = "127.0.0.1"
 REPO = Path(__file__).resolve().parents[2]
@@ -86,6 +103,55 @@ Configuration:
       AppenderRef:
         ref: file
 """
+#: The secured broker's authorizer decisions, allowed ones too (DEBUG), in a file of their own.
+AUTHORIZER_LOG4J2 = """\
+Configuration:
+  status: warn
+  Appenders:
+    File:
+      - name: file
+        fileName: "{log}"
+        PatternLayout:
+          pattern: "[%d] %p %m (%c)%n"
+      - name: authorizer
+        fileName: "{authorizer_log}"
+        PatternLayout:
+          pattern: "[%d] %p %m%n"
+  Loggers:
+    Logger:
+      name: kafka.authorizer.logger
+      level: DEBUG
+      additivity: false
+      AppenderRef:
+        ref: authorizer
+    Root:
+      level: INFO
+      AppenderRef:
+        ref: file
+"""
+
+#: The SASL mechanism of the secured broker (its users are made when its log dir is formatted).
+SCRAM = "SCRAM-SHA-512"
+#: The broker's own principal (inter-broker and controller connections): a super user.
+BROKER_USER = "broker"
+#: The tests' administrator (topics, ACLs, reads): a super user.
+ADMIN_USER = "admin"
+#: The sink's principal: it may do only what ACLs grant it.
+APP_USER = "app"
+#: Another principal like it, for tests that grant and revoke ACLs one by one.
+PROBE_USER = "probe"
+SECURED_USERS = (BROKER_USER, ADMIN_USER, APP_USER, PROBE_USER)
+SUPER_USERS = (BROKER_USER, ADMIN_USER)
+#: The secured broker's listener that clients use (its certificate is for this host).
+SECURED_LISTENER = "SASL_SSL"
+#: Listeners of the secured broker whose certificate a verifying client must refuse: issued
+#: by another CA, and issued for another host name (the same broker: no second start).
+OTHER_CA_LISTENER = "OTHER_CA"
+WRONG_HOST_LISTENER = "WRONG_HOST"
+AUTHORIZER = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
+SCRAM_LOGIN = "org.apache.kafka.common.security.scram.ScramLoginModule"
+PLAIN_LOGIN = "org.apache.kafka.common.security.plain.PlainLoginModule"
+OWNER_ONLY = 0o600
 
 
 class KafkaJarsMissingError(RuntimeError):
@@ -128,6 +194,92 @@ def libs_dir() -> Path:
     return libs
 
 
+@dataclass(frozen=True)
+class BrokerSecurity:
+    """What makes a broker a secured one: SASL_SSL (SCRAM) with a certificate of the run's CA,
+    SCRAM users with their passwords, and the StandardAuthorizer (super users: the broker and
+    the admin; everyone else only what ACLs grant).
+
+    The controller listener stays on loopback as SASL_PLAINTEXT with PLAIN (KRaft controllers
+    cannot check SCRAM credentials: those live in the metadata they serve), its one user the
+    broker. ``refused`` are further SASL_SSL listeners whose certificates a client must refuse.
+    """
+
+    cafile: Path
+    certificate: Issued
+    passwords: Mapping[str, str]
+    refused: Mapping[str, Issued] = field(default_factory=dict)
+
+    @classmethod
+    def issued(cls, ca: CertificateAuthority, other_ca: CertificateAuthority,
+               name: str = "kafka") -> BrokerSecurity:
+        """A certificate from ``ca``, one from ``other_ca`` and one for :data:`WRONG_HOST`
+        (the refused listeners), and a fresh password per user."""
+        return cls(ca.cafile, ca.issue(name),
+                   {user: secrets.token_hex(16) for user in SECURED_USERS},
+                   {OTHER_CA_LISTENER: other_ca.issue(f"{name}-other-ca"),
+                    WRONG_HOST_LISTENER: ca.issue(f"{name}-wrong-host", (WRONG_HOST,))})
+
+    def client_configs(self, user: str) -> dict[str, Any]:
+        """kafka-python's options to connect as ``user`` (verifying the certificate and host)."""
+        return {"security_protocol": "SASL_SSL", "sasl_mechanism": SCRAM,
+                "sasl_plain_username": user, "sasl_plain_password": self.passwords[user],
+                "ssl_cafile": str(self.cafile), "ssl_check_hostname": True}
+
+    def scram_users(self) -> list[str]:
+        """``kafka-storage format --add-scram`` arguments: every user's SCRAM credential."""
+        return [f"--add-scram={SCRAM}=[name={user},password={password}]"
+                for user, password in self.passwords.items()]
+
+    def settings(self, ports: Mapping[str, int], controller_port: int) -> dict[str, str]:
+        """``server.properties`` of the secured listeners (``ports`` by listener name)."""
+        broker = self.passwords[BROKER_USER]
+        listeners = {**{name: f"{HOST}:{port}" for name, port in ports.items()},
+                     "CONTROLLER": f"{HOST}:{controller_port}"}
+        settings = {
+            "listeners": ",".join(f"{name}://{address}" for name, address in listeners.items()),
+            "advertised.listeners": ",".join(f"{name}://{HOST}:{port}"
+                                             for name, port in ports.items()),
+            "inter.broker.listener.name": SECURED_LISTENER,
+            "listener.security.protocol.map": ",".join(
+                [f"{name}:SASL_SSL" for name in ports] + ["CONTROLLER:SASL_PLAINTEXT"]),
+            "sasl.enabled.mechanisms": SCRAM,
+            "sasl.mechanism.inter.broker.protocol": SCRAM,
+            "sasl.mechanism.controller.protocol": "PLAIN",
+            "listener.name.controller.sasl.enabled.mechanisms": "PLAIN",
+            "listener.name.controller.plain.sasl.jaas.config":
+                f'{PLAIN_LOGIN} required username="{BROKER_USER}" password="{broker}" '
+                f'user_{BROKER_USER}="{broker}";',
+            "authorizer.class.name": AUTHORIZER,
+            "super.users": ";".join(f"User:{user}" for user in SUPER_USERS),
+            "ssl.truststore.type": "PEM",
+            "ssl.truststore.location": str(self.cafile),
+        }
+        for name in ports:
+            issued = self.refused.get(name, self.certificate)
+            prefix = f"listener.name.{name.lower()}"
+            settings |= {
+                f"{prefix}.{SCRAM.lower()}.sasl.jaas.config":
+                    f'{SCRAM_LOGIN} required username="{BROKER_USER}" password="{broker}";',
+                f"{prefix}.ssl.keystore.type": "PEM",
+                f"{prefix}.ssl.keystore.certificate.chain": _inline(issued.certfile),
+                f"{prefix}.ssl.keystore.key": _inline(issued.keyfile),
+            }
+        return settings
+
+
+def _inline(pem: Path) -> str:
+    """A PEM file as one ``server.properties`` value (Java's properties read ``\\n``)."""
+    return pem.read_text().strip().replace("\n", "\\n")
+
+
+def _write_owner_only(path: Path, text: str) -> None:
+    """``text`` into a new file only its owner can read (it may hold keys and passwords)."""
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, OWNER_ONLY)
+    with os.fdopen(descriptor, "w") as out:
+        out.write(text)
+
+
 def _properties(port: int, controller_port: int, data: Path, overrides: dict[str, str]) -> str:
     settings = {
         "process.roles": "broker,controller",
@@ -160,10 +312,11 @@ class TopicReader:
     connection and a metadata round trip each time). Close it, or use it as a context manager.
     """
 
-    def __init__(self, bootstrap_servers: str, isolation: str = "read_committed") -> None:
+    def __init__(self, bootstrap_servers: str, isolation: str = "read_committed",
+                 **configs: Any) -> None:
         self._consumer = KafkaConsumer(bootstrap_servers=bootstrap_servers,
                                        isolation_level=isolation, enable_auto_commit=False,
-                                       fetch_max_wait_ms=READ_FETCH_WAIT_MS)
+                                       fetch_max_wait_ms=READ_FETCH_WAIT_MS, **configs)
         self._partitions: dict[str, list[TopicPartition]] = {}
 
     def read(self, topic: str) -> list[Any]:
@@ -207,7 +360,11 @@ class TopicReader:
 
 @dataclass
 class KafkaBroker:
-    """One KRaft broker process on loopback ports, restartable on the same log dir."""
+    """One KRaft broker process on loopback ports, restartable on the same log dir.
+
+    A secured one (``security``) serves SASL_SSL on :attr:`port` only; its clients here (admin,
+    readers, feeds) connect as :data:`ADMIN_USER`, and :meth:`options` are the sink's, as
+    :data:`APP_USER`, who may do what :meth:`grant` allows and nothing more."""
 
     port: int
     home: Path
@@ -216,6 +373,9 @@ class KafkaBroker:
     #: Seconds the last start took until the broker served metadata.
     start_s: float = 0.0
     settings: dict[str, str] = field(default_factory=dict)
+    security: BrokerSecurity | None = None
+    #: The secured broker's listeners whose certificates must be refused, by name.
+    refused_ports: dict[str, int] = field(default_factory=dict)
 
     @property
     def bootstrap_servers(self) -> str:
@@ -225,9 +385,19 @@ class KafkaBroker:
     def log(self) -> Path:
         return self.home / "server.log"
 
-    def options(self) -> dict[str, Any]:
-        """What a KafkaSink needs to reach it (the crash suite passes these to the driver)."""
-        return {"bootstrap_servers": self.bootstrap_servers}
+    @property
+    def authorizer_log(self) -> Path:
+        """The secured broker's authorizer decisions (allowed ones too), one a line."""
+        return self.home / "authorizer.log"
+
+    def options(self, user: str = APP_USER) -> dict[str, Any]:
+        """What a KafkaSink needs to reach it (the crash suite passes these to the driver):
+        on a secured broker, as ``user`` over SASL_SSL, verifying the certificate."""
+        return {"bootstrap_servers": self.bootstrap_servers, **self.client_configs(user)}
+
+    def client_configs(self, user: str = ADMIN_USER) -> dict[str, Any]:
+        """kafka-python's security options for ``user`` (none on a plain broker)."""
+        return {} if self.security is None else self.security.client_configs(user)
 
     def _java(self, main: str, *args: str, heap: str = HEAP) -> list[str]:
         return ["java", heap, "-cp", f"{self.libs}/*",
@@ -236,9 +406,10 @@ class KafkaBroker:
     def format(self) -> None:
         cluster = uuid.uuid4()
         cluster_id = base64.urlsafe_b64encode(cluster.bytes).decode().rstrip("=")
+        users = [] if self.security is None else self.security.scram_users()
         formatted = subprocess.run(  # "=": a cluster id may begin with "-"
             self._java("kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}",
-                       "-c", str(self.home / "server.properties"), "--standalone",
+                       "-c", str(self.home / "server.properties"), "--standalone", *users,
                        heap="-Xmx256m"),
             capture_output=True, text=True, check=False)
         if formatted.returncode != 0:
@@ -263,7 +434,7 @@ class KafkaBroker:
                                    f"{self._tail()}")
             with contextlib.suppress(Exception):
                 admin = KafkaAdminClient(bootstrap_servers=self.bootstrap_servers,
-                                         request_timeout_ms=3000)
+                                         request_timeout_ms=3000, **self.client_configs())
                 try:
                     admin.describe_cluster()
                     return
@@ -304,11 +475,37 @@ class KafkaBroker:
         self.start()
 
     def admin(self) -> KafkaAdminClient:
-        return KafkaAdminClient(bootstrap_servers=self.bootstrap_servers)
+        return KafkaAdminClient(bootstrap_servers=self.bootstrap_servers,
+                                **self.client_configs())
 
     def reader(self, isolation: str = "read_committed") -> TopicReader:
         """A reader of whole topics (one consumer, reused by every read until closed)."""
-        return TopicReader(self.bootstrap_servers, isolation)
+        return TopicReader(self.bootstrap_servers, isolation, **self.client_configs())
+
+    def grant(self, acls: Iterable[ACL]) -> None:
+        """Create ``acls`` (as the admin), and return once the broker's authorizer has them
+        (the controller commits them, the broker applies its metadata a moment later)."""
+        acls = list(acls)
+        admin = self.admin()
+        try:
+            created = admin.create_acls(acls)
+            if created["failed"]:
+                raise RuntimeError(f"the broker refused ACLs: {created['failed']}")
+            deadline = time.monotonic() + READY_TIMEOUT_S
+            while not all(_applied(admin, acl) for acl in acls):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"ACLs not applied within {READY_TIMEOUT_S}s: {acls}")
+                time.sleep(0.05)
+        finally:
+            admin.close()
+
+    def revoke(self, acls: Iterable[ACL]) -> None:
+        """Delete exactly ``acls`` (as the admin)."""
+        admin = self.admin()
+        try:
+            admin.delete_acls([_filter_of(acl) for acl in acls])
+        finally:
+            admin.close()
 
     def read(self, topic: str, isolation: str = "read_committed") -> list[Any]:
         """Every record a fresh consumer reads from ``topic`` (see :meth:`TopicReader.read`)."""
@@ -324,7 +521,8 @@ class KafkaBroker:
         """Every line of the feed's files (:func:`~twophase.testing.driver.generate_feed`), in
         order, as one record each (keyed by the JSON field ``key``, if given) by a plain
         producer, flushed; returns the count."""
-        producer = KafkaProducer(bootstrap_servers=self.bootstrap_servers, acks="all")
+        producer = KafkaProducer(bootstrap_servers=self.bootstrap_servers, acks="all",
+                                 **self.client_configs())
         sent = 0
         try:
             for path in sorted(feed_dir.glob("*.json")):
@@ -371,22 +569,52 @@ class KafkaBroker:
         return name
 
 
+def _applied(admin: KafkaAdminClient, acl: ACL) -> bool:
+    found, _error = admin.describe_acls(_filter_of(acl))
+    return bool(found)
+
+
+def _filter_of(acl: ACL) -> ACLFilter:
+    pattern = acl.resource_pattern
+    return ACLFilter(acl.principal, acl.host, acl.operation, acl.permission_type,
+                     ResourcePatternFilter(pattern.resource_type, pattern.resource_name,
+                                           pattern.pattern_type))
+
+
+def allow(user: str, operation: ACLOperation, resource: ResourceType, name: str,
+          pattern: ACLResourcePatternType = ACLResourcePatternType.LITERAL) -> ACL:
+    """An ACL allowing ``user`` ``operation`` on a resource, from any host."""
+    return ACL(f"User:{user}", "*", operation, ACLPermissionType.ALLOW,
+               ResourcePattern(resource, name, pattern))
+
+
 @contextlib.contextmanager
 def private_broker(home: Path, settings: dict[str, str] | None = None, *,
-                   port: int | None = None) -> Iterator[KafkaBroker]:
+                   port: int | None = None,
+                   security: BrokerSecurity | None = None) -> Iterator[KafkaBroker]:
     """Format and start a broker in ``home`` (on ``port``, or a free one), wait until it
     serves, stop it on exit.
 
     ``settings`` override ``server.properties`` (dots as in Kafka's names), e.g.
-    ``private_broker(home, {"transaction.max.timeout.ms": "5000"})``.
+    ``private_broker(home, {"transaction.max.timeout.ms": "5000"})``. With ``security`` it
+    serves SASL_SSL only (:class:`BrokerSecurity`); its files are readable by the owner only.
     """
     libs = libs_dir()
     home.mkdir(parents=True, exist_ok=True)
     controller_port = free_port(HOST)
-    broker = KafkaBroker(port or free_port(HOST), home, libs, settings=dict(settings or {}))
-    (home / "log4j2.yaml").write_text(LOG4J2.format(log=broker.log))
-    (home / "server.properties").write_text(
-        _properties(broker.port, controller_port, home / "data", broker.settings))
+    broker = KafkaBroker(port or free_port(HOST), home, libs, settings=dict(settings or {}),
+                         security=security)
+    overrides = broker.settings
+    log4j2 = LOG4J2.format(log=broker.log)
+    if security is not None:
+        broker.refused_ports = {name: free_port(HOST) for name in security.refused}
+        overrides = {**security.settings({SECURED_LISTENER: broker.port,
+                                          **broker.refused_ports}, controller_port),
+                     **overrides}
+        log4j2 = AUTHORIZER_LOG4J2.format(log=broker.log, authorizer_log=broker.authorizer_log)
+    (home / "log4j2.yaml").write_text(log4j2)
+    _write_owner_only(home / "server.properties",
+                      _properties(broker.port, controller_port, home / "data", overrides))
     broker.format()
     try:
         broker.start()
@@ -404,6 +632,17 @@ def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBrok
 @pytest.fixture
 def kafka_topic(kafka_broker: KafkaBroker) -> str:
     return kafka_broker.new_topic()
+
+
+@pytest.fixture(scope="session")
+def kafka_secured_broker(tmp_path_factory: pytest.TempPathFactory, tls_ca: CertificateAuthority,
+                         other_ca: CertificateAuthority) -> Iterator[KafkaBroker]:
+    """A broker serving SASL_SSL (SCRAM-SHA-512) with a certificate of ``tls_ca``, ACLs
+    enforced (:class:`BrokerSecurity`); its :meth:`~KafkaBroker.options` are the sink's user's,
+    who holds no ACL until one is granted."""
+    with private_broker(tmp_path_factory.mktemp("kafka-secured"),
+                        security=BrokerSecurity.issued(tls_ca, other_ca)) as broker:
+        yield broker
 
 
 @pytest.fixture(scope="module")

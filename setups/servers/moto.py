@@ -8,6 +8,10 @@ Used as a pytest plugin (``pytest_plugins = ["setups.servers.moto"]``) it provid
 * ``s3_bucket`` (function): a fresh, empty bucket on it.
 * ``moto_checking_credentials`` (module): another server that checks credentials and IAM
   policies (moto accepts any key otherwise), with :meth:`MotoServer.add_user`.
+* ``moto_secured`` (session): a server over HTTPS with a certificate of the run's CA
+  (``tls_ca``) that also checks credentials and IAM policies: the secured setup's.
+* ``moto_wrong_host`` (module): a server over HTTPS whose certificate (of the run's CA) names
+  another host: a verifying client must refuse it.
 
 If ``moto_server`` is not installed the fixture FAILS (it never skips): ``pip install -e
 .[dev]`` (``moto[server]``). The benchmark ``bench/s3_multipart.py`` starts its server through
@@ -21,6 +25,7 @@ import itertools
 import json
 import os
 import shutil
+import ssl
 import subprocess
 import sys
 import time
@@ -36,6 +41,7 @@ import pytest
 from botocore.config import Config
 
 from setups.servers.local import free_port, stop_process
+from setups.servers.tls import WRONG_HOST, CertificateAuthority, Issued
 
 HOST = "127.0.0.1"
 ACCESS_KEY_ID = "testing-access-key"
@@ -73,33 +79,46 @@ class MotoServer:
     process: subprocess.Popen[bytes]
     access_key_id: str = ACCESS_KEY_ID
     secret_access_key: str = SECRET_ACCESS_KEY
+    #: The CA file of its certificate when it serves HTTPS (None: plain HTTP).
+    ca_bundle: str | None = None
+    #: False if its certificate names another host: the tests' own client (which reads what
+    #: was written) then skips verification, as no sink ever may.
+    names_host: bool = True
 
     @property
     def endpoint_url(self) -> str:
-        return f"http://{HOST}:{self.port}"
+        return f"{'https' if self.ca_bundle else 'http'}://{HOST}:{self.port}"
 
     def options(self) -> dict[str, Any]:
         """What an S3Sink needs to reach it (the crash suite passes these to the driver)."""
+        tls = {"ca_bundle": self.ca_bundle} if self.ca_bundle else {}
         return {"endpoint_url": self.endpoint_url, "region": REGION, "path_style": True,
                 "access_key_id": self.access_key_id,
-                "secret_access_key": self.secret_access_key, "min_part_size": MIN_PART_SIZE}
+                "secret_access_key": self.secret_access_key, "min_part_size": MIN_PART_SIZE,
+                **tls}
 
     def client(self, service: str = "s3") -> Any:
         return boto3.client(
             service, endpoint_url=self.endpoint_url, region_name=REGION,
             aws_access_key_id=self.access_key_id, aws_secret_access_key=self.secret_access_key,
+            verify=self.ca_bundle if self.names_host else False,
             config=Config(s3={"addressing_style": "path"},
                           request_checksum_calculation="when_required"))
 
     def add_user(self, name: str, actions: list[str]) -> tuple[str, str]:
         """An IAM user allowed ``actions`` (``"s3:*"``...) on everything: its key id and secret.
         Only a server started with ``checks_credentials=True`` tells users apart."""
+        return self.add_user_with_policy(name, {"Version": "2012-10-17", "Statement": [
+            {"Effect": "Allow", "Action": actions, "Resource": "*"}]})
+
+    def add_user_with_policy(self, name: str, policy: dict[str, Any]) -> tuple[str, str]:
+        """An IAM user holding exactly ``policy`` (an IAM policy document): its key id and
+        secret."""
         iam = self.client("iam")
         iam.create_user(UserName=name)
         key = iam.create_access_key(UserName=name)["AccessKey"]
         iam.put_user_policy(UserName=name, PolicyName=f"{name}-policy",
-                            PolicyDocument=json.dumps({"Version": "2012-10-17", "Statement": [
-                                {"Effect": "Allow", "Action": actions, "Resource": "*"}]}))
+                            PolicyDocument=json.dumps(policy))
         return key["AccessKeyId"], key["SecretAccessKey"]
 
     def new_bucket(self, prefix: str = "twophase") -> str:
@@ -111,14 +130,18 @@ class MotoServer:
         stop_process(self.process, STOP_TIMEOUT_S)
 
 
-def _wait_ready(server: MotoServer, log: Path) -> None:
+def _wait_ready(server: MotoServer, log: Path, *, check_hostname: bool = True) -> None:
+    context = ssl.create_default_context(cafile=server.ca_bundle) if server.ca_bundle else None
+    if context is not None:
+        context.check_hostname = check_hostname
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:
         if server.process.poll() is not None:
             raise RuntimeError(f"moto_server exited with {server.process.returncode}: "
                                f"{log.read_text()[-2000:]}")
         with contextlib.suppress(OSError, urllib.error.URLError):
-            urllib.request.urlopen(f"{server.endpoint_url}/moto-api/", timeout=1).close()
+            urllib.request.urlopen(f"{server.endpoint_url}/moto-api/", timeout=1,
+                                   context=context).close()
             return
         time.sleep(0.05)
     server.stop()
@@ -126,13 +149,18 @@ def _wait_ready(server: MotoServer, log: Path) -> None:
 
 
 @contextlib.contextmanager
-def private_server(log_dir: Path, *, checks_credentials: bool = False) -> Iterator[MotoServer]:
+def private_server(log_dir: Path, *, checks_credentials: bool = False,
+                   tls: Issued | None = None, ca: CertificateAuthority | None = None,
+                   names_host: bool = True) -> Iterator[MotoServer]:
     """Start moto_server on a free port, wait until it answers, stop it on exit.
 
     ``checks_credentials``: the server refuses unknown keys, bad signatures and actions a
     user's IAM policy does not allow (moto's IAM check, on after the first
     ``SETUP_ACTIONS`` requests); the yielded server's credentials are an admin's, and
     :meth:`MotoServer.add_user` makes more.
+
+    ``tls`` (a certificate of ``ca``): the server serves HTTPS only, and its clients verify
+    it against ``ca``'s file; ``names_host=False`` if the certificate names another host.
     """
     binary = _binary()
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -143,12 +171,15 @@ def private_server(log_dir: Path, *, checks_credentials: bool = False) -> Iterat
     if checks_credentials:
         env["INITIAL_NO_AUTH_ACTION_COUNT"] = str(SETUP_ACTIONS)
     port = free_port(HOST)
+    args = [binary, "-H", HOST, "-p", str(port)]
+    if tls is not None:
+        args += ["--ssl-cert", str(tls.certfile), "--ssl-key", str(tls.keyfile)]
     with log.open("wb") as out:
-        process = subprocess.Popen([binary, "-H", HOST, "-p", str(port)], env=env,
-                                   stdout=out, stderr=subprocess.STDOUT)
-    server = MotoServer(port, process)
+        process = subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT)
+    server = MotoServer(port, process, ca_bundle=str(ca.cafile) if tls and ca else None,
+                        names_host=names_host)
     try:
-        _wait_ready(server, log)
+        _wait_ready(server, log, check_hostname=names_host)
         if checks_credentials:
             key_id, secret = server.add_user("admin", ["*"])  # the SETUP_ACTIONS requests
             server = replace(server, access_key_id=key_id, secret_access_key=secret)
@@ -172,4 +203,24 @@ def s3_bucket(moto_server: MotoServer) -> str:
 def moto_checking_credentials(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer]:
     """A second moto_server that refuses wrong credentials and unpermitted actions."""
     with private_server(tmp_path_factory.mktemp("moto-iam"), checks_credentials=True) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def moto_secured(tmp_path_factory: pytest.TempPathFactory,
+                 tls_ca: CertificateAuthority) -> Iterator[MotoServer]:
+    """moto_server over HTTPS (a certificate of the run's CA) checking credentials and IAM
+    policies: its clients verify the certificate against ``tls_ca``."""
+    with private_server(tmp_path_factory.mktemp("moto-secured"), checks_credentials=True,
+                        tls=tls_ca.issue("moto"), ca=tls_ca) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def moto_wrong_host(tmp_path_factory: pytest.TempPathFactory,
+                    tls_ca: CertificateAuthority) -> Iterator[MotoServer]:
+    """moto_server over HTTPS whose certificate, of the run's CA, names another host."""
+    with private_server(tmp_path_factory.mktemp("moto-wrong-host"),
+                        tls=tls_ca.issue("moto-wrong-host", (WRONG_HOST,)), ca=tls_ca,
+                        names_host=False) as server:
         yield server

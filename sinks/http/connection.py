@@ -3,7 +3,12 @@
 The session (``requests.Session`` with a connection pool as large as the driver's commit
 parallelism) is made on first use in a process, shared by every committer and thread there,
 and never pickled: the sink holds only the settings. The bearer token, the signing secret and
-the extra headers stay out of ``repr``, messages and logs.
+the extra headers stay out of ``repr``, messages and logs; the token and the signing secret
+may be :class:`~twophase.Secret` references, revealed for each request as it is built.
+
+TLS: requests verifies the receiver's certificate and host name by default (certifi's CAs,
+or ``REQUESTS_CA_BUNDLE``); ``ca_bundle=`` names a private CA's file, and only
+``verify=False`` turns the check off.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from requests.adapters import HTTPAdapter
 
 from sinks.http.protocol import SIGNATURE
 from sinks.http.signing import sign
-from twophase.kit import DEFAULT_COMMIT_PARALLELISM
+from twophase.kit import DEFAULT_COMMIT_PARALLELISM, SecretOption, reveal
 
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
 DEFAULT_READ_TIMEOUT_S = 60.0
@@ -51,8 +56,8 @@ class HttpSettings:
     url: str
     method: str = "POST"
     headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
-    token: str | None = field(default=None, repr=False)
-    signing_secret: str | None = field(default=None, repr=False)
+    token: SecretOption | None = field(default=None, repr=False)
+    signing_secret: SecretOption | None = field(default=None, repr=False)
     verify: bool = True
     ca_bundle: str | None = None
     connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
@@ -64,6 +69,11 @@ class HttpSettings:
         parts = urlsplit(self.url)
         host = parts.netloc.rpartition("@")[2]
         return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+    def where_of(self, path: str) -> str:
+        """Another ``path`` on the receiver, as messages name it."""
+        parts = urlsplit(self.where)
+        return urlunsplit((parts.scheme, parts.netloc, path, "", ""))
 
     @property
     def path(self) -> str:
@@ -82,8 +92,9 @@ class HttpSettings:
     def request_headers(self, body: bytes, content: Mapping[str, str]) -> dict[str, str]:
         """The configured headers, the content headers, the token and a fresh signature."""
         headers = {**dict(self.headers), **content}
-        if self.token:
-            headers["Authorization"] = f"Bearer {self.token}"
-        if self.signing_secret:
-            headers[SIGNATURE] = sign(self.signing_secret.encode(), body, time.time())
+        token, signing_secret = reveal(self.token), reveal(self.signing_secret)
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        if signing_secret:
+            headers[SIGNATURE] = sign(signing_secret.encode(), body, time.time())
         return headers

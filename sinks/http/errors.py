@@ -11,7 +11,7 @@ no connection, a timeout                    :class:`RetryableError` naming the U
 401, 403: token or signature refused        :class:`ConfigurationError`: fix the secrets/clock
 413: over the receiver's body limit         :class:`ConfigurationError`: smaller requests
 404, 405, a redirect, a malformed URL       :class:`ConfigurationError`: fix ``url=``
-TLS verification failed                     :class:`ConfigurationError`: fix ``ca_bundle=``
+TLS verification failed (CA or host name)   :class:`ConfigurationError`: fix ``ca_bundle=``/url
 any other 4xx (a rejected payload)          :class:`FatalError` with the receiver's message
 ==========================================  ====================================================
 
@@ -53,8 +53,10 @@ FIX_MISMATCH = ("this key was used before with another payload: two jobs sharing
                 "location and namespace, or staged files edited; give each job its own "
                 "staging= and namespace, then re-deliver the batch")
 FIX_URL = "fix url= and method= to the receiver's endpoint"
-FIX_TLS = ("the receiver's certificate is not trusted here: pass ca_bundle= (its CA's file) or "
-           "fix the receiver's certificate")
+FIX_TLS = ("the receiver's certificate was not verified (another CA, or another host name): "
+           "pass ca_bundle= (the file of the CA that issued it) and reach the receiver by a "
+           "host name its certificate names (url=), or fix its certificate; verify=False turns "
+           "the check off (never across a network you do not trust)")
 FIX_UNREACHABLE = ("retried automatically; if it persists, check url= (scheme, host, port) and "
                    "that the receiver is running and reachable from the driver")
 FIX_REJECTED = ("the receiver refused the payload (see its message); fix the rows in the query "

@@ -78,6 +78,7 @@ from sinks.http.encoding import (
     encode_record,
     frame,
 )
+from sinks.http.errors import classify
 from sinks.http.protocol import WELL_KNOWN, content_digest, idempotency_key
 from sinks.http.staging import COMMITTED, STAGED, Manifest, StagedRequest, staging_at
 from twophase import (
@@ -89,7 +90,7 @@ from twophase import (
     TwoPhaseError,
     TxnId,
 )
-from twophase.kit import as_utc, namespace_from, transaction_id_reused
+from twophase.kit import SecretOption, as_utc, namespace_from, transaction_id_reused
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +131,10 @@ class HttpSink(TwoPhaseCommitSink[HttpTransaction]):
     ``max_bytes_per_request`` bytes of content.
     ``headers``: extra request headers; ``token``: a bearer token; ``signing_secret``: signs
     every request (HMAC-SHA256 of timestamp and body, see :mod:`~sinks.http.signing`);
-    ``verify`` / ``ca_bundle``: TLS verification (on by default). ``key_expiry_s``: how long
+    ``verify`` / ``ca_bundle``: TLS verification of the certificate and host name (on by
+    default; ``ca_bundle`` names a private CA's file, ``verify=False`` turns it off).
+    ``token`` and ``signing_secret`` (and the staging's ``secret_access_key`` /
+    ``session_token``) may be :class:`~twophase.Secret` references. ``key_expiry_s``: how long
     the receiver keeps keys. ``max_attempts``, ``initial_backoff_s``, ``max_backoff_s``: the
     retries of one request inside a commit.
     """
@@ -147,8 +151,8 @@ class HttpSink(TwoPhaseCommitSink[HttpTransaction]):
         encoding: Encoding = "json",
         compression: Compression = None,
         headers: Mapping[str, str] | None = None,
-        token: str | None = None,
-        signing_secret: str | None = None,
+        token: SecretOption | None = None,
+        signing_secret: SecretOption | None = None,
         verify: bool = True,
         ca_bundle: str | None = None,
         max_bytes_per_request: int = DEFAULT_MAX_BYTES_PER_REQUEST,
@@ -183,6 +187,9 @@ class HttpSink(TwoPhaseCommitSink[HttpTransaction]):
             url=url, method=method.upper(), headers=tuple(sorted((headers or {}).items())),
             token=token, signing_secret=signing_secret, verify=verify, ca_bundle=ca_bundle,
             connect_timeout_s=connect_timeout_s, read_timeout_s=read_timeout_s)
+        if not verify:
+            log.warning("HttpSink: TLS certificate verification is OFF (verify=False) for %s",
+                        self.settings.where)
         self.staging = staging_at(staging, staging_options)
         self.encoding: Encoding = encoding
         self.compression: Compression = compression
@@ -215,13 +222,16 @@ class HttpSink(TwoPhaseCommitSink[HttpTransaction]):
         self.check_key_expiry()
 
     def check_key_expiry(self) -> None:
-        """Refuse a ``key_expiry_s`` longer than the receiver publishes (if it publishes one)."""
+        """Refuse a ``key_expiry_s`` longer than the receiver publishes (if it publishes one),
+        and a receiver whose certificate is not verified."""
         parts = urlsplit(self.settings.url)
         policy_url = f"{parts.scheme}://{parts.netloc}{WELL_KNOWN}"
         try:
             with session().get(policy_url, timeout=POLICY_TIMEOUT_S,
                                verify=self.settings.tls_verify) as reply:
                 published = reply.json().get("key_expiry_s") if reply.ok else None
+        except requests.exceptions.SSLError as exc:
+            raise classify(exc, f"GET {self.settings.where_of(WELL_KNOWN)}") from None
         except (requests.RequestException, ValueError, AttributeError) as exc:
             log.info("no idempotency policy at %s (%s): key_expiry_s=%s is trusted as given",
                      self.where, type(exc).__name__, self.key_expiry_s)

@@ -21,7 +21,9 @@ module          role
 ``arrow``       Arrow record batches to the same records, column-wise (no Python per row)
 ``adapter``     every use of kafka-python's private parts (and nothing else)
 ``errors``      every Kafka error and how it is classified: the one place
-``connection``  settings (password hidden), one admin client per process
+``connection``  settings (passwords by reference, hidden), TLS verified first, one admin
+                client per process
+``access``      the ACLs the sink's principal needs (and cleanup's, status's), nothing more
 ==============  ===========================================================================
 """
 

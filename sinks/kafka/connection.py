@@ -2,29 +2,59 @@
 
 The sink holds only settings (they are pickled to executors); clients are made where they are
 used. The driver's admin client (EndTxn, listing, describing) is made at most once per process
-and settings: kafka-python's admin client is safe to call from several threads. Security options
-(TLS, SASL) pass through unchanged; ``repr`` never shows the password, and nothing logs it:
-kafka-python's admin client logs its whole configuration at DEBUG, so that one record is
-dropped (:class:`_HideClientConfigs`). TLS verifies the broker's certificate and host name
-unless told otherwise. The executor's producer is librdkafka's (:mod:`~sinks.kafka.producer`):
-:meth:`KafkaSettings.librdkafka_configs` translates the same settings to its property names.
+and settings: kafka-python's admin client is safe to call from several threads. The executor's
+producer is librdkafka's (:mod:`~sinks.kafka.producer`): :meth:`KafkaSettings.librdkafka_configs`
+translates the same settings to its property names, so both clients connect alike.
+
+**Secrets.** ``sasl_plain_password`` and ``ssl_password`` take the clear text or a
+:class:`twophase.Secret` (an environment variable or a file), revealed only in
+:meth:`~KafkaSettings.client_configs` and :meth:`~KafkaSettings.librdkafka_configs`, i.e. when a
+client is built: the settings (pickled to the executors) then hold the reference only. ``repr``
+never shows either, and nothing logs them: kafka-python's admin client logs its whole
+configuration at DEBUG, so that one record is dropped (:class:`_HideClientConfigs`);
+librdkafka prints ``[redacted]`` for its secret properties.
+
+**TLS.** With ``security_protocol`` SSL or SASL_SSL both clients verify the brokers'
+certificate chain (against ``ssl_cafile``, else the system's CAs) and host name; the one option
+that relaxes this is ``ssl_check_hostname=False`` (the chain is still verified). Neither client
+says why a handshake failed (kafka-python times out "unable to bootstrap", librdkafka reports
+a transport failure), so :meth:`~KafkaSettings.verify_tls` makes one handshake first, as they
+would, and refuses a certificate they would refuse with a :class:`ConfigurationError` naming
+the cause and the fix, before anything is written.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import socket
+import ssl
 import threading
 from dataclasses import dataclass, field
 from typing import Any
 
 from kafka import KafkaAdminClient, KafkaConsumer
 
+from twophase import ConfigurationError
+from twophase.kit import SecretOption, reveal
+
+log = logging.getLogger(__name__)
+
 DEFAULT_REQUEST_TIMEOUT_MS = 30_000
 #: How long a client tries to reach the cluster at all before it gives up.
 DEFAULT_CONNECT_TIMEOUT_MS = 30_000
 #: How long a producer waits for metadata (a topic, the cluster) before it gives up.
 DEFAULT_MAX_BLOCK_MS = 30_000
+#: Protocols that speak TLS (the others are plain text).
+TLS_PROTOCOLS = frozenset({"SSL", "SASL_SSL"})
+#: OpenSSL's verify codes of a certificate valid, but not for the name (or address) dialled.
+HOST_MISMATCH_CODES = frozenset({62, 64})  # X509_V_ERR_HOSTNAME_MISMATCH, _IP_ADDRESS_MISMATCH
+FIX_HOST_NAME = ("connect to the brokers by a name their certificate lists (bootstrap_servers= "
+                 "and the brokers' advertised.listeners), or have the certificate issued for "
+                 "this name; ssl_check_hostname=False turns the host-name check off (the "
+                 "certificate chain is still verified)")
+FIX_CA = ("pass ssl_cafile= the PEM file of the CA that issued the brokers' certificates "
+          "(without it, the system's CAs are trusted)")
 
 _admins: dict[tuple[Any, ...], KafkaAdminClient] = {}
 _admins_lock = threading.Lock()
@@ -52,11 +82,11 @@ class KafkaSettings:
     security_protocol: str = "PLAINTEXT"
     sasl_mechanism: str | None = None
     sasl_plain_username: str | None = None
-    sasl_plain_password: str | None = field(default=None, repr=False)
+    sasl_plain_password: SecretOption | None = field(default=None, repr=False)
     ssl_cafile: str | None = None
     ssl_certfile: str | None = None
     ssl_keyfile: str | None = None
-    ssl_password: str | None = field(default=None, repr=False)
+    ssl_password: SecretOption | None = field(default=None, repr=False)
     ssl_check_hostname: bool = True
     client_id: str = "twophase"
     request_timeout_ms: int = DEFAULT_REQUEST_TIMEOUT_MS
@@ -76,11 +106,11 @@ class KafkaSettings:
             "security_protocol": self.security_protocol,
             "sasl_mechanism": self.sasl_mechanism,
             "sasl_plain_username": self.sasl_plain_username,
-            "sasl_plain_password": self.sasl_plain_password,
+            "sasl_plain_password": reveal(self.sasl_plain_password),
             "ssl_cafile": self.ssl_cafile,
             "ssl_certfile": self.ssl_certfile,
             "ssl_keyfile": self.ssl_keyfile,
-            "ssl_password": self.ssl_password,
+            "ssl_password": reveal(self.ssl_password),
             "ssl_check_hostname": self.ssl_check_hostname,
             "client_id": self.client_id,
             "request_timeout_ms": self.request_timeout_ms,
@@ -96,11 +126,11 @@ class KafkaSettings:
             "security.protocol": self.security_protocol.lower(),
             "sasl.mechanism": self.sasl_mechanism,
             "sasl.username": self.sasl_plain_username,
-            "sasl.password": self.sasl_plain_password,
+            "sasl.password": reveal(self.sasl_plain_password),
             "ssl.ca.location": self.ssl_cafile,
             "ssl.certificate.location": self.ssl_certfile,
             "ssl.key.location": self.ssl_keyfile,
-            "ssl.key.password": self.ssl_password,
+            "ssl.key.password": reveal(self.ssl_password),
             "ssl.endpoint.identification.algorithm": "https" if self.ssl_check_hostname
             else "none",
             "client.id": self.client_id,
@@ -110,11 +140,49 @@ class KafkaSettings:
         }
         return {key: value for key, value in configs.items() if value is not None}
 
+    @property
+    def uses_tls(self) -> bool:
+        return self.security_protocol.upper() in TLS_PROTOCOLS
+
     def consumer(self, **configs: Any) -> KafkaConsumer:
+        self.verify_tls()
         return KafkaConsumer(**self.client_configs(), enable_auto_commit=False, **configs)
 
     def new_admin(self) -> KafkaAdminClient:
+        self.verify_tls()
         return KafkaAdminClient(**self.client_configs())
+
+    def verify_tls(self) -> None:
+        """With TLS, one handshake with a bootstrap broker as the clients make it: a
+        certificate they would refuse raises :class:`ConfigurationError` naming the cause and
+        the fix. A broker that cannot be reached is left to the clients (and their retries)."""
+        if not self.uses_tls:
+            return
+        context = self.tls_context()
+        refused: tuple[str, ssl.SSLCertVerificationError] | None = None
+        for server in self.bootstrap_servers.split(","):
+            host, _, port = server.strip().rpartition(":")
+            try:
+                with socket.create_connection((host, int(port)),
+                                              self.connect_timeout_ms / 1000) as plain, \
+                        context.wrap_socket(plain, server_hostname=host):
+                    return
+            except ssl.SSLCertVerificationError as error:
+                refused = refused or (server, error)
+            except OSError:
+                log.debug("no TLS handshake with %s", server, exc_info=True)
+        if refused is not None:
+            raise _certificate_refused(*refused)
+
+    def tls_context(self) -> ssl.SSLContext:
+        """What kafka-python verifies with: the CA file (else the system's), host names unless
+        ``ssl_check_hostname=False``, the client certificate if one is given."""
+        context = ssl.create_default_context(cafile=self.ssl_cafile)
+        context.check_hostname = self.ssl_check_hostname
+        if self.ssl_certfile is not None:
+            context.load_cert_chain(self.ssl_certfile, self.ssl_keyfile,
+                                    password=reveal(self.ssl_password))
+        return context
 
     def admin(self) -> KafkaAdminClient:
         """This process's admin client for these settings (made on first use, kept)."""
@@ -131,3 +199,13 @@ class KafkaSettings:
             admin = _admins.pop((os.getpid(), self), None)
         if admin is not None:
             admin.close()
+
+
+def _certificate_refused(server: str, error: ssl.SSLCertVerificationError) -> ConfigurationError:
+    host_name = error.verify_code in HOST_MISMATCH_CODES
+    cause = ("it is not issued for the name dialled" if host_name
+             else "it is not issued by a CA this client trusts")
+    return ConfigurationError(
+        f"KafkaSink: TLS verification refuses the certificate of the broker at {server}: "
+        f"{str(error.verify_message).rstrip('.')} ({cause}).",
+        fix=FIX_HOST_NAME if host_name else FIX_CA)

@@ -20,7 +20,13 @@ INVALID_TRANSACTION_TIMEOUT                :class:`ConfigurationError`: lower
                                            ``transaction_timeout_ms``
 an unknown or invalid ``producer_configs``  :class:`ConfigurationError` (librdkafka's
 property                                   ``_INVALID_ARG``)
-an authorization / SASL failure            :class:`ConfigurationError` (ACLs, credentials)
+an authorization failure (TOPIC_, TRANS-    :class:`ConfigurationError` naming the ACL to grant
+ACTIONAL_ID_, CLUSTER_AUTHORIZATION_       (:mod:`~sinks.kafka.access` lists them all)
+FAILED)
+a SASL failure, a TLS handshake refused     :class:`ConfigurationError` (credentials, CA, host
+                                           name; a certificate is checked first by
+                                           :meth:`~sinks.kafka.connection.KafkaSettings.
+                                           verify_tls`)
 anything else                              :class:`FatalError` (never retried blindly)
 =========================================  ====================================================
 
@@ -53,6 +59,7 @@ PRODUCER_FENCED = "PRODUCER_FENCED"
 INVALID_PRODUCER_EPOCH = "INVALID_PRODUCER_EPOCH"
 INVALID_TXN_STATE = "INVALID_TXN_STATE"
 TRANSACTIONAL_ID_NOT_FOUND = "TRANSACTIONAL_ID_NOT_FOUND"
+TOPIC_AUTHORIZATION_FAILED = "TOPIC_AUTHORIZATION_FAILED"
 #: A producer found no metadata for a topic within max_block_ms (no such topic, auto-create off).
 NO_TOPIC_METADATA = "NO_TOPIC_METADATA"
 #: EndTxn answers that mean "this (producer id, epoch) can no longer decide the transaction".
@@ -62,7 +69,9 @@ GONE = frozenset({PRODUCER_FENCED, INVALID_PRODUCER_EPOCH, INVALID_TXN_STATE,
 
 FIX_RETRY = "retried automatically; if it persists, check that the brokers are up and reachable"
 FIX_CONNECT = ("retried automatically; if it persists, check bootstrap_servers= and that the "
-               "brokers are up and reachable from this host (and security_protocol=)")
+               "brokers are up and reachable from this host; with SASL, check "
+               "sasl_plain_username= and sasl_plain_password= too (kafka-python reports a "
+               "refused login as this timeout)")
 FIX_TOPIC = ("create the topic (kafka-topics.sh --create --topic ...) or fix topic= / the "
              "topic column: the sink never creates data topics, and clusters should run with "
              "auto.create.topics.enable=false")
@@ -70,8 +79,26 @@ FIX_SIZE = ("shrink the record, or raise the producer's message.max.bytes (max_r
             "in producer_configs= and the topic's max.message.bytes together")
 FIX_TIMEOUT = ("lower transaction_timeout_ms= to at most the brokers' "
                "transaction.max.timeout.ms, or raise that broker setting")
-FIX_ACCESS = ("grant the principal WRITE and DESCRIBE on the topics and the transactional ids "
-              "(prefix) it uses, or fix the SASL/TLS options")
+_ACLS = "kafka-acls.sh --bootstrap-server ... --add --allow-principal User:<sink's user>"
+FIX_TOPIC_ACCESS = ("grant the sink's principal WRITE on the target topic and READ and WRITE on "
+                    "the registry topic (registry_topic=, default twophase-kafka-transactions; "
+                    "and CREATE on it unless it is created beforehand; DESCRIBE comes with "
+                    "them): "
+                    f"{_ACLS} --operation Write --topic <topic>, and --operation Read "
+                    "--operation Write --topic <registry topic>")
+FIX_TRANSACTIONAL_ID_ACCESS = ("grant the sink's principal WRITE on its transactional ids, a "
+                               "PREFIXED ACL on transactional_id_prefix= (default twophase-): "
+                               f"{_ACLS} --operation Write --transactional-id <prefix> "
+                               "--resource-pattern-type prefixed")
+FIX_CLUSTER_ACCESS = ("grant the sink's principal DESCRIBE_CONFIGS on the cluster (check_schema "
+                      "reads the brokers' transaction.max.timeout.ms): "
+                      f"{_ACLS} --operation DescribeConfigs --cluster; a transactional "
+                      "producer needs no IDEMPOTENT_WRITE")
+FIX_CREDENTIALS = ("check sasl_mechanism=, sasl_plain_username= and sasl_plain_password= (the "
+                   "user must exist on the brokers for that mechanism)")
+FIX_TLS = ("check ssl_cafile= (the CA that issued the brokers' certificates) and that "
+           "bootstrap_servers= names the brokers as their certificates do; "
+           "ssl_check_hostname=False turns the host-name check off")
 FIX_TAKEN_OVER = ("another attempt took over this transactional id; the task is retried with "
                   "a fresh one; if it keeps happening, raise attempt_slots=")
 FIX_CONFIG = "fix producer_configs= (librdkafka properties, e.g. linger.ms, batch.size)"
@@ -110,10 +137,12 @@ ERRORS = ErrorTable(
         "RECORD_LIST_TOO_LARGE": (SchemaMismatchError, FIX_SIZE),
         "INVALID_TRANSACTION_TIMEOUT": (ConfigurationError, FIX_TIMEOUT),
         "INVALID_CONFIG": (ConfigurationError, FIX_CONFIG),
-        "TOPIC_AUTHORIZATION_FAILED": (ConfigurationError, FIX_ACCESS),
-        "TRANSACTIONAL_ID_AUTHORIZATION_FAILED": (ConfigurationError, FIX_ACCESS),
-        "CLUSTER_AUTHORIZATION_FAILED": (ConfigurationError, FIX_ACCESS),
-        "SASL_AUTHENTICATION_FAILED": (ConfigurationError, FIX_ACCESS),
+        TOPIC_AUTHORIZATION_FAILED: (ConfigurationError, FIX_TOPIC_ACCESS),
+        "TRANSACTIONAL_ID_AUTHORIZATION_FAILED": (ConfigurationError,
+                                                  FIX_TRANSACTIONAL_ID_ACCESS),
+        "CLUSTER_AUTHORIZATION_FAILED": (ConfigurationError, FIX_CLUSTER_ACCESS),
+        "SASL_AUTHENTICATION_FAILED": (ConfigurationError, FIX_CREDENTIALS),
+        "TLS_HANDSHAKE_FAILED": (ConfigurationError, FIX_TLS),
     },
 )
 
@@ -134,6 +163,8 @@ LIBRDKAFKA_NAMES = {
     "_MSG_TIMED_OUT": "KafkaTimeoutError",
     "_TIMED_OUT": "KafkaTimeoutError",
     "_INVALID_ARG": "INVALID_CONFIG",
+    "_AUTHENTICATION": "SASL_AUTHENTICATION_FAILED",
+    "_SSL": "TLS_HANDSHAKE_FAILED",
 }
 
 #: kafka-python's words when a producer finds no metadata for a topic (auto-create off).

@@ -40,12 +40,17 @@ epoch, the coordinator fills, and whose one hazard, ``close()``, is simply never
 
 A record the brokers refuse fails the transaction only at its delivery report: reports are
 asked for failures only (``delivery.report.only.error``) and the first one is raised at
-:meth:`TransactionalProducer.flush`, before a handle could be handed over.
+:meth:`TransactionalProducer.flush`, before a handle could be handed over. When the
+transaction itself fails (AddPartitionsToTxn refused: a missing WRITE ACL on a topic), the
+records' reports only say ``_PURGE_QUEUE``; the cause is in librdkafka's ``TXNERR`` log line
+(its API has no call that returns it without trying to commit), so :class:`_ClientLog` keeps
+it and :meth:`~TransactionalProducer.flush` raises that instead.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -76,6 +81,9 @@ BOOTSTRAP_NODE_ID = -1
 #: ``produce``'s partition: the partitioner's choice.
 ANY_PARTITION = -1
 ABORT_TIMEOUT_S = 10.0
+#: librdkafka's log facility of "the current transaction failed", ending in the error's name.
+TXN_ERROR_FACILITY = "TXNERR"
+_ERROR_NAME = re.compile(r"\(([A-Z_]+)\)\s*$")
 #: kafka-python's names of producer options whose librdkafka name is not the dotted one.
 KAFKA_PYTHON_NAMES = {"max_request_size": "message.max.bytes"}
 
@@ -87,12 +95,29 @@ def librdkafka_names(configs: dict[str, Any]) -> dict[str, Any]:
             for name, value in configs.items()}
 
 
+class _ClientLog:
+    """librdkafka's log lines into this module's logger (librdkafka redacts its secrets, e.g.
+    ``sasl.password = [redacted]``), keeping the last transaction error it reports."""
+
+    def __init__(self) -> None:
+        self.txn_error: KafkaError | None = None
+
+    def log(self, level: int, msg: str, *args: object) -> None:
+        log.log(level, msg, *args)
+        facility, text = (str(args[0]), str(args[-1])) if len(args) >= 2 else ("", "")
+        if facility == TXN_ERROR_FACILITY and (match := _ERROR_NAME.search(text)):
+            code = getattr(KafkaError, match.group(1), None)
+            if isinstance(code, int):
+                self.txn_error = KafkaError(code, text.split("]: ", 1)[-1])
+
+
 class TransactionalProducer:
     """One transactional id's librdkafka producer, for one transaction (see module docs)."""
 
     def __init__(self, configs: dict[str, Any], transactional_id: str) -> None:
         self.transactional_id = transactional_id
         self.failure: KafkaError | None = None
+        self._log = _ClientLog()
         self._client: Producer | None = Producer({
             "partitioner": PARTITIONER, "linger.ms": DEFAULT_LINGER_MS,
             "queue.buffering.max.messages": QUEUE_MAX_MESSAGES,
@@ -102,7 +127,7 @@ class TransactionalProducer:
             "delivery.report.only.error": True,
             "on_delivery": self._delivered,
             "error_cb": self._client_error,
-            "logger": log,  # librdkafka's own log lines, through logging (served at poll/flush)
+            "logger": self._log,  # librdkafka's log lines, through logging (at poll/flush)
         })
 
     @property
@@ -165,6 +190,8 @@ class TransactionalProducer:
             self.failure = KafkaError(KafkaError._MSG_TIMED_OUT,
                                       f"{left} records unacknowledged after {timeout_s}s")
         if self.failure is not None:
+            if self.failure.code() == KafkaError._PURGE_QUEUE and self._log.txn_error:
+                raise KafkaException(self._log.txn_error)  # the cause of the purge
             raise KafkaException(self.failure)
 
     def release(self) -> None:

@@ -89,7 +89,17 @@ from sinks.kafka import committer as coordinator
 from sinks.kafka import registry
 from sinks.kafka.adapter import ProducerIdentity
 from sinks.kafka.connection import KafkaSettings
-from sinks.kafka.errors import FIX_TIMEOUT, FIX_TOPIC, KAFKA_ERRORS, SYSTEM, classify
+from sinks.kafka.errors import (
+    FIX_CLUSTER_ACCESS,
+    FIX_TIMEOUT,
+    FIX_TOPIC,
+    KAFKA_ERRORS,
+    SYSTEM,
+    TOPIC_AUTHORIZATION_FAILED,
+    classify,
+    classify_code,
+    code_name,
+)
 from sinks.kafka.pool import (
     DEFAULT_ATTEMPT_SLOTS,
     candidates,
@@ -124,6 +134,8 @@ FLUSH_TIMEOUT_S = 120.0
 INIT_TIMEOUT_S = 60.0
 MAX_REPLICATION = 3
 BROKER_MAX_TIMEOUT = "transaction.max.timeout.ms"
+#: librdkafka properties that only the sink's security options may set (both clients get those).
+SECURITY_PROPERTY_PREFIXES = ("security.", "sasl.", "ssl.")
 
 
 @dataclass
@@ -147,8 +159,11 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTransaction]):
     ids (``attempt_slots`` per partition and batch parity). ``producer_configs`` go to the
     executors' librdkafka producer (``linger.ms``, ``batch.size``, ``compression.type``,
     ``message.max.bytes``...; kafka-python's ``linger_ms``, ``max_request_size``... are
-    translated). Security options (``security_protocol``, ``sasl_*``, ``ssl_*``)
-    pass through; the password never shows in ``repr`` or logs.
+    translated), never security ones. Security options (``security_protocol``, ``sasl_*``,
+    ``ssl_*``; :mod:`~sinks.kafka.connection`) go to both clients alike: TLS verifies the
+    certificate and host name unless ``ssl_check_hostname=False``; ``sasl_plain_password`` and
+    ``ssl_password`` may be :class:`twophase.Secret` references, and never show in ``repr``,
+    logs or errors. The ACLs the principal needs: :mod:`~sinks.kafka.access`.
     """
 
     kind: ClassVar[str] = "kafka"
@@ -191,7 +206,7 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTransaction]):
         self.attempt_slots = attempt_slots
         self.registry_topic = registry_topic
         self.registry_replication = registry_replication
-        self.producer_configs = dict(producer_configs or {})
+        self.producer_configs = _checked_producer_configs(producer_configs or {})
 
     @property
     def where(self) -> str:
@@ -209,14 +224,25 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTransaction]):
         self.shape.check(columns)
         with classified(classify, f"checking {self.where}", KAFKA_ERRORS):
             admin = self.settings.admin()
-            topics = set(admin.list_topics())
-            if self.shape.topic is not None and self.shape.topic not in topics:
-                raise ConfigurationError(f"{SYSTEM}: topic {self.shape.topic!r} does not exist "
-                                         f"in {self.settings.where}.", fix=FIX_TOPIC)
+            if self.shape.topic is not None:
+                self._check_topic(admin, self.shape.topic)
             self._check_timeout(admin)
             brokers = len(admin.describe_cluster()["brokers"])
             replication = self.registry_replication or min(MAX_REPLICATION, brokers)
             registry.ensure_topic(admin, self.registry_topic, replication)
+
+    def _check_topic(self, admin: Any, topic: str) -> None:
+        """The topic exists and the principal may see it (a broker answers the same
+        TOPIC_AUTHORIZATION_FAILED for a topic it hides and one that does not exist)."""
+        if topic in admin.list_topics():
+            return
+        described = admin.describe_topics([topic])
+        code = code_name(int(described[0]["error_code"])) if described else "NONE"
+        if code == TOPIC_AUTHORIZATION_FAILED:
+            raise classify_code(described[0]["error_code"],
+                                f"checking topic {topic!r} in {self.settings.where}")
+        raise ConfigurationError(f"{SYSTEM}: topic {topic!r} does not exist in "
+                                 f"{self.settings.where}.", fix=FIX_TOPIC)
 
     def _check_timeout(self, admin: Any) -> None:
         broker_max = self.broker_max_timeout_ms(admin)
@@ -379,6 +405,21 @@ def _identity(admin: Any, tid: str) -> ProducerIdentity:
     return ProducerIdentity(tid, description.producer_id, description.producer_epoch)
 
 
+def _checked_producer_configs(configs: Mapping[str, Any]) -> dict[str, Any]:
+    """``producer_configs`` without security properties: those go to both clients, as the
+    sink's own options, or the executors and the driver would connect differently."""
+    security = sorted(name for name in librdkafka_names(dict(configs))
+                      if name.startswith(SECURITY_PROPERTY_PREFIXES)
+                      or name == "enable.ssl.certificate.verification")
+    if security:
+        raise ConfigurationError(
+            f"{SYSTEM}: producer_configs= holds security properties {security}.",
+            fix="pass security_protocol=, sasl_mechanism=, sasl_plain_username=, "
+                "sasl_plain_password=, ssl_cafile=, ssl_certfile=, ssl_keyfile=, ssl_password=, "
+                "ssl_check_hostname= to the sink itself: the driver's client takes them too")
+    return dict(configs)
+
+
 def _config_values(described: Any, name: str) -> list[int]:
     """Values of ``name`` in kafka-python's describe_configs answer."""
     values: list[int] = []
@@ -390,5 +431,5 @@ def _config_values(described: Any, name: str) -> list[int]:
                 values.append(int(str(raw)))
     if not values:
         raise ConfigurationError(f"{SYSTEM}: the brokers did not report {name}.",
-                                 fix="grant DESCRIBE_CONFIGS on the cluster to the principal")
+                                 fix=FIX_CLUSTER_ACCESS)
     return values

@@ -47,7 +47,8 @@ that wait longer than its days: if a driver stays down that long, decided batche
 ``check_schema`` refuses a rule shorter than ``min_incomplete_upload_days`` (default 7) that
 covers the prefix. Keep one (longer) as the backstop for uploads that nothing else aborts.
 
-Permissions: s3:PutObject, s3:GetObject (HEAD), s3:ListBucket,
+Permissions (every call by role, and the IAM policy: :mod:`~sinks.s3.errors`): s3:PutObject,
+s3:GetObject (HEAD), s3:ListBucket, s3:ListMultipartUploadParts,
 s3:ListBucketMultipartUploads, s3:AbortMultipartUpload, s3:GetLifecycleConfiguration
 (optional: without it the lifecycle check is skipped with a warning).
 """
@@ -88,6 +89,7 @@ from twophase.kit import (
     DEFAULT_S3_MAX_ATTEMPTS,
     S3Checksums,
     S3Settings,
+    SecretOption,
     boto_errors,
     classified,
     namespace_from,
@@ -124,7 +126,10 @@ class S3Sink(TwoPhaseCommitSink[S3Transaction]):
     ``format``: ``"parquet"`` (default), ``"csv"`` or ``"jsonl"``; ``compression="gzip"`` for
     CSV and JSON Lines. ``key_template`` must keep ``{txn}``. Connection: ``endpoint_url``,
     ``region``, ``path_style`` (S3-compatible stores), credentials from the options or boto3's
-    chain. ``part_size`` bytes per part (at least ``min_part_size``, S3's 5 MiB),
+    chain (``secret_access_key`` and ``session_token`` may be :class:`~twophase.Secret`
+    references). TLS is verified (certificate and host name) by default: ``ca_bundle`` names
+    a private CA's file; ``verify=False`` turns the check off. ``part_size`` bytes per part
+    (at least ``min_part_size``, S3's 5 MiB),
     ``max_in_flight`` parts uploading per task at once. ``batch_log=True``: after each batch,
     Spark's file sink log under the prefix (``_spark_metadata``; reader paths are
     ``batch_log_root/key``, by default ``s3a://bucket/key``), so ``spark.read`` of the prefix
@@ -146,8 +151,10 @@ class S3Sink(TwoPhaseCommitSink[S3Transaction]):
         region: str | None = None,
         path_style: bool = False,
         access_key_id: str | None = None,
-        secret_access_key: str | None = None,
-        session_token: str | None = None,
+        secret_access_key: SecretOption | None = None,
+        session_token: SecretOption | None = None,
+        ca_bundle: str | None = None,
+        verify: bool = True,
         part_size: int = DEFAULT_PART_SIZE,
         min_part_size: int = S3_MIN_PART_SIZE,
         max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
@@ -176,7 +183,8 @@ class S3Sink(TwoPhaseCommitSink[S3Transaction]):
         self.settings = S3Settings(
             bucket=bucket, endpoint_url=endpoint_url, region=region, path_style=path_style,
             access_key_id=access_key_id, secret_access_key=secret_access_key,
-            session_token=session_token, checksums=checksums)
+            session_token=session_token, ca_bundle=ca_bundle, verify=verify,
+            checksums=checksums)
         self.prefix = prefix.strip("/")
         self.format: Format = format
         self.compression: Compression = compression

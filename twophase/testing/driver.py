@@ -21,8 +21,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import MISSING, Field, asdict, dataclass, field, fields
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -68,6 +68,8 @@ class DriverSpec:
     sink_kwargs: dict[str, Any] = field(default_factory=dict)
     files_per_batch: int = 1
     partitions: int = 2
+    #: Local mode's task slots (``local[cores]``); None: one per partition.
+    cores: int | None = None
     foreach_batch: bool = False
     log_level: str = "INFO"
     #: Where the state lives if not inside the checkpoint (a directory or ``s3://``), and
@@ -101,10 +103,21 @@ class DriverSpec:
     def build_sink(self) -> TwoPhaseCommitSink[Any]:
         return build_sink(self.sink_factory, self.sink_kwargs)
 
+    def fields_set(self) -> dict[str, Any]:
+        """The fields whose values are not their defaults (what the child is told)."""
+        values = asdict(self)
+        return {f.name: values[f.name] for f in fields(self) if values[f.name] != _default(f)}
+
     def state_store(self) -> StateStore:
         if self.state_location:
             return StateStore(self.state_location, self.state_options)
         return StateStore.for_checkpoint(self.checkpoint, self.state_options)
+
+
+def _default(spec_field: Field[Any]) -> Any:
+    if spec_field.default_factory is not MISSING:
+        return spec_field.default_factory()
+    return spec_field.default
 
 
 def generate_feed(input_dir: Path, *, files: int, rows_per_file: int, seed: int = 7) -> int:
@@ -147,24 +160,22 @@ class RunResult:
 def launch(spec: DriverSpec, *, workdir: Path, crash_at: str | None = None,
            timeout_s: float = DRIVER_TIMEOUT_S,
            while_running: Callable[[], None] | None = None,
-           on_start: Callable[[int], None] | None = None) -> RunResult:
+           on_start: Callable[[int], None] | None = None,
+           python_path: Sequence[Path] = ()) -> RunResult:
     """Run one driver to its end (or its crash point) in a session of its own.
 
     The driver runs in ``workdir`` and keeps its local files there (its temporary directory
     and Spark's ``spark.local.dir``): as if on a host of its own. ``while_running`` is called
     about every ``POLL_INTERVAL_S`` until the driver exits; ``on_start`` with the driver's pid
-    (its session's and process group's id) once it is started.
+    (its session's and process group's id) once it is started. ``python_path`` goes first on
+    the path of the driver and its Python workers: a directory holding another release of
+    twophase runs that release's driver (the spec names only the fields set, which a release
+    that knows fewer fields reads as well).
     """
     workdir.mkdir(parents=True, exist_ok=True)
     spec_path = workdir / "driver-spec.json"
-    spec_path.write_text(json.dumps(asdict(spec)))
-    scratch = workdir / "tmp"
-    scratch.mkdir(exist_ok=True)
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "TMPDIR": str(scratch),
-           # the caller's modules (a sink factory in its test package) from any directory
-           "PYTHONPATH": os.pathsep.join(filter(None, (os.getcwd(),
-                                                       os.environ.get("PYTHONPATH"))))}
-    env.pop(CRASH_ENV, None)
+    spec_path.write_text(json.dumps(spec.fields_set()))
+    env = driver_environment(workdir, python_path)
     if crash_at:
         env[CRASH_ENV] = crash_at
     log_path = workdir / "driver.log"
@@ -182,6 +193,19 @@ def launch(spec: DriverSpec, *, workdir: Path, crash_at: str | None = None,
         finally:
             kill_session(process.pid)  # what is left: a JVM whose Python parent died, say
     return RunResult(returncode, returncode == -signal.SIGKILL, log_path)
+
+
+def driver_environment(workdir: Path, python_path: Sequence[Path] = ()) -> dict[str, str]:
+    """The environment of a driver run in ``workdir`` (unarmed): its temporary directory
+    there, ``python_path`` first on its path, then the caller's modules (a sink factory in
+    its test package), from any directory."""
+    scratch = workdir / "tmp"
+    scratch.mkdir(parents=True, exist_ok=True)
+    path = [*map(str, python_path), os.getcwd(), os.environ.get("PYTHONPATH")]
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "TMPDIR": str(scratch),
+           "PYTHONPATH": os.pathsep.join(filter(None, path))}
+    env.pop(CRASH_ENV, None)
+    return env
 
 
 def _wait(process: subprocess.Popen[bytes], timeout_s: float,
@@ -263,7 +287,7 @@ def _session(spec: DriverSpec) -> SparkSession:
     conf = {"spark.local.dir": tempfile.gettempdir(), **spec.spark_conf}
     if "spark.master" in spec.spark_conf and CRASH_ENV in os.environ:
         conf.update(executor_crash_conf(os.environ[CRASH_ENV], Path(tempfile.gettempdir())))
-    return local_session("twophase-driver", spec.partitions, conf)
+    return local_session("twophase-driver", spec.cores or spec.partitions, conf)
 
 
 def executor_crash_conf(crash_at: str, scratch: Path) -> dict[str, str]:

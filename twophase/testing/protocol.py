@@ -1,4 +1,5 @@
-"""The driver's half of the protocol without Spark, and the state file it keeps.
+"""The protocol without Spark: the driver's half, the state file it keeps, and the executors'
+half as Spark's tasks run it.
 
 For benchmarks and harnesses that drive a sink through decisions and recoveries themselves,
 and read what a run recorded::
@@ -21,6 +22,10 @@ name              what it is
                   ``history``
 ``Decision``      a decided batch: its handles must all end up committed
 ``BatchRecord``   what the history remembers of a done batch (rows, decision and commit ms)
+``RunConfig``     what every process of one run shares: the sink, the state's location, the
+                  epoch, the columns, the retry policy
+``write_partition``  one task: begin, write (a ``Delivery``), pre-commit, the handle's message
+``build_sink``    a sink from ``"module:Class"`` and its options, as the tools build one
 ================  ==========================================================================
 
 How each works, and why, is told where it lives (:mod:`twophase._coordinator`,
@@ -28,6 +33,10 @@ How each works, and why, is told where it lives (:mod:`twophase._coordinator`,
 """
 
 from twophase._coordinator import Coordinator
+from twophase._loader import build_sink
+from twophase._spark import RunConfig, write_partition
 from twophase._state import BatchRecord, Decision, State, StateStore
+from twophase._task import Delivery
 
-__all__ = ["BatchRecord", "Coordinator", "Decision", "State", "StateStore"]
+__all__ = ["BatchRecord", "Coordinator", "Decision", "Delivery", "RunConfig", "State",
+           "StateStore", "build_sink", "write_partition"]
