@@ -11,13 +11,15 @@ password file is read again by the next connection.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeAlias
 
-from twophase.errors import ConfigurationError
+from twophase.errors import ConfigurationError, TwoPhaseError
 
+#: What stands for a secret removed from a message.
+REDACTED = "***"
 #: How a reference is written in a config file (TOML ``{ env = "DB_PASSWORD" }``).
 REFERENCE_KEYS = frozenset({"env", "file"})
 
@@ -86,3 +88,23 @@ def _resolved(value: Any) -> Any:
     if is_reference(value):
         return Secret.of(value).reveal()
     return resolved(value) if isinstance(value, Mapping) else value
+
+
+def scrubbed(classify: Callable[[BaseException, str], TwoPhaseError], secret: str | None
+             ) -> Callable[[BaseException, str], TwoPhaseError]:
+    """``classify`` (a sink's error table) whose errors never show ``secret`` (the password a
+    connection just used): it is replaced by :data:`REDACTED` in the error, and in the
+    driver's exception the error is chained to. No driver is known to put a password in a
+    message; this holds should one ever do."""
+    if not secret:
+        return classify
+
+    def classify_scrubbed(exc: BaseException, what: str) -> TwoPhaseError:
+        exc.args = tuple(arg.replace(secret, REDACTED) if isinstance(arg, str) else arg
+                         for arg in exc.args)
+        error = classify(exc, what)
+        if secret not in str(error):
+            return error
+        return type(error)(error.cause.replace(secret, REDACTED),
+                           fix=(error.fix or "").replace(secret, REDACTED) or None)
+    return classify_scrubbed

@@ -34,6 +34,7 @@ piece                          what it does
 :func:`split_s3_location`      the bucket and the key or prefix of ``s3://bucket/...``
 :class:`Secret`                a secret option by reference (``env=`` / ``file=``): what is
                                pickled, logged and shown; :func:`reveal` reads it where used
+:func:`scrubbed`               an error table whose errors never show a given secret
 =============================  ================================================================
 """
 
@@ -59,7 +60,7 @@ from twophase._s3 import (
     S3Settings,
     boto_errors,
 )
-from twophase._secrets import Secret, SecretOption, reveal
+from twophase._secrets import Secret, SecretOption, reveal, scrubbed
 from twophase.errors import (
     ConfigurationError,
     FatalError,
@@ -100,6 +101,7 @@ __all__ = [
     "query_key",
     "reveal",
     "rows_of",
+    "scrubbed",
     "split_s3_location",
     "transaction_id_reused",
     "transaction_lost",

@@ -18,7 +18,7 @@ sink opens a connection per branch).
 
 The password (a :class:`twophase.Secret` or the clear text) is revealed only here, when a
 connection is opened; PyMySQL's messages never carry it (an access denied names the user and
-the host), and :func:`~sinks.mysql.errors.scrubbed` removes it from any that would.
+the host), and :func:`twophase.kit.scrubbed` removes it from any that would.
 """
 
 from __future__ import annotations
@@ -35,9 +35,9 @@ from typing import Any, Literal
 import pymysql
 
 from sinks.mysql.encoding import CONVERSIONS
-from sinks.mysql.errors import SYSTEM, classify, scrubbed
+from sinks.mysql.errors import SYSTEM, classify
 from twophase import ConfigurationError
-from twophase.kit import ConnectionPool, SecretOption, classified, reveal
+from twophase.kit import ConnectionPool, SecretOption, classified, reveal, scrubbed
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +145,7 @@ class Server:
             f"SESSION {name} = {int(value)}" for name, value in settings.items()
             if value is not None])
         password = reveal(self.password) or ""
-        with classified(functools.partial(scrubbed, secret=password),
+        with classified(scrubbed(classify, password),
                         self.on(f"connecting as user {self.user!r} (tls={self.tls.mode!r})"),
                         pymysql.err.MySQLError):
             return open_connection(

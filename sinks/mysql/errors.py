@@ -17,8 +17,8 @@ OpenSSL's reason), no TLS offered  never retried, never a fall back to plain tex
 (2026), plain text refused (4151)
 a denied privilege (1044, 1142,    :class:`ConfigurationError` with the ``GRANT`` to run
 1143, 1227)
-the password in a message          :func:`scrubbed`: replaced by ``***`` (also in the driver's
-                                   exception that the error is chained to)
+the password in a message          :func:`twophase.kit.scrubbed` over :func:`classify`: ``***``
+                                   (also in the driver's exception the error is chained to)
 =================================  ============================================================
 
 The other modules use the codes below only to steer (1397: "no such xid", the refusal of
@@ -45,7 +45,6 @@ from twophase import (
 from twophase.kit import Condition, ErrorTable, transaction_id_reused, transaction_lost
 
 SYSTEM = "MySQLXASink"
-REDACTED = "***"
 
 # -- codes the sink steers by (server ER_* and client CR_*) -----------------------------------
 XAER_NOTA = 1397  # unknown xid: committed, rolled back, or never prepared
@@ -186,20 +185,6 @@ def classify(exc: BaseException, what: str) -> TwoPhaseError:
         f"{SYSTEM}: {what} failed: PyMySQL raised {type(exc).__name__} without an error code "
         f"({error_text(exc) or 'no message'}): the client and the server disagree about the "
         "protocol, so what the statement did is unknown; it is not retried.", fix=FIX_NO_CODE)
-
-
-def scrubbed(exc: BaseException, what: str, *, secret: str) -> TwoPhaseError:
-    """:func:`classify`, the ``secret`` (the password just used) replaced by ``***`` in the
-    error and in the driver's exception it is chained to (no PyMySQL message is known to
-    carry it: this holds should one ever do)."""
-    if secret:
-        exc.args = tuple(arg.replace(secret, REDACTED) if isinstance(arg, str) else arg
-                         for arg in exc.args)
-    error = classify(exc, what)
-    if secret and secret in str(error):
-        return type(error)(error.cause.replace(secret, REDACTED),
-                           fix=(error.fix or "").replace(secret, REDACTED) or None)
-    return error
 
 
 def classify_unprepared(exc: BaseException, what: str) -> TwoPhaseError:

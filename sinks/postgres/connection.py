@@ -16,13 +16,12 @@ without verifying, ``disable`` is plain text (the one way to relax it, named in 
 
 The password (a :class:`twophase.Secret` or the clear text) is revealed only here, when a
 session is opened; libpq's messages do not carry it, and
-:func:`~sinks.postgres.errors.scrubbed` removes it from any that would.
+:func:`twophase.kit.scrubbed` removes it from any that would.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -30,9 +29,9 @@ from typing import Any, Literal
 import psycopg
 from psycopg import pq
 
-from sinks.postgres.errors import SYSTEM, classify, scrubbed
+from sinks.postgres.errors import SYSTEM, classify
 from twophase import ConfigurationError
-from twophase.kit import ConnectionPool, SecretOption, classified, reveal
+from twophase.kit import ConnectionPool, SecretOption, classified, reveal, scrubbed
 
 Connection = psycopg.Connection[Any]
 
@@ -97,7 +96,7 @@ class Server:
         options = " ".join(f"-c {name}={value}" for name, value in settings.items())
         tls: dict[str, Any] = {} if self.ca_bundle is None else {"sslrootcert": self.ca_bundle}
         password = reveal(self.password) or ""
-        with classified(functools.partial(scrubbed, secret=password),
+        with classified(scrubbed(classify, password),
                         self.on(f"connecting as user {self.user!r} (sslmode={self.sslmode!r})"),
                         psycopg.Error):
             return psycopg.connect(

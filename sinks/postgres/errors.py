@@ -19,8 +19,8 @@ a client error (no SQLSTATE)       by psycopg's exception type: a lost or closed
 a certificate refused, a pg_hba    :class:`ConfigurationError` naming ``ca_bundle=`` and
 line refusing plain text           ``sslmode=``: never retried, never a fall back
 42501 (a privilege denied)         :class:`ConfigurationError` with the ``GRANT`` to run
-the password in a message          :func:`scrubbed`: replaced by ``***`` (also in the driver's
-                                   exception that the error is chained to)
+the password in a message          :func:`twophase.kit.scrubbed` over :func:`classify`: ``***``
+                                   (also in the driver's exception the error is chained to)
 =================================  ============================================================
 """
 
@@ -68,7 +68,6 @@ FIX_HBA = (
     "the server's pg_hba.conf has no line for this host, user and database with this "
     "encryption: a 'hostssl' line takes TLS connections only (sslmode='verify-full', the "
     "default); otherwise ask the server's administrator for a line")
-REDACTED = "***"
 UNPREPARED_NOTE = (
     "The transaction is discarded (PostgreSQL rolls back an unprepared transaction when its "
     "session ends) and never committed: the partition must be written again.")
@@ -137,20 +136,6 @@ def classify(exc: BaseException, what: str) -> TwoPhaseError:
     code = error_code(exc)
     message = str(exc).strip() or type(exc).__name__
     return ERRORS.error(code, what, f"[{code}] {message}")
-
-
-def scrubbed(exc: BaseException, what: str, *, secret: str) -> TwoPhaseError:
-    """:func:`classify`, the ``secret`` (the password just used) replaced by ``***`` in the
-    error and in the driver's exception it is chained to (libpq is not known to put it in a
-    message: this holds should it ever do)."""
-    if secret:
-        exc.args = tuple(arg.replace(secret, REDACTED) if isinstance(arg, str) else arg
-                         for arg in exc.args)
-    error = classify(exc, what)
-    if secret and secret in str(error):
-        return type(error)(error.cause.replace(secret, REDACTED),
-                           fix=(error.fix or "").replace(secret, REDACTED) or None)
-    return error
 
 
 def classify_unprepared(exc: BaseException, what: str) -> TwoPhaseError:
