@@ -8,6 +8,7 @@ pickled to the executors holds them) and given as :class:`twophase.Secret` refer
   restarted (recovery commits the pending batch): every row exactly once;
 * a driver whose secret is wrong (a failed start or batch: its errors, drivers' messages
   included) and one given a wrong option;
+* the recovering driver's ``/metrics``, scraped while it runs;
 * ``python -m twophase.status`` and ``python -m twophase.cleanup`` (JSON lines on stdout, its
   log on stderr, a metrics file) with the secret as an ``{"env": ...}`` reference;
 
@@ -20,11 +21,13 @@ its environment, as a deployment's secret store would).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import subprocess
 import sys
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -38,6 +41,7 @@ from setups.http import HttpSetup
 from setups.kafka import SecuredKafkaSetup
 from setups.servers.http_receiver import Receivers
 from setups.servers.kafka import APP_USER
+from setups.servers.local import free_port
 from twophase import Secret, TwoPhaseCommitSink
 from twophase._crash import AFTER_DECISION
 from twophase._loader import build_sink
@@ -51,6 +55,7 @@ log = logging.getLogger(__name__)
 
 MARKER = f"canary{uuid.uuid4().hex[:16]}"
 FILES, ROWS_PER_FILE = 3, 20
+SCRAPE_TIMEOUT_S = 2
 EVENT_LOG_CONF = {"spark.eventLog.enabled": "true", "spark.eventLog.compress": "false"}
 
 
@@ -229,7 +234,8 @@ def secrets_in_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[Mappin
 
 
 def driver_spec(canaries: Mapping[str, Canary], workdir: Path, checkpoint: Path, *,
-                as_reference: bool, extra: Mapping[str, Any] | None = None) -> DriverSpec:
+                as_reference: bool, extra: Mapping[str, Any] | None = None,
+                metrics_port: int | None = None) -> DriverSpec:
     members = {name: canary.member() for name, canary in canaries.items()}
     if extra:
         first = next(iter(members))
@@ -238,6 +244,7 @@ def driver_spec(canaries: Mapping[str, Canary], workdir: Path, checkpoint: Path,
         input_dir=str(workdir.parent / "feed"), checkpoint=str(checkpoint),
         sink_factory="tests.test_secret_canary:group_with_secrets",
         sink_kwargs={"members": members, "as_reference": as_reference}, log_level="DEBUG",
+        metrics_port=metrics_port,
         spark_conf={**EVENT_LOG_CONF, "spark.eventLog.dir": str(_made(workdir / "eventlog"))})
 
 
@@ -251,6 +258,24 @@ def tool(workdir: Path, name: str, *args: str) -> int:
     with (workdir / f"{name}.out").open("w") as out, (workdir / f"{name}.err").open("w") as err:
         return subprocess.run([sys.executable, "-m", f"twophase.{name}", *args], stdout=out,
                               stderr=err, check=False).returncode
+
+
+@dataclass
+class Scrapes:
+    """``/metrics`` of a running driver, scraped while it runs (each kept in ``path``)."""
+
+    port: int
+    path: Path
+    taken: int = 0
+
+    def scrape(self) -> None:
+        with contextlib.suppress(OSError):
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics",
+                                        timeout=SCRAPE_TIMEOUT_S) as response:
+                body = response.read()
+            with self.path.open("ab") as out:
+                out.write(body)
+            self.taken += 1
 
 
 def group_references(canaries: Mapping[str, Canary]) -> str:
@@ -292,9 +317,12 @@ def test_no_secret_reaches_anything_the_job_or_its_tools_produce(
     assert tool(run, "status", str(checkpoint), "--sink", "twophase:SinkGroup",
                 "--options", group_references(canaries)) == 0
     assert "pending" in (run / "status.out").read_text()
-    recovered = launch(driver_spec(canaries, run, checkpoint, as_reference=as_reference),
-                       workdir=run)
+    scrapes = Scrapes(free_port(), run / "metrics.scrape")
+    recovered = launch(driver_spec(canaries, run, checkpoint, as_reference=as_reference,
+                                   metrics_port=scrapes.port),
+                       workdir=run, while_running=scrapes.scrape)
     assert recovered.returncode == 0, recovered.log.read_text()[-3000:]
+    assert scrapes.taken and "twophase_" in scrapes.path.read_text(), "no /metrics scrape"
     assert tool(run, "cleanup", "--sink", "twophase:SinkGroup", "--options",
                 group_references(canaries), "--state", str(checkpoint / "twophase"),
                 "--metrics-file", str(run / "cleanup.prom")) == 0

@@ -91,6 +91,8 @@ class DriverSpec:
     batch: bool = False
     #: The stream's trigger (by default it ends once every file is consumed).
     trigger: dict[str, Any] = field(default_factory=lambda: dict(AVAILABLE_NOW))
+    #: Serve the query's Prometheus metrics on this port while the driver runs.
+    metrics_port: int | None = None
 
     @classmethod
     def into(cls, target: Target, workdir: Path, **settings: Any) -> DriverSpec:
@@ -275,7 +277,8 @@ def run_driver(spec: DriverSpec) -> None:
     query = write_stream(feed, spec.build_sink(), checkpoint_location=spec.checkpoint,
                          state_location=spec.state_location,
                          state_options=spec.state_options or None,
-                         trigger=spec.trigger, foreach_batch=spec.foreach_batch)
+                         trigger=spec.trigger, foreach_batch=spec.foreach_batch,
+                         metrics_port=spec.metrics_port)
     query.awaitTermination()
     spark.stop()
 
