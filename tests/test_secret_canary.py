@@ -22,6 +22,7 @@ its environment, as a deployment's secret store would).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -39,6 +40,7 @@ import pytest
 from setups.base import SinkSetup, Target
 from setups.http import HttpSetup
 from setups.kafka import SecuredKafkaSetup
+from setups.least_privilege import GrantingSetup
 from setups.servers.http_receiver import Receivers
 from setups.servers.kafka import APP_USER
 from setups.servers.local import free_port
@@ -127,30 +129,17 @@ def secret(canary: Canary, option: str) -> str:
 # -- each sink's secrets -----------------------------------------------------------------------
 
 
-def mysql_canary(request: pytest.FixtureRequest) -> Canary:
-    setup = request.getfixturevalue("mysql_setup")
-    target = setup.new_target()
-    canary = Canary(setup, dict(target.options))
+def sql_canary(setup_fixture: str, request: pytest.FixtureRequest) -> Canary:
+    """A user of the test's own on the secured server (verified TLS), holding exactly the
+    sink's grants, whose password holds the marker."""
+    setup: SinkSetup = request.getfixturevalue(setup_fixture)
+    canary = Canary(setup, setup.target_options())
     password = secret(canary, "password")
     user = f"canary_{uuid.uuid4().hex[:8]}"
-    database = target.options["database"]
-    setup.server.root_sql(f"CREATE USER '{user}'@'%' IDENTIFIED BY '{password}';\n"
-                          f"GRANT ALL ON `{database}`.* TO '{user}'@'%';\n"
-                          f"GRANT SUPER ON *.* TO '{user}'@'%';\n")
-    canary.options["user"] = user
-    return canary
-
-
-def postgres_canary(request: pytest.FixtureRequest) -> Canary:
-    setup = request.getfixturevalue("postgres_setup")
-    target = setup.new_target()
-    canary = Canary(setup, dict(target.options))
-    password = secret(canary, "password")
-    user = f"canary_{uuid.uuid4().hex[:8]}"
-    with setup.server.superuser(target.options["database"]) as admin:
-        admin.execute(f"CREATE ROLE {user} LOGIN PASSWORD '{password}'")
-        admin.execute(f"GRANT ALL ON SCHEMA public TO {user}")
-        admin.execute(f"GRANT ALL ON ALL TABLES IN SCHEMA public TO {user}")
+    assert isinstance(setup, GrantingSetup)
+    setup.create_sink_user(user, password, [grant for grant in
+                                            setup.sink_grants(canary.options).values()
+                                            if grant[0]])
     canary.options["user"] = user
     return canary
 
@@ -191,7 +180,9 @@ def kafka_canary(request: pytest.FixtureRequest) -> Canary:
 
 
 CANARIES: dict[str, Callable[[pytest.FixtureRequest], Canary]] = {
-    "mysql": mysql_canary, "postgres": postgres_canary, "s3": s3_canary, "http": http_canary,
+    "mysql": functools.partial(sql_canary, "secured_mysql_setup"),
+    "postgres": functools.partial(sql_canary, "secured_postgres_setup"),
+    "s3": s3_canary, "http": http_canary,
     "kafka": kafka_canary}
 
 
