@@ -306,16 +306,26 @@ def _sqlite_rows(target: Target) -> dict[str, int]:
 def _mysql_markers(target: Target) -> dict[str, int]:
     query = target.setup.db.query  # type: ignore[attr-defined]
     table = target.options["marker_table"]
+    rows = query("SELECT count(*) FROM information_schema.tables WHERE table_schema = "
+                 "DATABASE() AND table_name = %s", (table,))
+    if not rows[0][0]:  # not made yet
+        return {"marker_rows": 0}
     return {"marker_rows": query(f"SELECT count(*) FROM `{table}`")[0][0]}
 
 
 def _postgres_markers(target: Target) -> dict[str, int]:
     from psycopg import sql  # noqa: PLC0415
+    from psycopg.errors import UndefinedTable  # noqa: PLC0415
 
     from sinks.postgres.markers import DEFAULT_MARKER_TABLE  # noqa: PLC0415
-    table = target.options.get("marker_table", DEFAULT_MARKER_TABLE)
-    rows = target.setup.view.query(  # type: ignore[attr-defined]
-        sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(*table.split("."))))
+    from sinks.postgres.sink import DEFAULT_SCHEMA  # noqa: PLC0415
+    table = sql.Identifier(target.options.get("schema", DEFAULT_SCHEMA),
+                           target.options.get("marker_table", DEFAULT_MARKER_TABLE))
+    try:
+        rows = target.setup.view.query(  # type: ignore[attr-defined]
+            sql.SQL("SELECT count(*) FROM {}").format(table))
+    except UndefinedTable:  # not made yet
+        return {"marker_rows": 0}
     return {"marker_rows": rows[0][0]}
 
 
