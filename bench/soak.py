@@ -293,7 +293,7 @@ PANELS = (
     Panel("/metrics scrape (ms)", ("metrics_ms",)),
     Panel("bookkeeping (rows, ids, objects)",
           ("committed_rows", "prepared_rows", "marker_rows", "transactional_ids",
-           "registry_records", "objects")),
+           "registry_offsets", "objects")),
 )
 
 
