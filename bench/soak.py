@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from setups import SETUPS
+from setups.base import Target
 from twophase import Handle, RetryPolicy, TwoPhaseCommitSink
 from twophase.testing.contract import ORDER_COLUMNS, orders
 from twophase.testing.crash_points import CRASH_ENV, CRASH_POINTS
@@ -54,7 +55,6 @@ from twophase.testing.protocol import (
     write_partition,
 )
 from twophase.testing.simulated import FakeTask
-from twophase.testing.target import Target
 
 log = logging.getLogger("bench.soak")
 
@@ -141,23 +141,43 @@ def delivering(rows: list[tuple[Any, ...]]) -> Delivery:
 
 
 def _sample(batch: int, latencies: list[float], plan: Plan) -> dict[str, Any]:
+    return {"batch": batch, "t": time.time(), **latency_percentiles(latencies),
+            "rss_mb": round(rss_mb(os.getpid()), 1), "state_bytes": size(Path(plan.state))}
+
+
+def latency_percentiles(latencies: list[float]) -> dict[str, float]:
+    """``commit_ms_p50`` and ``commit_ms_p99`` of ``latencies`` (ms; none: nothing)."""
+    if not latencies:
+        return {}
     quantiles = statistics.quantiles(latencies, n=100) if len(latencies) > 1 else latencies * 99
-    return {"batch": batch, "t": time.time(), "commit_ms_p50": round(quantiles[49], 3),
-            "commit_ms_p99": round(quantiles[98], 3), "rss_mb": round(_rss_mb(os.getpid()), 1),
-            "state_bytes": _size(Path(plan.state))}
+    return {"commit_ms_p50": round(quantiles[49], 3), "commit_ms_p99": round(quantiles[98], 3)}
 
 
-def _rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+def rss_mb(pid: int) -> float:
+    """The resident set of process ``pid`` in MB (0 once it is gone)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0.0
+    for line in status.splitlines():
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return 0.0
 
 
-def _size(path: Path) -> int:
+def size(path: Path) -> int:
+    """The bytes of a file, or of every file under a directory (0 if missing)."""
     if path.is_file():
         return path.stat().st_size
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.exists() else 0
+    return sum(_file_size(p) for p in path.rglob("*")) if path.exists() else 0
+
+
+def _file_size(path: Path) -> int:
+    """A file's bytes, 0 for a directory or a file deleted meanwhile (Spark purges its logs)."""
+    try:
+        return path.stat().st_size if path.is_file() else 0
+    except OSError:
+        return 0
 
 
 def _replace(path: Path, text: str) -> None:
@@ -186,10 +206,10 @@ def soak(target: Target, workdir: Path, *, batches: int, restart_every: int, par
     restarts: list[Restart] = []
     while _spark_batch(workdir) < batches - 1:
         restarts.append(_one_child(plan, workdir, len(restarts), restart_every, rng))
-        _cleanup(plan)
+        cleanup(plan.factory, plan.options, plan.state)
         log.info("restart %d: %s at Spark's batch %d (%.1fs)", restarts[-1].number,
                  restarts[-1].how, restarts[-1].spark_batch, restarts[-1].seconds)
-    _cleanup(plan)
+    cleanup(plan.factory, plan.options, plan.state)
     return restarts
 
 
@@ -227,10 +247,12 @@ def _spark_batch(workdir: Path) -> int:
     return int(commit_log.read_text()) if commit_log.exists() else -1
 
 
-def _cleanup(plan: Plan) -> None:
-    done = subprocess.run([sys.executable, "-m", "twophase.cleanup", "--sink", plan.factory,
-                           "--options", json.dumps(plan.options), "--state", plan.state,
-                           "--namespace", NAMESPACE, "--retention", CLEANUP_RETENTION],
+def cleanup(factory: str, options: dict[str, Any], state: str,
+            retention: str = CLEANUP_RETENTION) -> None:
+    """``python -m twophase.cleanup`` of one query's target, as a production cron runs it."""
+    done = subprocess.run([sys.executable, "-m", "twophase.cleanup", "--sink", factory,
+                           "--options", json.dumps(options), "--state", state,
+                           "--namespace", NAMESPACE, "--retention", retention],
                           capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"cleanup failed ({done.returncode}): {done.stderr[-2000:]}")
@@ -251,27 +273,51 @@ def fresh_target(sink: str, folder: Path) -> Iterator[Target]:
         yield setup.new_target()
 
 
+@dataclass(frozen=True)
+class Panel:
+    """One panel of the plot: the sample keys drawn (each a line), its axis label, and the
+    unit the values are divided by."""
+
+    label: str
+    keys: tuple[str, ...]
+    scale: float = 1.0
+
+
+KIB = 1024.0
+#: Every panel a soak's samples may fill (a panel none of whose keys a sample has is left out).
+PANELS = (
+    Panel("decide + commit (ms)", ("commit_ms_p50", "commit_ms_p99")),
+    Panel("driver RSS (MB)", ("rss_mb", "driver_rss_mb", "workers_rss_mb")),
+    Panel("state file (KiB)", ("state_bytes",), KIB),
+    Panel("checkpoint (KiB)", ("checkpoint_bytes",), KIB),
+    Panel("/metrics scrape (ms)", ("metrics_ms",)),
+    Panel("bookkeeping (rows, ids, objects)",
+          ("committed_rows", "prepared_rows", "marker_rows", "transactional_ids",
+           "registry_offsets", "objects")),
+)
+
+
 def plot(samples: Path, png: Path) -> None:
-    """Latency, RSS and the state's size against the batch number, one panel each."""
+    """Every :data:`PANELS` panel the samples fill, against the batch number."""
     import matplotlib  # noqa: PLC0415 - only for the plot
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
     rows = [json.loads(line) for line in samples.read_text().splitlines() if line.strip()]
-    batches = [row["batch"] for row in rows]
-    figure, (latency, memory, state) = plt.subplots(3, 1, figsize=(8, 9), sharex=True)
-    latency.plot(batches, [row["commit_ms_p50"] for row in rows], label="p50")
-    latency.plot(batches, [row["commit_ms_p99"] for row in rows], label="p99")
-    latency.set_ylabel("decide + commit (ms)")
-    latency.legend()
-    memory.plot(batches, [row["rss_mb"] for row in rows])
-    memory.set_ylabel("driver RSS (MB)")
-    state.plot(batches, [row["state_bytes"] / 1024 for row in rows])
-    state.set_ylabel("state file (KiB)")
-    state.set_xlabel("batch")
-    for axis in (latency, memory, state):
+    panels = [panel for panel in PANELS if any(key in row for row in rows for key in panel.keys)]
+    figure, axes = plt.subplots(len(panels), 1, figsize=(8, 3 * len(panels)), sharex=True,
+                                squeeze=False)
+    for axis, panel in zip(axes[:, 0], panels, strict=True):
+        for key in panel.keys:
+            points = [(row["batch"], row[key] / panel.scale) for row in rows
+                      if row.get(key) is not None]
+            if points:
+                axis.plot(*zip(*points, strict=True), label=key)
+        axis.set_ylabel(panel.label)
+        axis.legend(fontsize="small")
         axis.set_ylim(0, axis.get_ylim()[1] * 1.2)
         axis.grid(alpha=0.3)
+    axes[-1, 0].set_xlabel("batch")
     figure.suptitle(f"soak: {samples.stem}")
     figure.tight_layout()
     figure.savefig(png, dpi=90)
