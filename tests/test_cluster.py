@@ -86,6 +86,7 @@ class TestKafkaOnCluster(OnCluster, CrashSuite):
     setup_fixture = "kafka_setup"
 
 
+@pytest.mark.long  # CI time: the state on S3 is in CI through TestS3DriverFailover
 class TestS3OnCluster(OnCluster, CrashSuite):
     """State on S3: tasks read it there, and the driver's disk holds nothing of it."""
 

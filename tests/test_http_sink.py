@@ -538,7 +538,7 @@ def test_a_missing_bucket_is_a_configuration_error_and_no_endpoint_retryable_wit
             step()
     unreachable, _ = s3_sink(http_receiver, receiver_path, moto_server, "b", staging_options={
         "endpoint_url": "http://127.0.0.1:9", "region": "us-east-1",
-        "access_key_id": "x", "secret_access_key": "y"})
+        "access_key_id": "AKIDEXAMPLE", "secret_access_key": "wJalrXUtnFEMI/K7MDENG"})
     with pytest.raises(RetryableError,
                        match=r"Could not connect to the endpoint.*Fix: .*endpoint_url="):
         unreachable.check_schema([])

@@ -48,7 +48,7 @@ def cleanup_config(path: Path, mariadb: MariaDBServer, table: str, state: str) -
         'sink = "sinks.mysql:MySQLXASink"\n'
         f'options = {{ host = "{params.host}", port = {params.port}, user = "{params.user}", '
         f'password = {{ env = "{PASSWORD_ENV}" }}, database = "{params.database}", '
-        f'table = "{table}" }}\n'
+        f'table = "{table}", tls = "{params.tls}" }}\n'
         f'states = ["{state}"]\n')
     return path
 

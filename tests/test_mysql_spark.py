@@ -20,7 +20,7 @@ from pyspark.sql import DataFrame, SparkSession
 from setups.mysql import ORDERS_DDL as MYSQL_ORDERS_DDL
 from setups.servers.mariadb import Db, MariaDBServer
 from sinks.mysql import MySQLXASink
-from twophase import ConfigurationError, RetryableError, SchemaMismatchError
+from twophase import ConfigurationError, FatalError, SchemaMismatchError
 from twophase._crash import AFTER_DECISION
 from twophase.spark import write_stream
 from twophase.testing.driver import FEED_START, DriverSpec, generate_feed, launch, read_feed
@@ -80,11 +80,13 @@ def test_a_row_violating_a_constraint_stops_the_query_then_the_fix_delivers_all(
 
 @pytest.mark.parametrize(("overrides", "error", "message"), [
     ({"password": "wrong"}, ConfigurationError,
-     r"connecting as user 'twophase' on MySQL server 127\.0\.0\.1:\d+ failed: \[1045\].*"
-     r"Fix: check the user and password"),
-    ({"port": 1}, RetryableError,
-     r"on MySQL server 127\.0\.0\.1:1 failed: \[2003\].*Fix: check that the server runs"),
-    ({"table": "no_such_table"}, SchemaMismatchError, r"does not exist .*Fix: create it"),
+     r"connecting as user 'twophase' \(tls='off'\) on MySQL server 127\.0\.0\.1:\d+ failed: "
+     r"\[1045\].*Fix: check the user and password"),
+    ({"port": 1}, FatalError,  # retried as the query's RetryPolicy says, then given up
+     r"still failing after \d+ attempts: .*on MySQL server 127\.0\.0\.1:1 failed: \[2003\]"
+     r".*Fix: fix the cause.*check that the server runs"),
+    ({"table": "no_such_table"}, SchemaMismatchError,
+     r"no_such_table' doesn't exist.*Fix: create the table"),
 ])
 def test_a_wrong_server_or_table_is_named_before_the_query_starts_then_the_fix_delivers_all(
     spark: SparkSession, mariadb: MariaDBServer, db: Db, table: str, feed: Path,

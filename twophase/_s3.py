@@ -120,6 +120,9 @@ REQUEST_LOGGERS = ("botocore.auth", "botocore.endpoint", "botocore.awsrequest",
                    "botocore.httpsession", "botocore.hooks", "botocore.parsers",
                    "botocore.retryhandler", "urllib3.connectionpool")
 REDACTED = "***"
+#: Shorter secrets are not searched for in log records (they would redact common words, as
+#: "x" the header ``x-amz-...``); no S3 credential is that short (AWS's are 20 and 40).
+MIN_REDACTED_LENGTH = 8
 #: A session token header and a signature, however botocore prints them.
 _SECRET_FIELDS = re.compile(r"(?i)(x-amz-security-token['\"]?\s*[:=,]\s*b?['\"]?)([^'\"\s,}]+)"
                             r"|(Signature=)([0-9a-f]+)")
@@ -225,7 +228,7 @@ class _RedactSecrets(logging.Filter):
 
     def protect(self, *secrets: str | None) -> None:
         """Redact ``secrets`` from now on (and install the filter, once)."""
-        self._secrets.update(s for s in secrets if s)
+        self._secrets.update(s for s in secrets if s and len(s) >= MIN_REDACTED_LENGTH)
         if not self._installed:
             for name in REQUEST_LOGGERS:
                 logging.getLogger(name).addFilter(self)
