@@ -37,7 +37,6 @@ import logging
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -61,6 +60,7 @@ from bench.soak import (
 )
 from setups import SETUPS
 from setups.base import Target
+from setups.servers.local import free_port
 from twophase.testing.crash_points import CRASH_ENV, CRASH_POINTS, kill_session
 from twophase.testing.driver import driver_environment
 from twophase.testing.protocol import BatchRecord, StateStore
@@ -384,12 +384,6 @@ def bookkeeping(target: Target) -> dict[str, int]:
 
 
 # -- the run ----------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def summary(sink: str, plan: Plan, restarts: list[Restart], seconds: float,
