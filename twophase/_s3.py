@@ -51,7 +51,7 @@ import threading
 from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from twophase._secrets import Secret, SecretOption, reveal
+from twophase._secrets import REDACTED, Secret, SecretOption, reveal
 from twophase.errors import ConfigurationError, FatalError, RetryableError, TwoPhaseError
 
 if TYPE_CHECKING:
@@ -119,7 +119,6 @@ log = logging.getLogger(__name__)
 REQUEST_LOGGERS = ("botocore.auth", "botocore.endpoint", "botocore.awsrequest",
                    "botocore.httpsession", "botocore.hooks", "botocore.parsers",
                    "botocore.retryhandler", "urllib3.connectionpool")
-REDACTED = "***"
 #: Shorter secrets are not searched for in log records (they would redact common words, as
 #: "x" the header ``x-amz-...``); no S3 credential is that short (AWS's are 20 and 40).
 MIN_REDACTED_LENGTH = 8
