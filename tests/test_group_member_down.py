@@ -1,8 +1,12 @@
-"""One member of a sink group down for longer than a batch (its server SIGKILLed, a private
-PostgreSQL): no batch is decided while it cannot pre-commit, so the other member never runs
-ahead by a decided batch. Within the retry policy's budget the query waits and goes on by
-itself once the server is back; past it the query stops, naming the member and the cause, and
-a restart delivers every row exactly once to both members.
+"""One member of a sink group down for longer than a batch (its server SIGKILLed): no batch is
+decided while it cannot commit, so the other member never runs ahead by a decided batch.
+Within the retry policy's budget the query waits and goes on by itself once the server is
+back; past it the query stops, naming the member and the cause, and a restart delivers every
+row exactly once to both members.
+
+The member is a private PostgreSQL (its pre-commit fails: the tasks cannot prepare) or the
+HTTP receiver (its pre-commit stages locally and succeeds: the driver's check before the
+decision, ``check_committable``, is what holds the batch back).
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
+from setups.base import SinkSetup
+from setups.http import HttpSetup
 from setups.postgres import PostgresSetup
 from setups.sqlite import SQLiteSetup
 from twophase import RetryPolicy
@@ -47,13 +53,21 @@ def postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PostgresSetup
         yield setup
 
 
-class Job:
-    """The table (SQLite) and the events (PostgreSQL) of one group, fed a file per batch."""
+@pytest.fixture(scope="module")
+def http(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpSetup]:
+    """A receiver of this module's own: its tests stop it."""
+    with HttpSetup.started(tmp_path_factory.mktemp("member-down")) as setup:
+        yield setup
 
-    def __init__(self, tmp_path: Path, postgres: PostgresSetup) -> None:
-        self.postgres = postgres
+
+class Job:
+    """The table (SQLite) and the events (the member that goes down) of one group, fed a file
+    per batch."""
+
+    def __init__(self, tmp_path: Path, events: SinkSetup) -> None:
+        self.events = events
         self.group = GroupTarget.of({"table": SQLiteSetup(tmp_path / "sqlite").new_target(),
-                                     "events": postgres.new_target()})
+                                     "events": events.new_target()})
         self.files = sorted(self._generated(tmp_path / "generated"))
         self.feed, self.checkpoint = tmp_path / "feed", tmp_path / "checkpoint"
         self.feed.mkdir()
@@ -94,11 +108,12 @@ class Job:
         assert self.group.in_doubt() == []
 
 
-@pytest.fixture
-def job(tmp_path: Path, postgres: PostgresSetup) -> Iterator[Job]:
-    job = Job(tmp_path, postgres)
+@pytest.fixture(params=["postgres", "http"])
+def job(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Job]:
+    events: SinkSetup = request.getfixturevalue(request.param)
+    job = Job(tmp_path, events)
     yield job
-    postgres.start_server()  # for the next test, whatever this one did
+    events.start_server()  # for the next test, whatever this one did
 
 
 def first_batch_then_member_down(job: Job, spark: SparkSession, retry: RetryPolicy
@@ -108,7 +123,7 @@ def first_batch_then_member_down(job: Job, spark: SparkSession, retry: RetryPoli
     query = job.start(spark, retry)
     job.arrive(1)
     job.wait_for_rows(query, ROWS_PER_FILE)
-    job.postgres.kill_server()
+    job.events.kill_server()
     job.arrive(FILES - 1)
     return query
 
@@ -123,7 +138,7 @@ def test_within_the_budget_the_query_waits_for_the_member_and_goes_on(
         assert job.table_rows() == landed, "the table ran ahead while the events were down"
         checks += 1
         time.sleep(0.5)
-    job.postgres.start_server()
+    job.events.start_server()
     try:
         job.wait_for_rows(query, FILES * ROWS_PER_FILE)
     finally:
@@ -142,7 +157,7 @@ def test_past_the_budget_the_query_stops_naming_the_member_and_a_restart_goes_on
     assert "FatalError: " in stopped and "sink group member 'events'" in stopped, stopped
     assert "Connection refused" in stopped and "Fix:" in stopped, stopped
     assert job.table_rows() == list(range(ROWS_PER_FILE))
-    job.postgres.start_server()
+    job.events.start_server()
     restarted = job.start(spark, PATIENT)
     try:
         job.wait_for_rows(restarted, FILES * ROWS_PER_FILE)

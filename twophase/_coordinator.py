@@ -10,6 +10,9 @@ undecided, before its first task writes. Then, for every batch:
 2. if the batch is already decided, it is a replay: abort the new handles, finish the old ones;
 3. abort in-doubt transactions of this query that no decision references and that belong to
    this or an earlier batch, or to an earlier run (orphans of failed attempts and crashes);
+   then refuse to decide what could not be committed now (``check_committable``, retried
+   within the policy) or may expire before its commit (``commit_deadline``): the batch's
+   transactions are aborted and it is written again;
 4. write the decision (batch + handles) to the state file, fenced by the epoch;
 5. commit every handle, in parallel, retrying retryable errors; let the sink publish the
    batch as a whole (``Committer.finish_batch``, a manifest); mark the batch done.
@@ -175,6 +178,7 @@ class Coordinator:
             raise FatalError(f"batch {batch} was given up by this run and cannot be decided.",
                              fix="restart the query; it replays the batch")
         self._sweep(state, query_id, up_to_batch=batch, keep=handles)
+        self._refuse_uncommittable(batch, handles)
         self._refuse_expiring(batch, handles)
         self.crash_point(BEFORE_DECISION, batch)
         started = time.monotonic()
@@ -388,6 +392,17 @@ class Coordinator:
         self.crash_point(MID_COMMIT, batch)
         outcomes.extend(self._in_parallel(self._commit_one, rest, stage.parallelism))
         return outcomes
+
+    def _refuse_uncommittable(self, batch: int, handles: Sequence[Handle]) -> None:
+        """Decide nothing that a system could not commit now (a sink group's HTTP member
+        whose receiver is down): wait within the retry policy, else give the batch up."""
+        try:
+            self.retry.call(lambda: self.sink.check_committable(handles),
+                            what=f"the check that batch {batch} can be committed",
+                            on_retry=self._retried("check_committable"))
+        except TwoPhaseError:
+            self._abort_all(handles)
+            raise
 
     def _refuse_expiring(self, batch: int, handles: Sequence[Handle]) -> None:
         """The deadline gate: a transaction that may expire before the batch's commit could

@@ -24,10 +24,12 @@ write                   hands every row (or Arrow batch) to each member's ``writ
 pre-commit              pre-commits each member; a failure aborts the members pre-committed
                         before it. A crash leaves member transactions in doubt: the next
                         sweep or cleanup aborts them (they are no decision's)
-decide                  only if every member of every partition pre-committed, and no member
-                        transaction may expire before its commit could end (the deadline
-                        gate, :meth:`~twophase.TwoPhaseCommitSink.commit_deadline`): else the
-                        batch is given up, every member's transactions aborted
+decide                  only if every member of every partition pre-committed, every member
+                        can commit now (:meth:`~twophase.TwoPhaseCommitSink.check_committable`:
+                        an HTTP member's receiver answers; retried within the policy), and no
+                        member transaction may expire before its commit could end (the
+                        deadline gate, :meth:`~twophase.TwoPhaseCommitSink.commit_deadline`):
+                        else the batch is given up, every member's transactions aborted
 commit                  member by member in ``commit_order``; a crash between members leaves
                         the later members prepared: recovery commits them, in order
 lost after decision     a member transaction found gone raises
@@ -221,6 +223,16 @@ class SinkGroup(TwoPhaseCommitSink[GroupTransaction]):
         deadlines = [deadline for name, member in self.member_handles(handle)
                      if (deadline := self.members[name].commit_deadline(member)) is not None]
         return min(deadlines, default=None)
+
+    def check_committable(self, handles: Sequence[Handle]) -> None:
+        """Every member, with its transactions of ``handles``, in commit order."""
+        held: dict[str, list[Handle]] = {name: [] for name in self.commit_order}
+        for handle in handles:
+            for name, member in self.member_handles(handle):
+                held[name].append(member)
+        for name, transactions in held.items():
+            with naming(name):
+                self.members[name].check_committable(transactions)
 
     def list_in_doubt(self, namespace: str) -> list[Handle]:
         """The members' unresolved transactions, one handle per partition transaction of the

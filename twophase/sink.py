@@ -24,6 +24,8 @@ method                       runs on   meaning
 ``abort(handle)``            driver    throw it away; idempotent
 ``list_in_doubt(ns)``        driver    this namespace's transactions not yet resolved
 ``commit_deadline(handle)``  driver    optional: when a pre-committed transaction may expire
+``check_committable(handles)`` driver  optional: raise if the system cannot commit them now
+                                       (a pre-commit that never reached it: its server down)
 ``purge_commit_records``     cron      optional: forget old proofs of commit
 ===========================  ========  ========================================================
 
@@ -329,6 +331,14 @@ class TwoPhaseCommitSink(ABC, Generic[TxnT]):
         does not decide a batch one of whose transactions may expire before its commit could
         end, and gives the batch up instead (see ``DEADLINE_MARGIN_S``). None: never."""
         return None
+
+    def check_committable(self, handles: Sequence[Handle]) -> None:
+        """Raise (RetryableError while it may pass later) if the system that commits
+        ``handles`` cannot commit them now. The driver calls it before deciding a batch, within
+        its retry policy, and gives the batch up if it still fails: in a sink group a member
+        must not fall behind the others by a decided batch. Only a sink whose ``pre_commit``
+        does not reach the system needs it (HttpSink stages its requests without the
+        receiver); for the others a pre-commit that succeeded is the proof."""
 
     def purge_commit_records(self, namespace: str, older_than: datetime) -> int:
         """Forget proofs of transactions *committed* before ``older_than`` (never by the time

@@ -38,6 +38,9 @@ abort       removal of           nothing, or what was   repeat it: nothing    ne
 The table names the local directory; on S3 ``.writing`` is ``.staged`` without its manifest,
 and the seal is the manifest written last instead of a rename (:mod:`~sinks.http.s3_staging`);
 S3's own failures in any phase are retryable or ConfigurationError (:mod:`~sinks.http.errors`).
+Pre-commit never reaches the receiver, so before the driver decides a batch it asks the
+receiver (``check_committable``: its well-known URL answers, anything but a 5xx): while the
+receiver is down no batch is decided, and in a sink group no member runs ahead of this one.
 An empty partition stages nothing and its handle names no request: every commit of it is
 ALREADY_COMMITTED. The proofs of commit are the ``.committed`` records, which
 ``purge_commit_records`` drops after the cleanup's retention.
@@ -78,7 +81,7 @@ from sinks.http.encoding import (
     encode_record,
     frame,
 )
-from sinks.http.errors import classify
+from sinks.http.errors import ANY_5XX, classify, classify_response
 from sinks.http.protocol import WELL_KNOWN, content_digest, idempotency_key
 from sinks.http.staging import COMMITTED, STAGED, Manifest, StagedRequest, staging_at
 from twophase import (
@@ -224,11 +227,8 @@ class HttpSink(TwoPhaseCommitSink[HttpTransaction]):
     def check_key_expiry(self) -> None:
         """Refuse a ``key_expiry_s`` longer than the receiver publishes (if it publishes one),
         and a receiver whose certificate is not verified."""
-        parts = urlsplit(self.settings.url)
-        policy_url = f"{parts.scheme}://{parts.netloc}{WELL_KNOWN}"
         try:
-            with session().get(policy_url, timeout=POLICY_TIMEOUT_S,
-                               verify=self.settings.tls_verify) as reply:
+            with self._get_policy() as reply:
                 published = reply.json().get("key_expiry_s") if reply.ok else None
         except requests.exceptions.SSLError as exc:
             raise classify(exc, f"GET {self.settings.where_of(WELL_KNOWN)}") from None
@@ -242,6 +242,12 @@ class HttpSink(TwoPhaseCommitSink[HttpTransaction]):
                 f"{published}s, but key_expiry_s={self.key_expiry_s:.0f}: a commit after its "
                 "window would execute requests twice.",
                 fix=f"pass key_expiry_s={published} (or lengthen the receiver's window)")
+
+    def _get_policy(self) -> requests.Response:
+        """GET the receiver's published idempotency policy (its well-known URL)."""
+        parts = urlsplit(self.settings.url)
+        return session().get(f"{parts.scheme}://{parts.netloc}{WELL_KNOWN}",
+                             timeout=POLICY_TIMEOUT_S, verify=self.settings.tls_verify)
 
     # -- executor -----------------------------------------------------------------------------
 
@@ -301,6 +307,20 @@ class HttpSink(TwoPhaseCommitSink[HttpTransaction]):
     def committer(self) -> HttpCommitter:
         return HttpCommitter(self)
 
+
+    def check_committable(self, handles: Sequence[Handle]) -> None:
+        """The receiver answers (its well-known URL, any answer but a 5xx): pre-commit staged
+        the requests without it, so in a sink group a batch decided while it is down would
+        be visible in the other members and not here until it is back."""
+        if not any(handle.data.get("requests") for handle in handles):
+            return
+        what = f"GET {self.settings.where_of(WELL_KNOWN)}"
+        try:
+            with self._get_policy() as reply:
+                if reply.status_code >= ANY_5XX:
+                    raise classify_response(reply, what, fingerprint="-")
+        except requests.RequestException as exc:
+            raise classify(exc, what) from None
 
     def list_in_doubt(self, namespace: str) -> list[Handle]:
         """Every transaction of ``namespace`` with bodies in the staging that no
