@@ -287,13 +287,15 @@ KIB = 1024.0
 #: Every panel a soak's samples may fill (a panel none of whose keys a sample has is left out).
 PANELS = (
     Panel("decide + commit (ms)", ("commit_ms_p50", "commit_ms_p99")),
-    Panel("driver RSS (MB)", ("rss_mb", "driver_rss_mb", "workers_rss_mb")),
+    Panel("driver RSS (MB)", ("rss_mb", "driver_rss_mb", "driver_python_rss_mb",
+                              "driver_jvm_rss_mb", "workers_rss_mb")),
     Panel("state file (KiB)", ("state_bytes",), KIB),
     Panel("checkpoint (KiB)", ("checkpoint_bytes",), KIB),
     Panel("/metrics scrape (ms)", ("metrics_ms",)),
     Panel("bookkeeping (rows, ids, objects)",
           ("committed_rows", "prepared_rows", "marker_rows", "transactional_ids",
-           "registry_offsets", "objects")),
+           "registry_offsets", "registry_records", "objects")),
+    Panel("Kafka registry on disk (KiB)", ("registry_bytes",), KIB),
 )
 
 

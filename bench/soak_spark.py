@@ -72,6 +72,9 @@ DEFAULT_RESTART_EVERY = 300
 DEFAULT_ROWS_PER_SECOND = 200
 DEFAULT_SAMPLE_EVERY = 100
 DEFAULT_PARTITIONS = 2
+#: Kafka: the registry's segments roll (and its markers go) after a minute, not an hour and a
+#: day, so that a soak of minutes shows the bound that compaction keeps it at.
+DEFAULT_REGISTRY_SEGMENT_MS = 60_000
 SOURCES = ("rate", "rate-micro-batch")
 FASTEST_TRIGGER = {"processingTime": "0 seconds"}
 #: Proofs of commit older than this are purged by each cleanup (production: days).
@@ -248,16 +251,20 @@ def _watch(child: subprocess.Popen[bytes], sampler: Sampler) -> int:
 
 
 def session_rss_mb(session: int) -> dict[str, float]:
-    """The RSS of a driver's session: the driver (its Python process and its JVM) and the
-    rest (the JVM's Python workers: pyspark's daemon and its forks)."""
-    driver = workers = 0.0
+    """The RSS of a driver's session: the driver (its Python process and its JVM, also
+    apart: a leak of twophase's would be the Python process's) and the rest (the JVM's
+    Python workers: pyspark's daemon and its forks)."""
+    python = jvm = workers = 0.0
     for pid in _session_processes(session):
         resident = rss_mb(pid)
-        if pid == session or _command(pid) == "java":
-            driver += resident
+        if pid == session:
+            python += resident
+        elif _command(pid) == "java":
+            jvm += resident
         else:
             workers += resident
-    return {"driver_rss_mb": round(driver, 1), "workers_rss_mb": round(workers, 1)}
+    return {"driver_rss_mb": round(python + jvm, 1), "driver_python_rss_mb": round(python, 1),
+            "driver_jvm_rss_mb": round(jvm, 1), "workers_rss_mb": round(workers, 1)}
 
 
 def _session_processes(session: int) -> list[int]:
@@ -330,31 +337,74 @@ def _postgres_markers(target: Target) -> dict[str, int]:
 
 
 def _kafka_ids(target: Target) -> dict[str, int]:
-    """The transactional ids of the target's prefix the broker knows, and the registry's
-    offset span (its records until compaction, which leaves the offsets: an upper bound)."""
+    """The transactional ids of the target's prefix the broker knows; the registry's offset
+    span (every record ever written: compaction leaves the offsets), its live records (what a
+    restarted driver reads) and its bytes on the broker's disk."""
     import re  # noqa: PLC0415
 
-    from kafka import KafkaConsumer, TopicPartition  # noqa: PLC0415
-
-    from sinks.kafka.registry import DEFAULT_REGISTRY_TOPIC  # noqa: PLC0415
     broker = target.setup.broker  # type: ignore[attr-defined]
     admin = broker.admin()
     try:
         listed = admin.list_transactions(transactional_id_pattern=re.escape(
             target.options["transactional_id_prefix"]) + ".*")
         ids = {listing.transactional_id for listings in listed.values() for listing in listings}
+        on_disk = _registry_bytes(admin, _registry_topic(target))
     finally:
         admin.close()
-    registry = target.options.get("registry_topic", DEFAULT_REGISTRY_TOPIC)
-    consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap_servers, **broker.client_configs())
+    return {"transactional_ids": len(ids), **_registry_records(target), "registry_bytes": on_disk}
+
+
+def _registry_topic(target: Target) -> str:
+    from sinks.kafka.registry import DEFAULT_REGISTRY_TOPIC  # noqa: PLC0415
+    return str(target.options.get("registry_topic", DEFAULT_REGISTRY_TOPIC))
+
+
+def _registry_records(target: Target) -> dict[str, int]:
+    """The registry's offset span and the records still in it, read from its start (a
+    restarted driver's first read), aborted ones included."""
+    from kafka import KafkaConsumer, TopicPartition  # noqa: PLC0415
+
+    broker = target.setup.broker  # type: ignore[attr-defined]
+    partition = TopicPartition(_registry_topic(target), 0)
+    consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap_servers,
+                             isolation_level="read_uncommitted", enable_auto_commit=False,
+                             **broker.client_configs())
     try:
-        partitions = [TopicPartition(registry, p)
-                      for p in consumer.partitions_for_topic(registry) or ()]
-        ends, starts = consumer.end_offsets(partitions), consumer.beginning_offsets(partitions)
-        offsets = sum(ends[p] - starts[p] for p in partitions)
+        consumer.assign([partition])
+        start = consumer.beginning_offsets([partition])[partition]
+        end = consumer.end_offsets([partition])[partition]
+        consumer.seek(partition, start)
+        live = 0
+        while consumer.position(partition) < end:
+            live += sum(len(records) for records in consumer.poll(timeout_ms=200).values())
     finally:
         consumer.close()
-    return {"transactional_ids": len(ids), "registry_offsets": offsets}
+    return {"registry_offsets": end - start, "registry_records": live}
+
+
+def _registry_bytes(admin: Any, topic: str) -> int:
+    """The registry's size on the broker's disks (every log directory, every replica)."""
+    described = admin.describe_log_dirs(topic_partitions=[topic])
+    return sum(partition["partition_size"] for broker in described
+               for log_dir in broker["log_dirs"] for found in log_dir["topics"]
+               if found["name"] == topic for partition in found["partitions"])
+
+
+def compressed_registry(target: Target, segment_ms: int) -> None:
+    """Create the Kafka registry topic as the sink would, but rolling its segments and
+    dropping its transaction markers after ``segment_ms`` instead of an hour and a day: a
+    soak of minutes then shows where compaction holds the registry, as months would."""
+    from kafka.admin import NewTopic  # noqa: PLC0415
+
+    from sinks.kafka.registry import REGISTRY_CONFIGS  # noqa: PLC0415
+
+    configs = {**REGISTRY_CONFIGS, "segment.ms": str(segment_ms),
+               "delete.retention.ms": str(segment_ms)}
+    admin = target.setup.broker.admin()  # type: ignore[attr-defined]
+    try:
+        admin.create_topics([NewTopic(_registry_topic(target), 1, 1, topic_configs=configs)])
+    finally:
+        admin.close()
 
 
 def _s3_objects(target: Target) -> dict[str, int]:
@@ -410,6 +460,9 @@ def main() -> int:
     parser.add_argument("--sample-every", type=int, default=DEFAULT_SAMPLE_EVERY)
     parser.add_argument("--seed", type=int, default=20261125)
     parser.add_argument("--out", type=Path, help="write the samples, summary and plot here")
+    parser.add_argument("--registry-segment-ms", type=int, default=DEFAULT_REGISTRY_SEGMENT_MS,
+                        help="Kafka: the registry's segment.ms and delete.retention.ms (0: "
+                        "the sink's own, an hour and a day)")
     args = parser.parse_args()
     if args.child:
         logging.basicConfig(level=logging.WARNING)
@@ -422,6 +475,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="twophase-soak-spark-") as scratch, \
             fresh_target(args.sink, Path(scratch) / "target") as target:
         workdir = Path(scratch)
+        if args.sink == "kafka" and args.registry_segment_ms:
+            compressed_registry(target, args.registry_segment_ms)
         plan = Plan(target.factory, dict(target.options), str(workdir / "ckpt"),
                     str(workdir / "state"), args.batches, args.source, args.rows_per_second,
                     args.partitions, free_port())
