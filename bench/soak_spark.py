@@ -1,20 +1,23 @@
-"""The soak of issue 28 through Spark: one streaming query for thousands of micro-batches,
-its driver SIGKILLed at a random crash point every few hundred batches, cleanup run between
-restarts, and what could grow with the number of batches sampled as it runs.
+"""The soak of issue 28 through Spark: one streaming query per sink for thousands of
+micro-batches, the driver SIGKILLed at a random crash point every few hundred batches, cleanup
+run between restarts, and what could grow with the number of batches sampled as it runs.
 
 Run from the repository root (never in CI)::
 
     .venv/bin/python -m bench.soak_spark --sink sqlite --batches 10000 [--restart-every 300]
         [--rows-per-second 200] [--sample-every 100] [--source rate] [--out docs/soak]
+    .venv/bin/python -m bench.soak_spark --sink mysql,postgres,kafka,s3 --batches 2000 ...
 
-The driver is a child process in a session of its own (``--child``): Spark's ``rate`` source
-(deterministic after a restart from the checkpoint: its ``value`` is the event id) mapped to
-the orders columns, written by :func:`twophase.spark.write_stream` with the fastest trigger
-into a fresh target of the sink's setup (a private server of its own), with its ``/metrics``
-endpoint on a free port. It runs until the query's last batch reaches ``--batches``, then
-stops. Each child is armed at a random crash point of a random batch within
-``--restart-every`` (``TWOPHASE_CRASH_AT``: the real SIGKILL of its session, JVM and Python
-workers with it); ``python -m twophase.cleanup`` runs after each child (a short retention, so
+The driver is a child process in a session of its own (``--child``). For each sink named
+(one, or several as several queries of one driver, as an application runs them), Spark's
+``rate`` source (deterministic after a restart from the checkpoint: its ``value`` is the
+event id) mapped to the orders columns, written by :func:`twophase.spark.write_stream` with
+the fastest trigger into a fresh target of the sink's setup (a private server of its own),
+with its own checkpoint, state and ``/metrics`` endpoint on a free port. Each query runs
+until its last batch reaches ``--batches``, then stops. Each child is armed at a random
+crash point of a random batch within ``--restart-every`` (``TWOPHASE_CRASH_AT``: the first
+query to reach it is the real SIGKILL of the whole session, JVM, Python workers and the other
+queries with it); ``python -m twophase.cleanup`` runs after each child (a short retention, so
 proofs of commit are purged as a production cron does).
 
 The ``rate`` source makes at most one batch a second (its offsets are whole seconds);
@@ -23,9 +26,10 @@ goes (its rows and timestamps are as deterministic).
 
 Every ``--sample-every`` batches (read from the state file's history, polled) a JSON line:
 decide + commit p50/p99 of those batches, the driver's RSS (its Python process and JVM) and
-the Python workers', the state file's and the checkpoint's size, the ``/metrics`` scrape
-time, and the sink's bookkeeping (:data:`BOOKKEEPING`). At the end every event id up to the
-highest must be visible exactly once and nothing left in doubt (exit 1 otherwise).
+the Python workers' (the driver's, shared by its queries), the state file's and the
+checkpoint's size, the ``/metrics`` scrape time, and the sink's bookkeeping
+(:data:`BOOKKEEPING`), per query. At the end every event id up to the highest must be
+visible exactly once in every sink and nothing left in doubt (exit 1 otherwise).
 """
 
 from __future__ import annotations
@@ -42,8 +46,8 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -89,47 +93,74 @@ MB = 1024.0
 
 
 @dataclass(frozen=True)
-class Plan:
-    """What a child runs (passed as JSON on its command line)."""
+class Query:
+    """One query of the soak: its sink, checkpoint, state and ``/metrics`` port."""
 
+    sink: str
     factory: str
     options: dict[str, Any]
     checkpoint: str
     state: str
+    metrics_port: int
+
+    @classmethod
+    def into(cls, target: Target, workdir: Path) -> Query:
+        folder = workdir / target.setup.name
+        return cls(target.setup.name, target.factory, dict(target.options),
+                   str(folder / "ckpt"), str(folder / "state"), free_port())
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a child runs (passed as JSON on its command line)."""
+
+    queries: list[Query]
     batches: int
     source: str
     rows_per_second: int
     partitions: int
-    metrics_port: int
+
+    @classmethod
+    def from_json(cls, text: str) -> Plan:
+        fields = json.loads(text)
+        return cls(**{**fields, "queries": [Query(**query) for query in fields["queries"]]})
 
 
 # -- the child: one run of the query ----------------------------------------------------------
 
 
 def run_child(plan: Plan) -> None:
-    """Stream the rate source into the sink until the query's batch ``plan.batches - 1``."""
-    from pyspark.sql import functions as f  # noqa: PLC0415 - the child's only
-
-    from twophase.spark import write_stream  # noqa: PLC0415
-    from twophase.testing.driver import local_session  # noqa: PLC0415
-    from twophase.testing.protocol import build_sink  # noqa: PLC0415
+    """Stream the rate source into each sink until its query's batch ``plan.batches - 1``."""
+    from twophase.testing.driver import local_session  # noqa: PLC0415 - the child's only
 
     spark = local_session("twophase-soak", plan.partitions,
                           {"spark.local.dir": tempfile.gettempdir()})
+    running = [_started(spark, plan, query) for query in plan.queries]
+    while running:
+        for query in list(running):
+            if not query.isActive:
+                raise RuntimeError(f"the query failed: {query.exception()}")
+            if _last_batch(query.lastProgress) >= plan.batches - 1:
+                query.stop()
+                running.remove(query)
+        time.sleep(POLL_S)
+    spark.stop()
+
+
+def _started(spark: Any, plan: Plan, query: Query) -> Any:
+    from pyspark.sql import functions as f  # noqa: PLC0415
+
+    from twophase.spark import write_stream  # noqa: PLC0415
+    from twophase.testing.protocol import build_sink  # noqa: PLC0415
+
     events = _source(spark.readStream, plan).load().select(
         f.col("value").alias("event_id"),
         (f.col("value") % ORDERS_PER_CUSTOMER).alias("order_id"),
         f.lit("paid").alias("status"), f.col("timestamp").alias("ts"))
-    query = write_stream(events, build_sink(plan.factory, plan.options),
-                         checkpoint_location=plan.checkpoint, state_location=plan.state,
-                         namespace=NAMESPACE, trigger=FASTEST_TRIGGER,
-                         metrics_port=plan.metrics_port)
-    while query.isActive and _last_batch(query.lastProgress) < plan.batches - 1:
-        time.sleep(POLL_S)
-    if query.exception() is not None:
-        raise RuntimeError(f"the query failed: {query.exception()}")
-    query.stop()
-    spark.stop()
+    return write_stream(events, build_sink(query.factory, query.options),
+                        checkpoint_location=query.checkpoint, state_location=query.state,
+                        namespace=NAMESPACE, trigger=FASTEST_TRIGGER,
+                        metrics_port=query.metrics_port, query_name=f"soak-{query.sink}")
 
 
 def _source(reader: Any, plan: Plan) -> Any:
@@ -152,7 +183,7 @@ class Sampler:
     history holds the last batches done (a bounded number), so it is polled often and the
     records of each batch since the last sample kept until the next."""
 
-    plan: Plan
+    query: Query
     target: Target
     every: int
     out: Path
@@ -165,7 +196,7 @@ class Sampler:
     def poll(self, child: int | None) -> int:
         """Take in the state's history; sample if a sample's batch is reached. Returns the
         last batch done (-1: none)."""
-        state = StateStore(self.plan.state).read()
+        state = StateStore(self.query.state).read()
         if state is None:
             return -1
         floor = self.next_at - self.every  # the batches before it are in a sample already
@@ -181,34 +212,55 @@ class Sampler:
         processes = session_rss_mb(child) if child is not None else {}
         return {"batch": batch, "t": round(time.time(), 3), "batches_in": len(records),
                 **latency_percentiles(latencies), **processes,
-                "state_bytes": size(Path(self.plan.state)),
-                "checkpoint_bytes": size(Path(self.plan.checkpoint)),
-                "metrics_ms": scrape_ms(self.plan.metrics_port) if child is not None else None,
+                "state_bytes": size(Path(self.query.state)),
+                "checkpoint_bytes": size(Path(self.query.checkpoint)),
+                "metrics_ms": scrape_ms(self.query.metrics_port) if child is not None else None,
                 **bookkeeping(self.target)}
 
     def _write(self, sample: dict[str, Any]) -> None:
         with self.out.open("a") as samples:
             samples.write(json.dumps(sample) + "\n")
-        log.info("sample %s", json.dumps(sample))
+        log.info("sample %s %s", self.query.sink, json.dumps(sample))
 
 
-def soak(target: Target, workdir: Path, plan: Plan, *, restart_every: int, sample_every: int,
-         rng: random.Random) -> list[Restart]:
-    sampler = Sampler(plan, target, sample_every, workdir / "samples.jsonl")
+def samples_file(workdir: Path, sink: str) -> Path:
+    return workdir / f"samples-{sink}.jsonl"
+
+
+def soak(targets: Sequence[Target], workdir: Path, plan: Plan, *, restart_every: int,
+         sample_every: int, rng: random.Random) -> list[Restart]:
+    samplers = [Sampler(query, target, sample_every, samples_file(workdir, query.sink))
+                for query, target in zip(plan.queries, targets, strict=True)]
     restarts: list[Restart] = []
-    last = -1
-    while last < plan.batches - 1:
-        restarts.append(_one_child(plan, workdir, len(restarts), restart_every, rng, sampler))
-        cleanup(plan.factory, plan.options, plan.state, CLEANUP_RETENTION)
-        last = sampler.poll(None)
+    while _slowest(samplers) < plan.batches - 1:
+        restarts.append(_one_child(plan, workdir, len(restarts), restart_every, rng, samplers))
+        for query in plan.queries:
+            cleanup(query.factory, query.options, query.state, CLEANUP_RETENTION)
         log.info("restart %d: %s at batch %d (%.1fs)", restarts[-1].number, restarts[-1].how,
                  restarts[-1].spark_batch, restarts[-1].seconds)
     return restarts
 
 
+def _slowest(samplers: Sequence[Sampler]) -> int:
+    """The last batch done by the query furthest behind (polling every query's state)."""
+    return min(sampler.poll(None) for sampler in samplers)
+
+
+def _leading(samplers: Sequence[Sampler], batches: int) -> int:
+    """The last batch done by the query furthest ahead of those not done: the next crash is
+    armed after it (armed after the slowest's, the fastest would reach it at once)."""
+    return max(last for sampler in samplers if (last := sampler.poll(None)) < batches - 1)
+
+
+def _unfinished(plan: Plan, samplers: Sequence[Sampler]) -> Plan:
+    """The plan of the queries not done yet (a done one started again would go on)."""
+    return replace(plan, queries=[sampler.query for sampler in samplers
+                                  if sampler.poll(None) < plan.batches - 1])
+
+
 def _one_child(plan: Plan, workdir: Path, number: int, restart_every: int,
-               rng: random.Random, sampler: Sampler) -> Restart:
-    first = sampler.poll(None) + 1
+               rng: random.Random, samplers: Sequence[Sampler]) -> Restart:
+    first = _leading(samplers, plan.batches) + 1
     env = driver_environment(workdir)
     point, at = rng.choice(CRASH_POINTS), first + rng.randrange(restart_every)
     if at < plan.batches:
@@ -219,11 +271,12 @@ def _one_child(plan: Plan, workdir: Path, number: int, restart_every: int,
         driver_log.write(f"\n=== child {number}, crash point {how} ===\n")
         driver_log.flush()
         child = subprocess.Popen(
-            [sys.executable, "-m", "bench.soak_spark", "--child", json.dumps(asdict(plan))],
+            [sys.executable, "-m", "bench.soak_spark", "--child",
+             json.dumps(asdict(_unfinished(plan, samplers)))],
             env=env, cwd=workdir, stdout=driver_log, stderr=subprocess.STDOUT,
             start_new_session=True)
         try:
-            returncode = _watch(child, sampler)
+            returncode = _watch(child, samplers, plan.batches)
         finally:
             kill_session(child.pid)  # a JVM or worker its killed driver left behind
     if returncode == 0:
@@ -231,18 +284,22 @@ def _one_child(plan: Plan, workdir: Path, number: int, restart_every: int,
     elif returncode != -signal.SIGKILL:
         raise RuntimeError(f"child {number} failed with exit code {returncode}; "
                            f"see {workdir / 'driver.log'}")
-    return Restart(number, how, sampler.poll(None), time.monotonic() - started)
+    return Restart(number, how, _slowest(samplers), time.monotonic() - started)
 
 
-def _watch(child: subprocess.Popen[bytes], sampler: Sampler) -> int:
-    """Poll the state (sampling) until the child exits; fail it if it stalls."""
-    last, moved = -1, time.monotonic()
+def _watch(child: subprocess.Popen[bytes], samplers: Sequence[Sampler], batches: int) -> int:
+    """Poll every query's state (sampling) until the child exits; fail it if a query that
+    is not done stalls."""
+    last = {sampler.query.sink: -1 for sampler in samplers}
+    moved = dict.fromkeys(last, time.monotonic())
     while (returncode := child.poll()) is None:
-        batch = sampler.poll(child.pid)
-        if batch != last:
-            last, moved = batch, time.monotonic()
-        elif time.monotonic() - moved > STALL_TIMEOUT_S:
-            raise TimeoutError(f"no batch done for {STALL_TIMEOUT_S:.0f}s after batch {last}")
+        for sampler in samplers:
+            sink, batch = sampler.query.sink, sampler.poll(child.pid)
+            if batch != last[sink] or batch >= batches - 1:
+                last[sink], moved[sink] = batch, time.monotonic()
+            elif time.monotonic() - moved[sink] > STALL_TIMEOUT_S:
+                raise TimeoutError(f"{sink}: no batch done for {STALL_TIMEOUT_S:.0f}s after "
+                                   f"batch {batch}")
         time.sleep(POLL_S)
     return returncode
 
@@ -440,7 +497,9 @@ def summary(sink: str, plan: Plan, restarts: list[Restart], seconds: float,
             target: Target) -> dict[str, Any]:
     visible = target.visible()
     return {"sink": sink, "batches": plan.batches, "source": plan.source,
-            "rows_per_second": plan.rows_per_second, "restarts": len(restarts),
+            "rows_per_second": plan.rows_per_second,
+            "queries_in_driver": [query.sink for query in plan.queries],
+            "restarts": len(restarts),
             "seconds": round(seconds, 1), "batches_per_s": round(plan.batches / seconds, 3),
             **verdict(target, max(visible, default=-1) + 1),
             "restart_log": [asdict(r) for r in restarts]}
@@ -450,7 +509,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--child", help=argparse.SUPPRESS)
-    parser.add_argument("--sink", choices=sorted(SETUPS), default="sqlite")
+    parser.add_argument("--sink", type=_sinks, default=["sqlite"],
+                        help=f"one of {', '.join(sorted(SETUPS))}, or several (a,b): one "
+                        "query each, in one driver")
     parser.add_argument("--batches", type=int, default=DEFAULT_BATCHES)
     parser.add_argument("--restart-every", type=int, default=DEFAULT_RESTART_EVERY)
     parser.add_argument("--rows-per-second", type=int, default=DEFAULT_ROWS_PER_SECOND,
@@ -466,35 +527,49 @@ def main() -> int:
     args = parser.parse_args()
     if args.child:
         logging.basicConfig(level=logging.WARNING)
-        run_child(Plan(**json.loads(args.child)))
+        run_child(Plan.from_json(args.child))
         return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     for noisy in ("twophase", "sinks"):
         logging.getLogger(noisy).setLevel(logging.ERROR)
     logging.getLogger("kafka").setLevel(logging.CRITICAL)  # a starting broker refuses
     with tempfile.TemporaryDirectory(prefix="twophase-soak-spark-") as scratch, \
-            fresh_target(args.sink, Path(scratch) / "target") as target:
+            contextlib.ExitStack() as servers:
         workdir = Path(scratch)
-        if args.sink == "kafka" and args.registry_segment_ms:
-            compressed_registry(target, args.registry_segment_ms)
-        plan = Plan(target.factory, dict(target.options), str(workdir / "ckpt"),
-                    str(workdir / "state"), args.batches, args.source, args.rows_per_second,
-                    args.partitions, free_port())
+        targets = [servers.enter_context(fresh_target(sink, workdir / f"target-{sink}"))
+                   for sink in args.sink]
+        for target in targets:
+            if target.setup.name == "kafka" and args.registry_segment_ms:
+                compressed_registry(target, args.registry_segment_ms)
+        plan = Plan([Query.into(target, workdir) for target in targets], args.batches,
+                    args.source, args.rows_per_second, args.partitions)
         started = time.monotonic()
-        restarts = soak(target, workdir, plan, restart_every=args.restart_every,
+        restarts = soak(targets, workdir, plan, restart_every=args.restart_every,
                         sample_every=args.sample_every, rng=random.Random(args.seed))
-        result = summary(args.sink, plan, restarts, time.monotonic() - started, target)
-        log.info("%s", json.dumps({k: v for k, v in result.items() if k != "restart_log"}))
-        if args.out:
-            _save(args.out, args.sink, workdir, result)
-    ok = result["duplicates"] == result["missing"] == result["in_doubt"] == 0
-    return 0 if ok else 1
+        seconds = time.monotonic() - started
+        results = [summary(query.sink, plan, restarts, seconds, target)
+                   for query, target in zip(plan.queries, targets, strict=True)]
+        for result in results:
+            log.info("%s", json.dumps({k: v for k, v in result.items() if k != "restart_log"}))
+            if args.out:
+                _save(args.out, workdir, result)
+    return 0 if all(r["duplicates"] == r["missing"] == r["in_doubt"] == 0 for r in results) else 1
 
 
-def _save(out: Path, sink: str, workdir: Path, result: dict[str, Any]) -> None:
+def _sinks(names: str) -> list[str]:
+    sinks = names.split(",")
+    unknown = sorted(set(sinks) - set(SETUPS))
+    if unknown or len(set(sinks)) != len(sinks):
+        raise argparse.ArgumentTypeError(f"sinks are {', '.join(sorted(SETUPS))}, each once; "
+                                         f"got {names!r}")
+    return sinks
+
+
+def _save(out: Path, workdir: Path, result: dict[str, Any]) -> None:
     out.mkdir(parents=True, exist_ok=True)
+    sink = result["sink"]
     samples = out / f"soak-spark-{sink}-samples.jsonl"
-    samples.write_text((workdir / "samples.jsonl").read_text())
+    samples.write_text(samples_file(workdir, sink).read_text())
     (out / f"soak-spark-{sink}.json").write_text(json.dumps(result, indent=1))
     with contextlib.suppress(ImportError):
         plot(samples, out / f"soak-spark-{sink}.png")
