@@ -212,7 +212,8 @@ class Sampler:
         processes = session_rss_mb(child) if child is not None else {}
         return {"batch": batch, "t": round(time.time(), 3), "batches_in": len(records),
                 **latency_percentiles(latencies), **processes,
-                "state_bytes": size(Path(self.query.state)),
+                # the file alone: a write's temporary beside it would count twice
+                "state_bytes": size(Path(StateStore(self.query.state).path)),
                 "checkpoint_bytes": size(Path(self.query.checkpoint)),
                 "metrics_ms": scrape_ms(self.query.metrics_port) if child is not None else None,
                 **bookkeeping(self.target)}
