@@ -307,6 +307,24 @@ def test_a_receiver_down_during_commit_is_retryable_and_after_its_restart_all_ar
     assert receiver.event_ids(path) == [0, 1, 2, 3, 10, 11, 12, 13, 20, 21, 22, 23]
 
 
+def test_before_a_decision_the_receiver_is_asked_and_a_down_one_is_retryable(
+        private_receiver: Receivers, tmp_path: Path) -> None:
+    receiver = private_receiver()
+    path = new_path()
+    sink = make_sink(receiver, path, tmp_path)
+    handle, empty = prepare(sink, orders(0, 4)), prepare(sink, [], partition=1)
+    sink.check_committable([handle, empty])
+    receiver.kill()
+    with pytest.raises(RetryableError, match=r"GET .*/\.well-known/idempotency.*ConnectionError"
+                       r".*Fix: retried automatically; if it persists, check url="):
+        sink.check_committable([handle, empty])
+    sink.check_committable([empty])  # nothing to send: the receiver is not asked
+    receiver.restart()
+    sink.check_committable([handle])
+    assert commit(sink, handle) is CommitOutcome.COMMITTED
+    assert receiver.event_ids(path) == [0, 1, 2, 3]
+
+
 def test_tls_is_verified_by_default_and_plain_http_is_refused(
         http_secured: ReceiverProcess, tmp_path: Path) -> None:
     path = new_path()

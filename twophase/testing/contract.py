@@ -219,6 +219,14 @@ class SinkContract(TargetSuite):
         assert commit(sink, second) is CommitOutcome.COMMITTED
         assert target.visible() == [0, 1, 2, 3, 4]
 
+    def test_pre_committed_transactions_are_committable_while_the_system_answers(
+        self, target: Target, sink: TwoPhaseCommitSink[Any]
+    ) -> None:
+        written, empty = prepare(sink, orders(0, 3), partition=0), prepare(sink, [], partition=1)
+        sink.check_committable([written, empty])  # else no batch of the sink would be decided
+        assert commit(sink, written) is CommitOutcome.COMMITTED
+        assert target.visible() == [0, 1, 2]
+
     def test_a_second_commit_proves_it_was_already_committed(
         self, target: Target, sink: TwoPhaseCommitSink[Any]
     ) -> None:
