@@ -225,7 +225,9 @@ class SinkContract(TargetSuite):
         written, empty = prepare(sink, orders(0, 3), partition=0), prepare(sink, [], partition=1)
         sink.check_committable([written, empty])  # else no batch of the sink would be decided
         assert commit(sink, written) is CommitOutcome.COMMITTED
+        assert commit(sink, empty) in (CommitOutcome.COMMITTED, CommitOutcome.ALREADY_COMMITTED)
         assert target.visible() == [0, 1, 2]
+        assert sink.list_in_doubt(NAMESPACE) == []
 
     def test_a_second_commit_proves_it_was_already_committed(
         self, target: Target, sink: TwoPhaseCommitSink[Any]
