@@ -422,8 +422,10 @@ def _registry_records(target: Target) -> dict[str, int]:
     restarted driver's first read), aborted ones included."""
     from kafka import KafkaConsumer, TopicPartition  # noqa: PLC0415
 
+    from sinks.kafka.registry import REGISTRY_PARTITION  # noqa: PLC0415
+
     broker = target.setup.broker  # type: ignore[attr-defined]
-    partition = TopicPartition(_registry_topic(target), 0)
+    partition = TopicPartition(_registry_topic(target), REGISTRY_PARTITION)
     consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap_servers,
                              isolation_level="read_uncommitted", enable_auto_commit=False,
                              **broker.client_configs())
@@ -452,15 +454,13 @@ def compressed_registry(target: Target, segment_ms: int) -> None:
     """Create the Kafka registry topic as the sink would, but rolling its segments and
     dropping its transaction markers after ``segment_ms`` instead of an hour and a day: a
     soak of minutes then shows where compaction holds the registry, as months would."""
-    from kafka.admin import NewTopic  # noqa: PLC0415
-
-    from sinks.kafka.registry import REGISTRY_CONFIGS  # noqa: PLC0415
+    from sinks.kafka.registry import REGISTRY_CONFIGS, ensure_topic  # noqa: PLC0415
 
     configs = {**REGISTRY_CONFIGS, "segment.ms": str(segment_ms),
                "delete.retention.ms": str(segment_ms)}
     admin = target.setup.broker.admin()  # type: ignore[attr-defined]
     try:
-        admin.create_topics([NewTopic(_registry_topic(target), 1, 1, topic_configs=configs)])
+        ensure_topic(admin, _registry_topic(target), 1, configs)
     finally:
         admin.close()
 

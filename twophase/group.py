@@ -226,11 +226,7 @@ class SinkGroup(TwoPhaseCommitSink[GroupTransaction]):
 
     def check_committable(self, handles: Sequence[Handle]) -> None:
         """Every member, with its transactions of ``handles``, in commit order."""
-        held: dict[str, list[Handle]] = {name: [] for name in self.commit_order}
-        for handle in handles:
-            for name, member in self.member_handles(handle):
-                held[name].append(member)
-        for name, transactions in held.items():
+        for name, transactions in self._by_member(handles).items():
             with naming(name):
                 self.members[name].check_committable(transactions)
 
@@ -264,13 +260,19 @@ class SinkGroup(TwoPhaseCommitSink[GroupTransaction]):
     def stages(self, handles: Sequence[Handle]) -> list[CommitStage]:
         """A decision's handles as one stage per member, in commit order: each stage holds
         that member's transaction of every partition (a handle naming the member)."""
-        split = [pair for handle in handles for pair in self.member_handles(handle)]
-        stages = [CommitStage(name, tuple(self._wrapped(name, member)
-                                          for member_name, member in split
-                                          if member_name == name),
-                              self.members[name].commit_parallelism)
-                  for name in self.commit_order]
-        return [stage for stage in stages if stage.handles]
+        return [CommitStage(name, tuple(self._wrapped(name, member) for member in transactions),
+                            self.members[name].commit_parallelism)
+                for name, transactions in self._by_member(handles).items() if transactions]
+
+    def _by_member(self, handles: Sequence[Handle]) -> dict[str, list[Handle]]:
+        """The member transactions ``handles`` stand for, per member in commit order (a
+        member this group does not have is left out)."""
+        held: dict[str, list[Handle]] = {name: [] for name in self.commit_order}
+        for handle in handles:
+            for name, member in member_handles(handle):
+                if name in held:
+                    held[name].append(member)
+        return held
 
     def _partition_handle(self, txn_id: TxnId, members: Mapping[str, Handle]) -> Handle:
         rows = max((handle.rows for handle in members.values()), default=0)

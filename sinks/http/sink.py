@@ -307,7 +307,6 @@ class HttpSink(TwoPhaseCommitSink[HttpTransaction]):
     def committer(self) -> HttpCommitter:
         return HttpCommitter(self)
 
-
     def check_committable(self, handles: Sequence[Handle]) -> None:
         """The receiver answers (its well-known URL, any answer but a 5xx): pre-commit staged
         the requests without it, so in a sink group a batch decided while it is down would

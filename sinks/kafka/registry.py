@@ -23,6 +23,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,12 +73,14 @@ class Entry:
                    int(fields["epoch"]), int(fields["deadline_ms"]))
 
 
-def ensure_topic(admin: KafkaAdminClient, topic: str, replication: int) -> bool:
-    """Create the registry topic if it is missing; True if it was created."""
+def ensure_topic(admin: KafkaAdminClient, topic: str, replication: int,
+                 configs: Mapping[str, str] = REGISTRY_CONFIGS) -> bool:
+    """Create the registry topic if it is missing (one partition, ``configs``); True if it
+    was created."""
     if topic in admin.list_topics():
         return False
     try:
-        admin.create_topics([NewTopic(topic, 1, replication, topic_configs=REGISTRY_CONFIGS)])
+        admin.create_topics([NewTopic(topic, 1, replication, topic_configs=dict(configs))])
     except TopicAlreadyExistsError:
         return False
     log.info("created the twophase registry topic %s", topic)
