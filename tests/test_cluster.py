@@ -1,12 +1,13 @@
 """On a real Spark standalone cluster (a master and two workers, executors in their own JVMs and
 Python workers, in a mount namespace where the driver's disk is an empty tmpfs).
 
-The crash suite runs for the networked sinks (MySQL and S3 in CI; PostgreSQL, Kafka and HTTP
-under ``-m long``) with the driver killed
-at every driver-side point and an executor killed after its pre-commit: with the state on the
-driver's disk (tasks cannot read it; they learn with the task which batches were decided before
-the run) and with the state on S3 (tasks read it there). Plus the proof that executors cannot
-read the driver's state directory.
+The crash suite runs for the networked sinks with the driver killed at every driver-side point
+and an executor killed after its pre-commit: with the state on the driver's disk (tasks cannot
+read it; they learn with the task which batches were decided before the run) and with the state
+on S3 (tasks read it there). In CI (CI time) MySQL's driver is killed either side of the
+decision and an executor after its pre-commit (every point runs in local mode in
+tests/test_crash.py); PostgreSQL, Kafka, HTTP and S3 go through every point under ``-m long``.
+Plus the proof that executors cannot read the driver's state directory.
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ import pytest
 from setups.servers.moto import MotoServer
 from setups.servers.spark_cluster import SparkCluster
 from tests.test_failover import s3_state
+from twophase._crash import AFTER_PRE_COMMIT
 from twophase._state import StateStore
-from twophase.testing.crash import CrashSuite
+from twophase.testing.crash import DECISION_POINTS, CrashSuite
 
 pytestmark = [pytest.mark.spark, pytest.mark.crash]
 
@@ -63,6 +65,7 @@ class TestMySQLOnCluster(OnCluster, CrashSuite):
     """State on the driver's disk: tasks cannot read it."""
 
     setup_fixture = "mysql_setup"
+    crash_points = (*DECISION_POINTS, AFTER_PRE_COMMIT)
 
 
 @pytest.mark.long

@@ -6,8 +6,9 @@ the crash suite runs with the *server* SIGKILLed at every crash point and the cl
 the query again; a client killed mid-stream, and a second client taking the query over while
 the first runs, write nothing twice and lose nothing. In CI: both adapters and the batch job
 into both sinks, the example, the checks before the takeover, the crash suite for SQLite through
-the data source, and both takeovers for SQLite; the other crash suites and the MariaDB
-takeovers under ``-m long``.
+the data source with the server killed either side of the decision (CI time: every point runs
+in local mode in tests/test_crash.py), and both takeovers for SQLite; the other crash suites
+(every point) and the MariaDB takeovers under ``-m long``.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from setups.servers.connect import ConnectServer
 from twophase._crash import kill_session
 from twophase._state import NO_BATCH
 from twophase.testing import Target
-from twophase.testing.crash import LOST_STATE_MESSAGE, CrashSuite
+from twophase.testing.crash import DECISION_POINTS, LOST_STATE_MESSAGE, CrashSuite
 from twophase.testing.driver import AVAILABLE_NOW, DriverSpec, RunResult, generate_feed, launch
 from twophase.testing.suite import TargetSuite
 
@@ -199,6 +200,7 @@ class ConnectCrashSuite(CrashSuite):
 
 class TestSQLiteConnectCrashes(ConnectCrashSuite):
     setup_fixture = "sqlite_setup"
+    crash_points = DECISION_POINTS
 
 
 @pytest.mark.long

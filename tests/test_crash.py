@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.spark, pytest.mark.crash]
 
 class TestSQLiteCrashes(CrashSuite):
     setup_fixture = "sqlite_setup"
-    check_lost_state = True  # the state deleted after a crash at every point: refused
+    check_lost_state = True  # the state deleted with a decided batch pending: refused
 
 
 class TestForeachBatchCrashes(TestSQLiteCrashes):
@@ -70,6 +70,7 @@ class TestJsonLinesCrashes(CrashSuite):
         return JsonLinesTarget.in_directory(tmp_path / "out")
 
 
+@pytest.mark.long  # CI time: the same sink and setup run in CI under TestS3DriverFailover
 class TestS3Crashes(CrashSuite):
     """A crash leaves open uploads, never a visible duplicate; over HTTPS (the certificate
     verified against the run's CA), the sink running as a user holding exactly the README's

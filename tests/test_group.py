@@ -71,7 +71,8 @@ class TestGroupContract(SinkContract):
         return table_and_files(tmp_path)
 
 
-class TestGroupCrashes(CrashSuite):
+@pytest.mark.long  # CI time: the group crash points run in CI over MySQL and Kafka
+class TestGroupCrashes(CrashSuite):  # (tests/test_group_crash.py)
     crash_points = GROUP_CRASH_POINTS
 
     @pytest.fixture

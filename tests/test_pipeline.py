@@ -2,7 +2,9 @@
 
 The shared crash suite with a Kafka source: the generated feed is produced into a source topic
 of a real broker, and the driver reads it through Spark's Kafka source (one file's rows per
-micro-batch), SIGKILLed at every crash point in turn and restarted. At the end every source
+micro-batch), SIGKILLed at crash points in turn and restarted: either side of the decision
+into Kafka (CI time: the Kafka sink goes through every point in tests/test_kafka_crash.py),
+every point into MariaDB (``-m long``). At the end every source
 record is in the target exactly once, nothing is in doubt, and the target's own view has
 nothing left open: no prepared XA branch in MariaDB, no open transaction of the query's
 transactional ids on the broker. Below it, ``examples/orders_pipeline.py`` run as is, into
@@ -23,7 +25,7 @@ import pytest
 from setups.servers.kafka import KafkaBroker, spark_kafka_jars
 from setups.servers.mariadb import Db, MariaDBServer
 from sinks.kafka import KafkaSink
-from twophase.testing.crash import CrashSuite, FeedSource
+from twophase.testing.crash import DECISION_POINTS, CrashSuite, FeedSource
 from twophase.testing.driver import generate_feed
 
 pytestmark = [pytest.mark.spark, pytest.mark.crash]
@@ -73,6 +75,7 @@ class TestKafkaToKafka(KafkaSource, CrashSuite):
     """Kafka in and out: no open transaction holds rows of the target topic at the end."""
 
     setup_fixture = "kafka_setup"
+    crash_points = DECISION_POINTS
 
 
 @pytest.fixture

@@ -17,8 +17,13 @@ is another process, which builds the sink from the target's ``factory`` and ``op
         def target(self, tmp_path):
             return MyTarget("my_package.sinks:MySink", {"directory": str(tmp_path / "out")})
 
-``check_lost_state = True`` also tries, after every crash, a restart whose state directory is
-gone: it must be refused and write nothing (then the state comes back and recovery goes on).
+``check_lost_state = True`` also tries, after the crash that leaves a decided batch pending
+(``after_decision``), a restart whose state directory is gone: it must be refused and write
+nothing (then the state comes back and recovery goes on).
+
+``crash_points`` is every point by default; a variant of how the driver runs whose sink goes
+through every point in another suite may take ``DECISION_POINTS`` (the full sweep under
+``-m long``).
 
 On a cluster: override ``spark_conf`` with the master's settings and ``driver_disk`` with a
 directory the executors cannot read. The driver is killed at every driver-side point, and the
@@ -51,7 +56,7 @@ from typing import Any
 
 import pytest
 
-from twophase._crash import AFTER_PRE_COMMIT, CRASH_POINTS
+from twophase._crash import AFTER_DECISION, AFTER_PRE_COMMIT, BEFORE_DECISION, CRASH_POINTS
 from twophase._state import StateStore
 from twophase.testing.driver import DriverSpec, RunResult, crash_marker, generate_feed, launch
 from twophase.testing.suite import TargetSuite
@@ -60,6 +65,10 @@ from twophase.testing.target import Target
 ROWS_PER_FILE = 100
 #: Crash points reached in a task: on a cluster they kill the task's executor, not the driver.
 EXECUTOR_POINTS = (AFTER_PRE_COMMIT,)
+#: Either side of the decision (recovery aborts and replays; recovery commits): the points for a
+#: variant of how the driver runs (a cluster, Spark Connect, another source) whose sink runs
+#: through every point in another suite.
+DECISION_POINTS = (BEFORE_DECISION, AFTER_DECISION)
 LOST_STATE_MESSAGE = "there is no state file"
 
 
@@ -114,6 +123,8 @@ class CrashSuite(TargetSuite):
         spark_conf: dict[str, str], driver_disk: Path, tmp_path: Path, *,
         source: FeedSource | None
     ) -> None:
+        assert not self.check_lost_state or AFTER_DECISION in self.crash_points, \
+            f"check_lost_state needs {AFTER_DECISION} among the crash points"
         files = len(self.crash_points) + 2  # a batch before the first crash, one after the last
         expected = list(range(generate_feed(tmp_path / "feed", files=files,
                                             rows_per_file=self.rows_per_file)))
@@ -134,7 +145,7 @@ class CrashSuite(TargetSuite):
             seen = target.visible()
             assert len(seen) == len(set(seen)), f"a row is visible twice after a crash at {point}"
             assert set(seen) <= set(expected)
-            if self.check_lost_state:
+            if self.check_lost_state and point == AFTER_DECISION:
                 self._refused_without_state(spec, runs / f"without-state-{point}", target,
                                             seen)
         finished = self._launch(spec, runs, len(self.crash_points) + 1)
