@@ -97,16 +97,21 @@ class S3Setup(SinkSetup):
         return options
 
     def visible(self, target: Target) -> list[int]:
-        listing = self.client.list_objects_v2(Bucket=self.bucket,
-                                              Prefix=f"{target.options['prefix']}/")
-        return [event_id for item in listing.get("Contents", ())
+        return [event_id for item in self._listed("list_objects_v2", "Contents", target)
                 for event_id in self._event_ids(item["Key"], item["ETag"])]
 
     def in_doubt(self, target: Target) -> list[Any]:
         """The multipart uploads still open under the target's prefix."""
-        listing = self.client.list_multipart_uploads(Bucket=self.bucket,
-                                                     Prefix=f"{target.options['prefix']}/")
-        return [upload["Key"] for upload in listing.get("Uploads", ())]
+        return [upload["Key"]
+                for upload in self._listed("list_multipart_uploads", "Uploads", target)]
+
+    def _listed(self, operation: str, field: str, target: Target) -> Iterator[dict[str, Any]]:
+        """Every item of ``operation``'s listing under the target's prefix, page after page
+        (a page holds at most 1,000)."""
+        pages = self.client.get_paginator(operation).paginate(
+            Bucket=self.bucket, Prefix=f"{target.options['prefix']}/")
+        for page in pages:
+            yield from page.get(field, ())
 
     def _event_ids(self, key: str, etag: str) -> list[int]:
         if (key, etag) not in self._read:
