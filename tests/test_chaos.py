@@ -8,9 +8,10 @@ broker advertises the proxy), the HTTP receiver SIGKILLed mid-batch. Each round 
 row visible exactly once and nothing in doubt.
 
 Then sink groups: MariaDB then Kafka (the outbox) with a member's server killed and the network
-to a member cut, and Kafka down for longer than a batch: no batch decided while it is down, the
-table not ahead of what was decided as it went down; every round ends with every row once in
-both members and no event seen in the topic (read_committed) before its row in the table.
+to a member cut, and (``-m long``) Kafka down for longer than a batch: no batch decided while
+it is down, the table not ahead of what was decided as it went down; every round ends with
+every row once in both members and no event seen in the topic (read_committed) before its row
+in the table.
 """
 
 from __future__ import annotations
@@ -160,6 +161,7 @@ def test_a_group_round_keeps_the_table_ahead_of_the_topic(tmp_path: Path) -> Non
 
 @pytest.mark.spark
 @pytest.mark.crash
+@pytest.mark.long  # CI time: the rule runs in CI in tests/test_group_member_down.py
 def test_no_batch_is_decided_while_a_member_is_down(tmp_path: Path) -> None:
     """The topic's broker down for longer than a batch: the table must not run ahead by a
     decided batch (read while the broker is down); once it is back, every row once in both."""

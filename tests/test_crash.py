@@ -17,7 +17,7 @@ from setups import MySQLSetup
 from tests.test_user_sink import JsonLinesTarget
 from twophase._crash import AFTER_DECISION, AFTER_PRE_COMMIT
 from twophase.testing import Target
-from twophase.testing.crash import CrashSuite
+from twophase.testing.crash import DECISION_POINTS, CrashSuite
 from twophase.testing.driver import DriverSpec, generate_feed, launch
 
 pytestmark = [pytest.mark.spark, pytest.mark.crash]
@@ -29,8 +29,13 @@ class TestSQLiteCrashes(CrashSuite):
 
 
 class TestForeachBatchCrashes(TestSQLiteCrashes):
+    """Either side of the decision in CI (CI time: the adapters share the coordinator, whose
+    every point runs above; every point through foreachBatch: tests/test_postgres_crash.py,
+    ``-m long``)."""
+
     check_lost_state = False
     foreach_batch = True
+    crash_points = DECISION_POINTS
 
 
 class TestMySQLCrashes(CrashSuite):
@@ -38,6 +43,9 @@ class TestMySQLCrashes(CrashSuite):
     its password a ``Secret(file=...)`` (:mod:`setups.least_privilege`)."""
 
     setup_fixture = "least_privileged_mysql_setup"
+    #: CI time: every point runs in CI in the MySQL + Kafka group (tests/test_group_crash.py),
+    #: and as this user under -m long in tests/test_pipeline.py (TestKafkaToMySQL)
+    crash_points = DECISION_POINTS
 
     def test_a_server_killed_while_branches_are_prepared_loses_nothing(
         self, target: Target, secured_mysql_setup: MySQLSetup, tmp_path: Path

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from setups.servers.moto import MotoServer
-from twophase.testing.crash import CrashSuite
+from twophase.testing.crash import DECISION_POINTS, CrashSuite
 
 pytestmark = [pytest.mark.spark, pytest.mark.crash]
 
@@ -32,6 +32,8 @@ def s3_state(server: MotoServer) -> tuple[str, dict[str, Any]]:
 class TestS3DriverFailover(CrashSuite):
     setup_fixture = "s3_secured_setup"
     fresh_host_per_run = True
+    #: CI time: every point under -m long (TestS3Crashes, TestS3OnCluster)
+    crash_points = DECISION_POINTS
 
     @pytest.fixture
     def state(self, moto_secured: MotoServer) -> tuple[str | None, dict[str, Any]]:

@@ -10,7 +10,7 @@ import pytest
 
 from setups.http import s3_staging
 from setups.servers.moto import MotoServer
-from twophase.testing.crash import CrashSuite
+from twophase.testing.crash import DECISION_POINTS, CrashSuite
 
 pytestmark = [pytest.mark.spark, pytest.mark.crash]
 
@@ -21,6 +21,8 @@ class TestHttpCrashes(CrashSuite):
     certificate verified against the run's CA), with the bearer token and the signature."""
 
     setup_fixture = "http_secured_setup"
+    #: CI time: every point under -m long (TestHttpS3StagingCrashes, the cluster's)
+    crash_points = DECISION_POINTS
 
 
 @pytest.mark.long

@@ -17,7 +17,7 @@ import pytest
 from setups.base import Target as SetupTarget
 from setups.kafka import SecuredKafkaSetup
 from setups.servers.kafka import APP_USER
-from twophase.testing.crash import CrashSuite, FeedSource
+from twophase.testing.crash import DECISION_POINTS, CrashSuite, FeedSource
 from twophase.testing.target import Target
 
 pytestmark = [pytest.mark.spark, pytest.mark.crash]
@@ -36,6 +36,9 @@ class TestSecuredKafkaCrashes(CrashSuite):
     kafka-python)."""
 
     setup_fixture = "kafka_secured_setup"
+    #: CI time: every point runs in CI in the MySQL + Kafka group (tests/test_group_crash.py),
+    #: over the plain broker under -m long (TestKafkaCrashes)
+    crash_points = DECISION_POINTS
 
     def test_a_driver_killed_at_every_point_in_turn_delivers_every_row_exactly_once(
         self, target: Target, state: tuple[str | None, dict[str, Any]],

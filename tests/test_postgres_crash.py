@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from twophase.testing.crash import CrashSuite
+from twophase.testing.crash import DECISION_POINTS, CrashSuite
 
 pytestmark = [pytest.mark.spark, pytest.mark.crash]
 
@@ -17,6 +17,8 @@ class TestPostgresCrashes(CrashSuite):
     ``Secret(file=...)`` (:mod:`setups.least_privilege`)."""
 
     setup_fixture = "least_privileged_postgres_setup"
+    #: CI time: every point under -m long (TestPostgresForeachBatchCrashes, the cluster's)
+    crash_points = DECISION_POINTS
 
 
 @pytest.mark.long
