@@ -5,9 +5,10 @@ The crash suite runs for the networked sinks with the driver killed at every dri
 and an executor killed after its pre-commit: with the state on the driver's disk (tasks cannot
 read it; they learn with the task which batches were decided before the run) and with the state
 on S3 (tasks read it there). In CI (CI time) MySQL's driver is killed either side of the
-decision and an executor after its pre-commit (every point runs in local mode in
-tests/test_crash.py); PostgreSQL, Kafka, HTTP and S3 go through every point under ``-m long``.
-Plus the proof that executors cannot read the driver's state directory.
+decision and an executor after its pre-commit (every point runs in CI in local mode in the
+MySQL + Kafka group, tests/test_group_crash.py); PostgreSQL, Kafka, HTTP and S3 go through
+every point under ``-m long``. Plus the proof that executors cannot read the driver's state
+directory.
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ class TestMySQLCrashes(CrashSuite):
 
     setup_fixture = "least_privileged_mysql_setup"
     #: CI time: every point runs in CI in the MySQL + Kafka group (tests/test_group_crash.py),
-    #: and as this user under -m long in tests/test_pipeline.py (TestKafkaToMySQL)
+    #: and under -m long from a Kafka source (tests/test_pipeline.py) and over Spark Connect
     crash_points = DECISION_POINTS
 
     def test_a_server_killed_while_branches_are_prepared_loses_nothing(

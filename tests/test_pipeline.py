@@ -3,8 +3,8 @@
 The shared crash suite with a Kafka source: the generated feed is produced into a source topic
 of a real broker, and the driver reads it through Spark's Kafka source (one file's rows per
 micro-batch), SIGKILLed at crash points in turn and restarted: either side of the decision
-into Kafka (CI time: the Kafka sink goes through every point in tests/test_kafka_crash.py),
-every point into MariaDB (``-m long``). At the end every source
+into Kafka (CI time: the Kafka sink goes through every point in CI in the MySQL + Kafka group,
+tests/test_group_crash.py), every point into MariaDB (``-m long``). At the end every source
 record is in the target exactly once, nothing is in doubt, and the target's own view has
 nothing left open: no prepared XA branch in MariaDB, no open transaction of the query's
 transactional ids on the broker. Below it, ``examples/orders_pipeline.py`` run as is, into

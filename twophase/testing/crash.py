@@ -21,9 +21,9 @@ is another process, which builds the sink from the target's ``factory`` and ``op
 (``after_decision``), a restart whose state directory is gone: it must be refused and write
 nothing (then the state comes back and recovery goes on).
 
-``crash_points`` is every point by default; a variant of how the driver runs whose sink goes
-through every point in another suite may take ``DECISION_POINTS`` (the full sweep under
-``-m long``).
+``crash_points`` is every point by default; a suite whose sink, adapter or way of running the
+driver goes through every point in another suite may take ``DECISION_POINTS`` (to keep a quick
+run quick; the other suite runs the full sweep).
 
 On a cluster: override ``spark_conf`` with the master's settings and ``driver_disk`` with a
 directory the executors cannot read. The driver is killed at every driver-side point, and the
@@ -66,8 +66,8 @@ ROWS_PER_FILE = 100
 #: Crash points reached in a task: on a cluster they kill the task's executor, not the driver.
 EXECUTOR_POINTS = (AFTER_PRE_COMMIT,)
 #: Either side of the decision (recovery aborts and replays; recovery commits): the points for a
-#: variant of how the driver runs (a cluster, Spark Connect, another source) whose sink runs
-#: through every point in another suite.
+#: suite whose sink, adapter or way of running the driver (a cluster, Spark Connect, another
+#: source) goes through every point in another suite.
 DECISION_POINTS = (BEFORE_DECISION, AFTER_DECISION)
 LOST_STATE_MESSAGE = "there is no state file"
 
