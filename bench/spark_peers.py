@@ -40,10 +40,12 @@ Every run gets a fresh target, ``setup.new_target(**overrides)``; the twophase w
 :func:`twophase` (``write_stream`` into ``target.build()``); a run counts only if a reader then
 sees exactly the stream's event ids, each once (``target.visible()``).
 
-``python -m bench.spark_peers NAME`` imports ``bench.peer_NAME``. :func:`run_writer` and the
-``/proc`` helpers are for modules that drive their own rounds: a contest of more than two
-writers (``bench/peer_group.py``) sets ``Peer.rounds``, which runs its rounds over the
-:class:`Contest` of its ``start`` and returns its own markdown report.
+``python -m bench.spark_peers NAME`` imports ``bench.peer_NAME`` (:func:`peer_module`; without
+a name, every registered sink's, :data:`setups.SETUPS`: ``tests/test_registry.py`` checks that
+each has one). :func:`run_writer` and the ``/proc`` helpers are for modules that drive their
+own rounds: a contest of more than two writers (``bench/peer_group.py``) sets ``Peer.rounds``,
+which runs its rounds over the :class:`Contest` of its ``start`` and returns its own markdown
+report.
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 
+from setups import SETUPS
 from twophase.spark import write_stream
 from twophase.testing import Target
 from twophase.testing.driver import FEED_SCHEMA, generate_feed, local_session
@@ -129,9 +132,14 @@ def bench_jars(*patterns: str) -> list[str]:
     return jars
 
 
+def peer_module(name: str) -> str:
+    """The module of a sink's peer (``bench/peer_<name>.py``)."""
+    return f"bench.peer_{name}"
+
+
 def load_peer(name: str) -> Peer:
     """``bench.peer_<name>.PEER``."""
-    module = importlib.import_module(f"bench.peer_{name}")
+    module = importlib.import_module(peer_module(name))
     peer: Peer = module.PEER
     return peer
 
@@ -325,7 +333,9 @@ def report(contest: Contest, runs: list[Run], rows: int) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("sinks", nargs="+", help="names of bench/peer_<name>.py modules")
+    parser.add_argument("sinks", nargs="*", default=list(SETUPS),
+                        help="names of bench/peer_<name>.py modules (default: every registered "
+                             "sink's)")
     parser.add_argument("--files", type=int, default=DEFAULT_FILES)
     parser.add_argument("--rows-per-file", type=int, default=DEFAULT_ROWS_PER_FILE)
     parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS)

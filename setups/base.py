@@ -48,18 +48,33 @@ class SinkSetup(ABC):
     suite and the benchmarks all take it: started by :meth:`started` (or built over servers
     a test session already runs), fresh targets from :meth:`new_target`.
 
-    A subclass says how to start its server (behind a relay if given one), how to make a
-    fresh target and how to read one; ``killable`` if its server survives a SIGKILL with its
-    data (moto keeps objects in memory; SQLite has no server), ``networked`` if the sink
-    reaches it over TCP.
+    A subclass says how to start its server (behind a relay if given one), how to build it
+    over the servers a test session runs (:meth:`over`), how to make a fresh target and how to
+    read one; ``killable`` if its server survives a SIGKILL with its data (moto keeps objects
+    in memory; SQLite has no server), ``networked`` if the sink reaches it over TCP.
+
+    Its registration (its line in :data:`setups.SETUPS`) is what every suite derives from it:
+    ``name``, ``factory``, ``servers``, ``model_ci_examples``, and where the defaults do not
+    fit, ``since`` and ``every_sink``.
     """
 
+    #: The sink's name: its package ``sinks/<name>``, this module ``setups/<name>.py``.
     name: ClassVar[str]
+    #: The sink's ``"module:Class"``.
     factory: ClassVar[str]
     killable: ClassVar[bool] = False
     networked: ClassVar[bool] = True
     #: Options of the model's targets (its examples are short-lived), over the defaults.
     model_options: ClassVar[Mapping[str, Any]] = {}
+    #: Examples of the protocol model per CI run (each a fresh target on the real server).
+    model_ci_examples: ClassVar[int]
+    #: The fixtures of :mod:`setups.servers` whose values :meth:`over` takes, by name.
+    servers: ClassVar[tuple[str, ...]] = ()
+    #: The release the sink first shipped in: an upgrade from an older one leaves it out.
+    since: ClassVar[str] = "0.1.0"
+    #: Whether it is a member of the every-sink group (the tests over every sink run it there
+    #: in CI, alone under ``-m long``); if not, they run it alone in CI.
+    every_sink: ClassVar[bool] = True
 
     def __init__(self, scratch: Path, proxy: Proxy | None = None) -> None:
         self.scratch = scratch
@@ -72,6 +87,13 @@ class SinkSetup(ABC):
                 ) -> AbstractContextManager[SinkSetup]:
         """Start a private server with its files under ``scratch`` (behind ``proxy`` if
         given: the sinks then reach it through the relay); stop it and delete all on exit."""
+
+    @classmethod
+    @abstractmethod
+    def over(cls, scratch: Path, servers: Mapping[str, Any]
+             ) -> AbstractContextManager[SinkSetup]:
+        """The setup over servers a test session runs: ``servers`` holds the value of each
+        fixture :attr:`servers` names; its files under ``scratch``."""
 
     @abstractmethod
     def target_options(self, **overrides: Any) -> dict[str, Any]:

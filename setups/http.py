@@ -9,7 +9,7 @@ a signing secret (the receiver's authorization: it refuses a request without bot
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -34,6 +34,8 @@ class HttpSetup(SinkSetup):
     name = "http"
     factory = "sinks.http:HttpSink"
     killable = True
+    model_ci_examples = 60
+    servers = ("http_receiver",)
 
     def __init__(self, scratch: Path, receiver: ReceiverProcess, proxy: Proxy | None = None
                  ) -> None:
@@ -48,6 +50,11 @@ class HttpSetup(SinkSetup):
         with (secured(workdir, tls_ca) if tls_ca is not None else started(workdir)
               ) as receiver, relayed(proxy, receiver.port) as relay:
             yield cls(scratch, receiver, relay)
+
+    @classmethod
+    @contextlib.contextmanager
+    def over(cls, scratch: Path, servers: Mapping[str, Any]) -> Iterator[HttpSetup]:
+        yield cls(scratch, servers["http_receiver"])
 
     def target_options(self, **overrides: Any) -> dict[str, Any]:
         path = new_path()

@@ -47,6 +47,9 @@ class KafkaSetup(SinkSetup):
     killable = True
     model_options: ClassVar[Mapping[str, Any]] = {"transaction_timeout_ms": 60_000,
                                                   "min_commit_window_ms": 0}
+    #: A broker round trip per step of the model: its slowest sink.
+    model_ci_examples = 10
+    servers = ("kafka_broker",)
 
     def __init__(self, scratch: Path, broker: KafkaBroker, reader: TopicReader | None = None,
                  proxy: Proxy | None = None) -> None:
@@ -66,6 +69,13 @@ class KafkaSetup(SinkSetup):
                     scratch / "kafka", {"advertised.listeners": f"PLAINTEXT://{relay.address}"},
                     port=port))
             yield cls(scratch, broker, stack.enter_context(broker.reader()), relay)
+
+    @classmethod
+    @contextlib.contextmanager
+    def over(cls, scratch: Path, servers: Mapping[str, Any]) -> Iterator[KafkaSetup]:
+        broker = servers["kafka_broker"]
+        with broker.reader() as reader:
+            yield cls(scratch, broker, reader)
 
     def target_options(self, **overrides: Any) -> dict[str, Any]:
         topic = self.broker.new_topic("orders")

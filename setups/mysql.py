@@ -33,6 +33,9 @@ class MySQLSetup(SinkSetup):
     name = "mysql"
     factory = "sinks.mysql:MySQLXASink"
     killable = True
+    model_ci_examples = 40
+    #: ``db``: the test fails if it leaves an XA branch prepared.
+    servers = ("mariadb", "db")
 
     def __init__(self, scratch: Path, server: MariaDBServer, proxy: Proxy | None = None) -> None:
         super().__init__(scratch, proxy)
@@ -43,6 +46,11 @@ class MySQLSetup(SinkSetup):
     def started(cls, scratch: Path, proxy: ProxyFactory | None = None) -> Iterator[MySQLSetup]:
         with private_server() as server, relayed(proxy, server.params.port) as relay:
             yield cls(scratch, server, relay)
+
+    @classmethod
+    @contextlib.contextmanager
+    def over(cls, scratch: Path, servers: Mapping[str, Any]) -> Iterator[MySQLSetup]:
+        yield cls(scratch, servers["mariadb"])
 
     def target_options(self, **overrides: Any) -> dict[str, Any]:
         table = self.db.new_table(ORDERS_DDL, prefix="orders_")

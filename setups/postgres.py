@@ -27,6 +27,9 @@ class PostgresSetup(SinkSetup):
     name = "postgres"
     factory = "sinks.postgres:PostgresSink"
     killable = True
+    model_ci_examples = 30
+    #: ``pg``: the server's view, which fails the test if it leaves a transaction prepared.
+    servers = ("pg",)
 
     def __init__(self, scratch: Path, server: PostgresServer, proxy: Proxy | None = None
                  ) -> None:
@@ -39,6 +42,11 @@ class PostgresSetup(SinkSetup):
                 settings: Mapping[str, str] | None = None) -> Iterator[PostgresSetup]:
         with private_server(settings) as server, relayed(proxy, server.port) as relay:
             yield cls(scratch, server, relay)
+
+    @classmethod
+    @contextlib.contextmanager
+    def over(cls, scratch: Path, servers: Mapping[str, Any]) -> Iterator[PostgresSetup]:
+        yield cls(scratch, servers["pg"].server)
 
     def target_options(self, **overrides: Any) -> dict[str, Any]:
         options = {**self.server.params.sink_options(), "table": self.view.new_orders_table(),

@@ -14,7 +14,7 @@ import csv
 import gzip
 import io
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +52,8 @@ def read_rows(body: bytes, key: str) -> list[dict[str, Any]]:
 class S3Setup(SinkSetup):
     name = "s3"
     factory = "sinks.s3:S3Sink"
+    model_ci_examples = 20
+    servers = ("moto_server", "s3_bucket")
 
     def __init__(self, scratch: Path, server: MotoServer, bucket: str,
                  proxy: Proxy | None = None, *, least_privilege: bool = False) -> None:
@@ -81,6 +83,11 @@ class S3Setup(SinkSetup):
                 relayed(proxy, server.port) as relay:
             yield cls(scratch, server, server.new_bucket("orders"), relay,
                       least_privilege=secured)
+
+    @classmethod
+    @contextlib.contextmanager
+    def over(cls, scratch: Path, servers: Mapping[str, Any]) -> Iterator[S3Setup]:
+        yield cls(scratch, servers["moto_server"], servers["s3_bucket"])
 
     def target_options(self, **overrides: Any) -> dict[str, Any]:
         number = self.number()

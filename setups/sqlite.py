@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -30,11 +30,17 @@ class SQLiteSetup(SinkSetup):
     name = "sqlite"
     factory = "sinks.sqlite:SQLiteSink"
     networked = False
+    model_ci_examples = 150
 
     @classmethod
     @contextlib.contextmanager
     def started(cls, scratch: Path, proxy: ProxyFactory | None = None) -> Iterator[SQLiteSetup]:
         yield cls(scratch)
+
+    @classmethod
+    @contextlib.contextmanager
+    def over(cls, scratch: Path, servers: Mapping[str, Any]) -> Iterator[SQLiteSetup]:
+        yield cls(scratch / "sqlite")
 
     def target_options(self, **overrides: Any) -> dict[str, Any]:
         self.scratch.mkdir(parents=True, exist_ok=True)

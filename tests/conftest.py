@@ -1,22 +1,18 @@
 """Shared fixtures. Servers are real processes started here and stopped at the end of the run;
-each sink's setup (:mod:`setups`) is built over them per test."""
+each sink's setup (:mod:`setups`) is built over them per test: for every registered sink
+(:data:`setups.SETUPS`) the fixture ``<name>_setup`` (:func:`tests.sink_sets.fixture_of`),
+then variants over the secured servers."""
 
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from setups import (
-    HttpSetup,
-    KafkaSetup,
-    MySQLSetup,
-    PostgresSetup,
-    S3Setup,
-    SQLiteSetup,
-)
+from setups import SETUPS, HttpSetup, MySQLSetup, PostgresSetup, S3Setup, SinkSetup
 from setups.kafka import SecuredKafkaSetup
 from setups.least_privilege import LeastPrivileged
 from setups.servers.http_receiver import ReceiverProcess
@@ -26,6 +22,7 @@ from setups.servers.moto import MotoServer
 from setups.servers.postgres import PgView, PostgresServer
 from setups.sqlite import orders_database
 from sinks.sqlite import SQLiteSink
+from tests.sink_sets import fixture_of
 
 pytest_plugins = ["setups.servers.mariadb", "setups.servers.moto", "setups.servers.spark",
                   "setups.servers.spark_cluster", "setups.servers.connect",
@@ -33,19 +30,20 @@ pytest_plugins = ["setups.servers.mariadb", "setups.servers.moto", "setups.serve
                   "setups.servers.postgres", "setups.servers.prometheus", "setups.servers.tls"]
 
 
-@pytest.fixture
-def sqlite_setup(tmp_path: Path) -> SQLiteSetup:
-    return SQLiteSetup(tmp_path / "sqlite")
+def setup_fixture(setup: type[SinkSetup]) -> Callable[..., Any]:
+    """The fixture of a registered sink's setup: built over the values of the fixtures its
+    ``servers`` name, its files in the test's temporary directory."""
+
+    @pytest.fixture(name=fixture_of(setup.name))
+    def built(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SinkSetup]:
+        servers = {name: request.getfixturevalue(name) for name in setup.servers}
+        with setup.over(tmp_path, servers) as sink_setup:
+            yield sink_setup
+
+    return built
 
 
-@pytest.fixture
-def mysql_setup(mariadb: MariaDBServer, db: Db, tmp_path: Path) -> MySQLSetup:
-    return MySQLSetup(tmp_path, mariadb)
-
-
-@pytest.fixture
-def postgres_setup(pg: PgView, tmp_path: Path) -> PostgresSetup:
-    return PostgresSetup(tmp_path, pg.server)
+globals().update({fixture_of(name): setup_fixture(setup) for name, setup in SETUPS.items()})
 
 
 @pytest.fixture
@@ -84,20 +82,9 @@ def least_privileged_postgres_setup(secured_postgres_setup: PostgresSetup) -> Le
 
 
 @pytest.fixture
-def s3_setup(moto_server: MotoServer, s3_bucket: str, tmp_path: Path) -> S3Setup:
-    return S3Setup(tmp_path, moto_server, s3_bucket)
-
-
-@pytest.fixture
 def s3_secured_setup(moto_secured: MotoServer, tmp_path: Path) -> S3Setup:
     """S3 over HTTPS (the run's CA, verified), each sink as a least-privilege IAM user."""
     return S3Setup.secured(tmp_path, moto_secured, moto_secured.new_bucket())
-
-
-@pytest.fixture
-def kafka_setup(kafka_broker: KafkaBroker, tmp_path: Path) -> Iterator[KafkaSetup]:
-    with kafka_broker.reader() as reader:
-        yield KafkaSetup(tmp_path, kafka_broker, reader)
 
 
 @pytest.fixture
@@ -105,11 +92,6 @@ def kafka_secured_setup(kafka_secured_broker: KafkaBroker,
                         tmp_path: Path) -> Iterator[SecuredKafkaSetup]:
     with kafka_secured_broker.reader() as reader:
         yield SecuredKafkaSetup(tmp_path, kafka_secured_broker, reader)
-
-
-@pytest.fixture
-def http_setup(http_receiver: ReceiverProcess, tmp_path: Path) -> HttpSetup:
-    return HttpSetup(tmp_path, http_receiver)
 
 
 @pytest.fixture

@@ -1,28 +1,57 @@
-"""Tests that run over every sink: the set of setups as one parameter.
+"""Tests that run over every sink: the set of registered setups (:data:`setups.SETUPS`) as one
+parameter.
 
-In CI every sink runs at once, as the members of one :class:`~twophase.SinkGroup` (one driver
-run serves six systems: the group's transactions are each member's own, under its own
-namespace, judged by each member's reader and server); under ``-m long`` each sink also runs
-alone. A test parametrises ``sinks`` by :data:`SINK_SETS`, builds a :class:`Sinks` from the
-fixtures with :meth:`Sinks.of`, and judges each of its ``members``.
+In CI every sink of the every-sink group (each setup whose ``every_sink`` is true) runs at
+once, as the members of one :class:`~twophase.SinkGroup` (one driver run serves six systems:
+the group's transactions are each member's own, under its own namespace, judged by each
+member's reader and server); under ``-m long`` each of them also runs alone. A sink outside
+the group runs alone in CI. A test parametrises ``sinks`` by :data:`SINK_SETS` (or
+:func:`sink_sets` of :func:`shipped_in` a release), builds a :class:`Sinks` from the fixtures
+with :meth:`Sinks.of`, and judges each of its ``members``.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from _pytest.mark import ParameterSet
+from packaging.version import Version
 
-from setups import SETUPS
+from setups import SETUPS, SinkSetup
+from twophase._eligibility import is_undecided
 from twophase._state import State
 from twophase.group import member_handles
 from twophase.testing import GroupTarget, Target
 
-#: Every sink together (CI), then each alone (``-m long``).
-SINK_SETS = [pytest.param(tuple(SETUPS), id="every-sink"),
-             *(pytest.param((name,), id=name, marks=pytest.mark.long) for name in SETUPS)]
+Registry = Mapping[str, type[SinkSetup]]
+
+
+def fixture_of(name: str) -> str:
+    """The fixture of a registered sink's setup (``tests/conftest.py`` makes one for each)."""
+    return f"{name}_setup"
+
+
+def shipped_in(release: str, setups: Registry = SETUPS) -> dict[str, type[SinkSetup]]:
+    """The registered setups of the sinks that ``release`` has (``since`` it or earlier)."""
+    return {name: setup for name, setup in setups.items()
+            if Version(setup.since) <= Version(release)}
+
+
+def sink_sets(setups: Registry = SETUPS) -> list[ParameterSet]:
+    """The every-sink group together (CI), then each sink alone (``-m long`` for the group's
+    members, CI for a sink outside it)."""
+    group = tuple(name for name, setup in setups.items() if setup.every_sink)
+    return [pytest.param(group, id="every-sink"),
+            *(pytest.param((name,), id=name, marks=[pytest.mark.long] if name in group else [])
+              for name in setups)]
+
+
+#: Every registered sink: the group together (CI), then each alone.
+SINK_SETS = sink_sets()
 
 
 @dataclass(frozen=True)
@@ -34,9 +63,9 @@ class Sinks:
 
     @classmethod
     def of(cls, request: pytest.FixtureRequest, names: tuple[str, ...]) -> Sinks:
-        """A fresh target of each setup named (its fixture ``<name>_setup``); several as one
+        """A fresh target of each setup named (its fixture :func:`fixture_of`); several as one
         group, in the order named."""
-        members = {name: request.getfixturevalue(f"{name}_setup").new_target()
+        members = {name: request.getfixturevalue(fixture_of(name)).new_target()
                    for name in names}
         if len(members) == 1:
             return cls(next(iter(members.values())), members)
@@ -61,9 +90,9 @@ class Sinks:
 
 def undecided(sinks: Sinks, state: State) -> dict[str, int]:
     """How many transactions of the query each sink holds that no decision names (orphans,
-    until a sweep aborts them), by the sinks' own listings."""
+    until a sweep aborts them), by the sinks' own listings and ``status``'s rule."""
     handles = [handle for handle in sinks.target.build().list_in_doubt(state.namespace)
-               if handle.txn_id not in state.decided_txns()]
+               if is_undecided(handle.txn_id, state)]
     if not isinstance(sinks.target, GroupTarget):
         return dict.fromkeys(sinks.members, len(handles))
     held = Counter(name for handle in handles for name, _ in member_handles(handle))

@@ -4,8 +4,9 @@ neither; the base class bridges the two ways, and every prebuilt sink has exactl
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -25,7 +26,13 @@ from twophase import (
     TransactionLostError,
     TwoPhaseCommitSink,
 )
-from twophase.testing.contract import context
+from twophase._coordinator import Coordinator
+from twophase._state import StateStore
+from twophase.cleanup import Report, clean
+from twophase.cleanup import Target as CleanupTarget
+from twophase.sink import CommitStage
+from twophase.status import _undecided as status_undecided
+from twophase.testing.contract import NAMESPACE, QUERY_ID, context
 
 CALLS: list[str] = []
 
@@ -164,3 +171,90 @@ def test_a_prebuilt_sink_changes_how_it_commits_by_subclassing_its_committer(
     with pytest.raises(TransactionLostError, match="neither prepared"):
         sink.commit(sink.handle(context().txn_id, 0))
     assert CALLS == ["audited"]
+
+
+class _NotOnTheSink(_Phases):
+    """Its driver side lives in its committer alone: a framework call on the sink fails."""
+
+    def fence(self, namespace: str, query_id: str, epoch: int) -> None:
+        raise AssertionError("sink.fence called")
+
+    def list_in_doubt(self, namespace: str) -> list[Handle]:
+        raise AssertionError("sink.list_in_doubt called")
+
+    def commit_deadline(self, handle: Handle) -> float | None:
+        raise AssertionError("sink.commit_deadline called")
+
+    def check_committable(self, handles: Sequence[Handle]) -> None:
+        raise AssertionError("sink.check_committable called")
+
+    def purge_commit_records(self, namespace: str, older_than: datetime) -> int:
+        raise AssertionError("sink.purge_commit_records called")
+
+    def committer(self) -> Committer:
+        return _WholeDriverSide(self)
+
+
+class _WholeDriverSide(CountingCommitter):
+    """Every driver-side method, each call recorded; one orphan in doubt until aborted."""
+
+    orphan: ClassVar[list[Handle]] = []
+
+    def fence(self, namespace: str, query_id: str, epoch: int) -> None:
+        CALLS.append("committer.fence")
+
+    def list_in_doubt(self, namespace: str) -> list[Handle]:
+        CALLS.append("committer.list_in_doubt")
+        return list(self.orphan)
+
+    def abort(self, handle: Handle) -> AbortOutcome:
+        self.orphan.clear()
+        return super().abort(handle)
+
+    def commit_deadline(self, handle: Handle) -> float | None:
+        CALLS.append("committer.commit_deadline")
+        return None
+
+    def check_committable(self, handles: Sequence[Handle]) -> None:
+        CALLS.append("committer.check_committable")
+
+    def purge_commit_records(self, namespace: str, older_than: datetime) -> int:
+        CALLS.append("committer.purge_commit_records")
+        return 0
+
+    def commit_stages(self, handles: Sequence[Handle]) -> list[CommitStage]:
+        CALLS.append("committer.commit_stages")
+        return super().commit_stages(handles)
+
+    def finish_batch(self, namespace: str, batch: int, handles: Sequence[Handle]) -> None:
+        CALLS.append("committer.finish_batch")
+
+
+def test_the_framework_reaches_the_driver_side_through_the_committer_alone(
+        tmp_path: Path) -> None:
+    """The coordinator (start, a batch, a failed batch), cleanup and status: every call they
+    make on the driver side goes to the committer, none to the sink."""
+    sink = _NotOnTheSink()
+    store = StateStore(tmp_path / "state")
+    epoch = store.start_run(NAMESPACE, {}).epoch
+    _WholeDriverSide.orphan[:] = [sink.pre_commit(sink.begin_transaction(
+        context(epoch=epoch - 1 if epoch > 1 else 0)))]
+    with Coordinator(sink, store, namespace=NAMESPACE, epoch=epoch,
+                     straggler_grace_s=0) as coordinator:
+        coordinator.start(QUERY_ID)
+        coordinator.commit_batch(0, QUERY_ID, [_handle_of(sink, batch=0, epoch=epoch)])
+        coordinator.abort_batch(1, QUERY_ID, [_handle_of(sink, batch=1, epoch=epoch)])
+    report = Report()
+    clean(CleanupTarget(sink, (store,), NAMESPACE), report, dry_run=False)
+    assert report.exit_code == 0, report.actions
+    undecided = status_undecided(store.read_existing(), "tests.test_commit_home:_NotOnTheSink",
+                                 {})
+    assert undecided == []
+    assert set(CALLS) >= {f"committer.{name}" for name in (
+        "fence", "list_in_doubt", "commit_deadline", "check_committable", "commit_stages",
+        "commit", "finish_batch", "abort", "purge_commit_records", "close")}
+    assert "committer.abort" in CALLS[:CALLS.index("committer.commit")]  # the start's sweep
+
+
+def _handle_of(sink: TwoPhaseCommitSink[Any], *, batch: int, epoch: int) -> Handle:
+    return sink.pre_commit(sink.begin_transaction(context(batch=batch, epoch=epoch)))

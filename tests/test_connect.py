@@ -7,7 +7,7 @@ the query again; a client killed mid-stream, and a second client taking the quer
 the first runs, write nothing twice and lose nothing. In CI: both adapters and the batch job
 into both sinks, the example, the checks before the takeover, the crash suite for SQLite through
 the data source with the server killed either side of the decision (CI time: every point runs
-in local mode in tests/test_crash.py), and both takeovers for SQLite; the other crash suites
+in local mode in tests/test_sqlite_crash.py), and both takeovers for SQLite; the other crash suites
 (every point) and the MariaDB takeovers under ``-m long``.
 """
 

@@ -1,5 +1,7 @@
-"""README.md keeps up with the code: it names every prebuilt sink, and its table of
-``twophase.kit`` lists exactly what the kit exports.
+"""README.md keeps up with the code: it names every prebuilt sink, its tables of
+``twophase.kit`` and ``twophase.testing`` list exactly what each exports (their ``__all__`` is
+the public API), and the deprecated shims stay out of ``__all__`` while README and CHANGELOG.md
+name them; the version is one in pyproject.toml, ``twophase.__version__`` and CHANGELOG.md.
 
 Both checks read the README as text; the sinks are found on disk (a package ``sinks/<name>/``
 or a module ``sinks/<name>.py``), the kit's exports are its ``__all__``.
@@ -8,10 +10,15 @@ or a module ``sinks/<name>.py``), the kit's exports are its ``__all__``.
 from __future__ import annotations
 
 import re
+import tomllib
 from collections.abc import Iterable
 from pathlib import Path
 
+import twophase
 import twophase.kit
+import twophase.testing
+import twophase.testing.contract
+import twophase.testing.crash
 from tests.test_guarantees import table_rows
 
 REPO = Path(__file__).resolve().parents[1]
@@ -19,6 +26,11 @@ README = REPO / "README.md"
 SINKS = REPO / "sinks"
 PREBUILT_HEADING = "Prebuilt sinks"
 KIT_HEADING = "What every sink repeats comes from `twophase.kit`"
+TESTING_HEADING = "What `twophase.testing` exports"
+DEPRECATED_HEADING = "Deprecated, working with a warning until"
+CHANGELOG = REPO / "CHANGELOG.md"
+#: The deprecated shims: where they live and their name (kept out of ``__all__``).
+SHIMS = [(twophase.kit, "CommitsViaCommitter"), (twophase.testing.crash, "SinkTarget")]
 CODE = re.compile(r"`([A-Za-z_]\w*)`")
 
 
@@ -42,15 +54,17 @@ def unnamed_sinks(readme: str, sinks: Iterable[str]) -> list[str]:
     return [name for name in sinks if f"`sinks.{name}." not in prebuilt]
 
 
-def kit_table(readme: str) -> list[str]:
-    """The names in the first column of the README's table of the kit."""
-    return [name for row in table_rows(readme, KIT_HEADING)
+def kit_table(readme: str, heading: str = KIT_HEADING) -> list[str]:
+    """The names in the first column of the README's table of the kit (or under ``heading``)."""
+    return [name for row in table_rows(readme, heading)
             for name in CODE.findall(row.split("|")[1])]
 
 
-def kit_table_errors(readme: str, exports: Iterable[str]) -> tuple[list[str], list[str]]:
-    """The exports the kit table leaves out, and the names it lists that are no exports."""
-    listed, exported = kit_table(readme), list(exports)
+def kit_table_errors(readme: str, exports: Iterable[str], heading: str = KIT_HEADING
+                     ) -> tuple[list[str], list[str]]:
+    """The exports the kit table (or the one under ``heading``) leaves out, and the names it
+    lists that are no exports."""
+    listed, exported = kit_table(readme, heading), list(exports)
     return ([name for name in exported if name not in listed],
             [name for name in listed if name not in exported])
 
@@ -68,6 +82,37 @@ def test_the_readme_kit_table_lists_exactly_the_kit_exports() -> None:
                           f"{unknown}"
 
 
+def test_the_readme_testing_table_lists_exactly_the_testing_exports() -> None:
+    missing, unknown = kit_table_errors(README.read_text(), twophase.testing.__all__,
+                                        TESTING_HEADING)
+    assert (missing, unknown) == ([], []), (
+        f"twophase.testing exports what README's table omits: {missing}; README lists what it "
+        f"does not export: {unknown}")
+
+
+def test_deprecated_shims_are_no_api_but_readme_and_changelog_name_them() -> None:
+    readme, changelog = README.read_text(), CHANGELOG.read_text()
+    deprecated = " ".join(table_rows(readme, DEPRECATED_HEADING))
+    for module, name in SHIMS:
+        assert hasattr(module, name), f"{module.__name__}.{name}: the shim is gone"
+        assert name not in module.__all__, f"{module.__name__}.__all__ names the shim {name}"
+        assert f"`{module.__name__}.{name}`" in deprecated, name
+        assert f"`{module.__name__}.{name}`" in changelog, name
+    assert "`sink` fixture" in deprecated and "`sink` fixture" in changelog
+    assert hasattr(twophase.testing.contract, "SINK_FIXTURE_DEPRECATED")
+
+
+def test_the_version_is_one_and_the_changelog_pins_every_release() -> None:
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    assert twophase.__version__ == version
+    releases = re.findall(r"^## \[(\d+\.\d+\.\d+)\]", CHANGELOG.read_text(), re.MULTILINE)
+    assert releases[0] == version, "CHANGELOG.md's newest release is not this version"
+    for release in releases:
+        link = re.search(rf"^\[{re.escape(release)}\]: .*\b([0-9a-f]{{40}})\b",
+                         CHANGELOG.read_text(), re.MULTILINE)
+        assert link or release == version, f"CHANGELOG.md pins {release} to no commit"
+
+
 def test_the_checks_refuse_a_missing_name() -> None:
     readme = README.read_text()
     assert unnamed_sinks(readme, [*prebuilt_sinks(), "nosuchsink"]) == ["nosuchsink"]
@@ -81,3 +126,5 @@ def test_the_checks_refuse_a_missing_name() -> None:
     assert kit_table_errors(text, ["w", "x", "y"]) == ([], [])
     assert kit_table_errors(text, ["w", "x", "y", "z"]) == (["z"], [])
     assert kit_table_errors(text, ["w", "x"]) == ([], ["y"])
+    assert kit_table_errors(readme, [*twophase.testing.__all__, "Nope"], TESTING_HEADING) == (
+        ["Nope"], [])

@@ -37,6 +37,7 @@ from twophase import (
 )
 from twophase._coordinator import Coordinator
 from twophase._crash import BETWEEN_MEMBERS, GROUP_CRASH_POINTS
+from twophase._handle import NAMESPACE_MAX_LENGTH, fitted_namespace, validate_namespace
 from twophase._state import StateStore
 from twophase.group import fan_out
 from twophase.spark import as_sink, write_stream
@@ -308,12 +309,31 @@ def test_members_built_from_a_config_and_their_namespaces(tmp_path: Path) -> Non
     assert group.commit_order == ["files", "orders"]
     assert group.default_namespace() == "events"  # the first member's, as if alone
     assert group.member_namespaces("shop") == {"files": "shop-files", "orders": "shop-orders"}
-    with pytest.raises(ConfigurationError, match=r"member 'files' .* namespaces="):
-        group.member_namespaces("a_namespace_of_20_ch")
+    long = group.member_namespaces("a_namespace_of_20_ch")  # 26 characters: shortened
+    assert long == {"files": fitted_namespace("a_namespace_of_20_ch-files"),
+                    "orders": fitted_namespace("a_namespace_of_20_ch-orders")}
+    assert all(validate_namespace(name) for name in long.values())
+    assert len(set(long.values())) == 2 and long == group.member_namespaces("a_namespace_of_20_ch")
     renamed = SinkGroup(dict(group.members), namespaces={"orders": "orders_v2"})
     assert renamed.member_namespaces("shop") == {"files": "shop-files", "orders": "orders_v2"}
     with pytest.raises(ConfigurationError, match="not a sink"):
         SinkGroup({"orders": {"table": "orders"}})
+    with pytest.raises(ConfigurationError, match="not usable in transaction ids"):
+        SinkGroup(dict(group.members), namespaces={"orders": "a_namespace_the_user_gave"})
+
+
+def test_a_derived_namespace_always_fits_and_a_usable_one_never_changes() -> None:
+    """A default is never refused: only the names refused before are shortened, each by a
+    stable hash (the same name every run, distinct names apart)."""
+    assert fitted_namespace("shop-orders") == "shop-orders"
+    assert fitted_namespace("x" * 24) == "x" * 24
+    table = "customer_orders_by_region_2026"  # a 30-character table name, 40 with "-changes"
+    fitted = {name: fitted_namespace(f"{table}-{name}") for name in ("orders", "changes")}
+    for derived in fitted.values():
+        assert validate_namespace(derived) and len(derived) == NAMESPACE_MAX_LENGTH
+    assert fitted["orders"] != fitted["changes"]
+    assert fitted_namespace("my.lake-events") == fitted_namespace("my.lake-events")
+    assert validate_namespace(fitted_namespace("my.lake-events"))
 
 
 def test_fan_out_feeds_every_writer_and_stops_all_at_the_first_failure() -> None:
@@ -428,3 +448,29 @@ def test_the_adapters_make_a_group_of_named_sinks_and_refuse_group_options_for_o
         as_sink(SQLiteSink(database, "orders"), commit_order=["a"])
     with pytest.raises(ConfigurationError, match="is not a TwoPhaseCommitSink"):
         as_sink("sinks.sqlite:SQLiteSink")
+
+
+def test_a_group_over_a_40_character_table_starts_with_its_default_namespace(
+        tmp_path: Path) -> None:
+    """The group's namespace is the first member's default (the table's name, cut to 24); its
+    members' ``<namespace>-<member>`` are longer and are shortened, not refused."""
+    table = "customer_orders_by_region_and_day_2026"
+    database = orders_database(tmp_path / "orders.db")
+    with sqlite3.connect(database) as connection:
+        connection.execute(f'ALTER TABLE orders RENAME TO "{table}"')
+        connection.execute("CREATE TABLE changes (event_id INTEGER NOT NULL, status TEXT)")
+    group = SinkGroup({"orders": SQLiteSink(database, table),
+                       "changes": SQLiteSink(database, "changes")},
+                      columns={"changes": ["event_id", "status"]})
+    namespace = fitted_namespace(group.default_namespace())
+    assert namespace == table[:NAMESPACE_MAX_LENGTH]  # a usable default stays as it was
+    store = StateStore(tmp_path / "state")
+    epoch = store.start_run(namespace, {}).epoch
+    handles = [prepare(group, orders(10 * p, 3), partition=p, epoch=epoch, namespace=namespace)
+               for p in range(2)]
+    with Coordinator(group, store, namespace=namespace, epoch=epoch) as coordinator:
+        coordinator.commit_batch(0, QUERY_ID, handles)
+    assert store.read_existing().last_done_batch == 0
+    assert rows_in(group, "orders") == rows_in(group, "changes") == [0, 1, 2, 10, 11, 12]
+    assert all(len(member) <= NAMESPACE_MAX_LENGTH
+               for member in group.member_namespaces(namespace).values())

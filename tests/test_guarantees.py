@@ -97,14 +97,14 @@ def test_every_row_of_the_table_names_tests_that_exist(heading: str) -> None:
 
 
 def test_the_check_sees_inherited_tests_and_refuses_missing_ones() -> None:
-    inherited = ("tests/test_crash.py::TestS3Crashes::"
+    inherited = ("tests/test_s3_crash.py::TestS3Crashes::"
                  "test_a_driver_killed_at_every_point_in_turn_delivers_every_row_exactly_once")
     assert exists(inherited)
     assert exists("tests/test_sqlite_sink.py::TestSQLiteContract::"
                   "test_pre_committed_rows_stay_invisible_until_commit")
     assert exists("tests/test_model.py::test_model_over_every_sink")
     assert exists("tests/test_model.py::test_model_over_every_sink[sqlite]")
-    assert not exists("tests/test_crash.py::TestS3Crashes::test_that_does_not_exist")
+    assert not exists("tests/test_s3_crash.py::TestS3Crashes::test_that_does_not_exist")
     assert not exists("tests/test_model.py::test_that_does_not_exist")
     assert not exists("tests/test_nothing.py::test_model_over_every_sink[sqlite]")
     assert not exists("tests/test_model.py::test_model_over_sqlite")

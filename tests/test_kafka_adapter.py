@@ -16,7 +16,7 @@ from kafka.protocol.producer.transaction import EndTxnRequest
 
 from setups.servers.kafka import KafkaBroker
 from sinks.kafka import adapter, producer
-from sinks.kafka.committer import describe
+from sinks.kafka.lookups import describe
 
 
 def test_the_private_parts_are_where_the_adapter_expects_them() -> None:

@@ -17,8 +17,8 @@ from kafka import KafkaProducer
 
 from setups.servers.kafka import SHORT_MAX_TIMEOUT_MS, KafkaBroker
 from sinks.kafka import KafkaSink
-from sinks.kafka.committer import describe
 from sinks.kafka.errors import classify
+from sinks.kafka.lookups import describe
 from sinks.kafka.pool import pool_bound
 from twophase import (
     AbortOutcome,

@@ -27,6 +27,7 @@ the framework's insides.
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -40,6 +41,18 @@ PUBLIC_FOR_SINKS = frozenset({"twophase", "twophase.kit", "twophase.errors"})
 TOP = ("bench", "chaos", "tests")
 #: What stands on twophase's public face without being a sink.
 EDGES = ("setups", "chaos", "bench", "examples")
+#: The state store: below the sinks, so it takes nothing from their kit.
+STATE_STORE = ("twophase/_state.py", "twophase/_storage.py")
+#: What runs on the driver (or in cron) of a sink: reached through its committer alone.
+DRIVER_SIDE = frozenset({"fence", "commit", "abort", "list_in_doubt", "purge_commit_records",
+                         "commit_deadline", "check_committable", "finish_batch"})
+#: The framework modules that drive sinks (all but the contract itself, ``twophase/sink.py``,
+#: whose default committer is the one place that forwards to the sink).
+DRIVERS = ("twophase/_coordinator.py", "twophase/_aborts.py", "twophase/_spark.py",
+           "twophase/spark.py", "twophase/cleanup.py", "twophase/status.py",
+           "twophase/group.py", "twophase/metrics.py")
+#: A receiver that is a sink: ``sink``, ``self.sink``, ``target.sink``, ``self.members[name]``.
+_A_SINK = re.compile(r"(^|\.)(sink|members\[[^\]]*\])$")
 
 
 def imported_modules(path: Path, root: Path = REPO) -> set[str]:
@@ -149,6 +162,24 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def driver_side_calls_on_a_sink(path: Path) -> set[str]:
+    """Calls of a driver-side method on a sink (not its committer) in ``path``."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    return {f"{_relative(path)}:{node.lineno}: {ast.unparse(node.func)}"
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and node.func.attr in DRIVER_SIDE and _A_SINK.search(ast.unparse(node.func.value))}
+
+
+def group_type_checks(path: Path) -> set[str]:
+    """``isinstance(x, SinkGroup)`` in ``path``: knowing a group by its type."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    return {f"{_relative(path)}:{node.lineno}" for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+            and node.func.id == "isinstance" and len(node.args) == 2
+            and "SinkGroup" in ast.unparse(node.args[1])}
+
+
 # -- the tree as it is ---------------------------------------------------------------------------
 
 def test_the_framework_imports_no_sink_test_chaos_bench_or_example() -> None:
@@ -157,6 +188,22 @@ def test_the_framework_imports_no_sink_test_chaos_bench_or_example() -> None:
 
 def test_the_framework_modules_import_each_other_in_no_circle() -> None:
     assert cycles(module_graph(REPO, "twophase")) == []
+
+
+def test_the_state_store_imports_no_sink_kit() -> None:
+    assert {f"{path}: {name}" for path in STATE_STORE
+            for name in imported_modules(REPO / path) if name == "twophase.kit"} == set()
+
+
+def test_the_framework_reaches_a_sinks_driver_side_through_its_committer_alone() -> None:
+    assert set().union(*(driver_side_calls_on_a_sink(REPO / path) for path in DRIVERS)) == set()
+
+
+def test_the_coordinator_knows_no_sink_group() -> None:
+    """A group is a sink whose committer gives one commit stage per member."""
+    assert "twophase.group" not in imported_modules(REPO / "twophase/_coordinator.py")
+    assert {check for path in _files("twophase") if path.name != "group.py"
+            for check in group_type_checks(path)} == set()
 
 
 def test_sinks_import_only_the_public_face_of_twophase() -> None:
@@ -186,6 +233,23 @@ def test_setups_bench_chaos_and_tests_import_each_other_in_no_circle() -> None:
 
 
 # -- the rules catch offenders --------------------------------------------------------------------
+
+def test_the_rules_catch_a_driver_side_call_on_a_sink_and_a_group_type_check(
+        tmp_path: Path) -> None:
+    module = tmp_path / "driver.py"
+    module.write_text("def sweep(self, target, committer, sink, group):\n"
+                      "    self.sink.list_in_doubt('ns')\n"
+                      "    target.sink.purge_commit_records('ns', 0)\n"
+                      "    self.members[name].abort(handle)\n"
+                      "    committer.list_in_doubt('ns')\n"
+                      "    sink.committer().commit(handle)\n"
+                      "    sink.kind\n"
+                      "    return isinstance(group, SinkGroup)\n")
+    assert {line.split(": ")[1] for line in driver_side_calls_on_a_sink(module)} == {
+        "self.sink.list_in_doubt", "target.sink.purge_commit_records",
+        "self.members[name].abort"}
+    assert {line.rsplit(":", 1)[1] for line in group_type_checks(module)} == {"8"}
+
 
 def test_the_rules_catch_each_kind_of_offender(tmp_path: Path) -> None:
     module = tmp_path / "m.py"

@@ -5,14 +5,16 @@ example (a new SQLite file, a new MariaDB table, a new S3 prefix). Then four del
 variants of the protocol, written here by subclassing (the framework is untouched), each run
 under the same model over SQLite: the model must find a counterexample within the CI budget.
 
-Budget (profile ``twophase-ci``, derandomized, 25 steps per example): the examples per sink
-below; the module runs in about 2 minutes on the two-core machine with its servers, most of it
-Kafka's (a broker round trip per step). ``TWOPHASE_HYPOTHESIS_PROFILE=long`` selects the long
-profile (``chaos/model.py`` runs it per sink and prints the counts).
+Budget (profile ``twophase-ci``, derandomized, 25 steps per example): the examples each sink's
+setup registers (``model_ci_examples``), the group's below; the module runs in about 2 minutes
+on the two-core machine with its servers, most of it Kafka's (a broker round trip per step).
+``TWOPHASE_HYPOTHESIS_PROFILE=long`` selects the long profile (``chaos/model.py`` runs it per
+sink and prints the counts).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import shutil
@@ -26,11 +28,11 @@ from typing import Any
 import pytest
 from hypothesis import Phase
 
-from setups import SQLiteSetup
+from setups import SETUPS, SinkSetup, SQLiteSetup
+from tests.sink_sets import fixture_of
 from twophase import CommitOutcome, Handle
 from twophase._coordinator import Coordinator
 from twophase._state import Decision, State, StateStore
-from twophase.group import commit_stages
 from twophase.testing.model import (
     PROFILE_ENV,
     ModelStats,
@@ -38,9 +40,8 @@ from twophase.testing.model import (
 )
 from twophase.testing.target import ExactlyOnceError, GroupTarget, Target
 
-#: Examples per sink in the CI profile (the long profile ignores these).
-CI_EXAMPLES = {"sqlite": 150, "mysql": 40, "s3": 20, "kafka": 10, "http": 60, "postgres": 30}
-#: Examples of the model over a sink group (two SQLite tables) in the CI profile.
+#: Examples of the model over a sink group (two SQLite tables) in the CI profile (a sink's:
+#: its setup's ``model_ci_examples``; the long profile ignores both).
 GROUP_CI_EXAMPLES = 60
 MEMORY_FS = Path("/dev/shm")
 #: The broken variants must be caught within this many examples (over SQLite), found but not
@@ -49,10 +50,9 @@ BROKEN_BUDGET = 200
 FIND_ONLY = (Phase.explicit, Phase.generate)
 
 
-def ci_examples(sink: str) -> int | None:
-    """The sink's CI bound, or None under the long profile (its own count applies)."""
-    return None if os.environ.get(PROFILE_ENV) == "long" else {
-        **CI_EXAMPLES, "group": GROUP_CI_EXAMPLES}[sink]
+def ci_examples(count: int) -> int | None:
+    """``count`` (a CI bound), or None under the long profile (its own count applies)."""
+    return None if os.environ.get(PROFILE_ENV) == "long" else count
 
 
 # -- a fresh external system per example: the sink's setup's new target ------------------------
@@ -78,12 +78,21 @@ def report(sink: str, stats: ModelStats) -> None:
 # -- the model over every sink ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", CI_EXAMPLES)
+def model_setup(registered: type[SinkSetup], scratch: Path, request: pytest.FixtureRequest
+                ) -> contextlib.AbstractContextManager[SinkSetup]:
+    """The sink's setup; one with no server keeps its files in ``scratch`` (on tmpfs: the
+    model fsyncs a lot)."""
+    if registered.servers:
+        return contextlib.nullcontext(request.getfixturevalue(fixture_of(registered.name)))
+    return registered.over(scratch, {})
+
+
+@pytest.mark.parametrize("name", SETUPS)
 def test_model_over_every_sink(name: str, scratch: Path, request: pytest.FixtureRequest) -> None:
-    setup = (SQLiteSetup(scratch) if name == "sqlite"  # on tmpfs: the model fsyncs a lot
-             else request.getfixturevalue(f"{name}_setup"))
-    stats = run_model(setup.model_target, max_examples=ci_examples(name),
-                      state_root=str(scratch))
+    registered = SETUPS[name]
+    with model_setup(registered, scratch, request) as setup:
+        stats = run_model(setup.model_target, state_root=str(scratch),
+                          max_examples=ci_examples(registered.model_ci_examples))
     report(name, stats)
     assert stats.examples >= 1
 
@@ -96,7 +105,7 @@ def sqlite_group(setup: SQLiteSetup) -> Target:
 def test_model_over_a_sink_group(scratch: Path) -> None:
     """Crashes also between the members' commits; every member exactly once, in order."""
     stats = run_model(functools.partial(sqlite_group, SQLiteSetup(scratch)),
-                      max_examples=ci_examples("group"),
+                      max_examples=ci_examples(GROUP_CI_EXAMPLES),
                       state_root=str(scratch))
     report("group", stats)
     assert stats.examples >= 1
@@ -109,7 +118,7 @@ class CommitsMembersOutOfOrder(Coordinator):
     """Commits a sink group's last member first."""
 
     def _commit_all(self, decision: Decision) -> list[CommitOutcome]:
-        stages = commit_stages(self.sink, decision.handles)[::-1]
+        stages = self.committer.commit_stages(decision.handles)[::-1]
         return [outcome for stage in stages
                 for outcome in self._commit_stage(decision.batch, stage)]
 

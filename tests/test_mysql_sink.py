@@ -315,12 +315,14 @@ def test_fencing_stops_a_zombie_run(mariadb: MariaDBServer, db: Db, table: str) 
 
 def test_a_fence_claim_lives_in_its_committer_only(mariadb: MariaDBServer, db: Db,
                                                    table: str) -> None:
-    """sink.fence claims the epoch on the server but keeps nothing: the pickled sink holds no
-    per-process state, so sink.commit (a short-lived committer) is refused with fencing on."""
+    """A fence claims the epoch on the server and keeps the claim in its committer only: the
+    pickled sink holds no per-process state, so sink.commit (a short-lived committer) is
+    refused with fencing on."""
     query = new_query_id()
     sink = make_sink(mariadb.params, table, fencing=True)
     sink.check_schema(COLUMNS)
-    sink.fence(NAMESPACE, query, 3)
+    with pytest.warns(DeprecationWarning, match=r"sink.committer\(\)"):
+        sink.fence(NAMESPACE, query, 3)  # the 0.2.0 way, until 0.4.0: a committer of its own
     assert db.query("SELECT epoch FROM _twophase_xa_fence WHERE query = %s",
                     (query_key(query),)) == [(3,)]
     handle = prepare(sink, query, rows_for(0, 0, 2), epoch=3)

@@ -2,11 +2,12 @@
 recovers; what a newer release wrote, the current code refuses.
 
 The previous release (its wheel, checked in: :mod:`tests.releases`) runs its own driver into
-every sink's real server and is SIGKILLed after deciding batch 1, before committing it; its
-own sink then leaves orphans of the query (transactions no decision names). The current code
-reads that state, ``status`` shows the batch pending, and a normal restart of the query
-commits the decided batch, aborts the orphans and finishes the feed: every row once in each
-system's own view, nothing in doubt. The self-contained case is checked in whole: the state
+the real server of every sink it has (registered ``since`` it or earlier: a later sink is
+left out) and is SIGKILLed after deciding batch 1, before committing it; its own sink then
+leaves orphans of the query (transactions no decision names). The current code reads that
+state, ``status`` shows the batch pending, and a normal restart of the query commits the
+decided batch, aborts the orphans and finishes the feed: every row once in each system's own
+view, nothing in doubt. The self-contained case is checked in whole: the state
 and the SQLite database the release left (a decided batch pending, orphans staged), recovered
 by the current ``python -m twophase.cleanup``. The rules these follow are in
 :mod:`twophase._state` ("Versions").
@@ -28,7 +29,7 @@ from setups import SQLiteSetup
 from setups.base import Target as SetupTarget
 from tests.release_orphans import ORPHAN_EVENT_IDS
 from tests.releases import PREVIOUS, SQLITE_STATE, launch_release, leave_orphans, unpacked
-from tests.sink_sets import SINK_SETS, Sinks, undecided
+from tests.sink_sets import Sinks, shipped_in, sink_sets, undecided
 from twophase import Handle, StateNewerError
 from twophase._crash import AFTER_DECISION
 from twophase._handle import HANDLE_FORMAT_VERSION
@@ -63,7 +64,7 @@ def _without_newer(options: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.mark.spark
 @pytest.mark.crash
-@pytest.mark.parametrize("sinks", SINK_SETS)
+@pytest.mark.parametrize("sinks", sink_sets(shipped_in(PREVIOUS)))
 def test_a_decided_batch_and_orphans_the_previous_release_left_are_recovered(
         request: pytest.FixtureRequest,
         sinks: tuple[str, ...], previous_release: Path, tmp_path: Path) -> None:

@@ -54,4 +54,4 @@ __all__ = [
     "TwoPhaseError",
     "TxnId",
 ]
-__version__ = "0.1.0"
+__version__ = "0.3.0"

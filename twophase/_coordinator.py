@@ -2,7 +2,10 @@
 
 One :class:`Coordinator` serves one run (one fencing epoch) of one query, in one process, for
 one step (a batch, a recovery, a cleanup pass): it opens the sink's committer on first use and
-closes it when it is closed (use it as a context manager). When the run starts
+closes it when it is closed (use it as a context manager). The committer is all it knows of
+the sink's driver side: fencing, listing in doubt, the checks before a decision, the commit
+stages, publishing and aborting all go through it (a sink group is a sink whose committer
+gives one commit stage per member; nothing here knows more of groups). When the run starts
 (:meth:`Coordinator.start`) it commits what earlier runs decided and aborts what they left
 undecided, before its first task writes. Then, for every batch:
 
@@ -14,7 +17,8 @@ undecided, before its first task writes. Then, for every batch:
    within the policy) or may expire before its commit (``commit_deadline``): the batch's
    transactions are aborted and it is written again;
 4. write the decision (batch + handles) to the state file, fenced by the epoch;
-5. commit every handle, in parallel, retrying retryable errors; let the sink publish the
+5. commit every handle, stage after stage as the committer orders them (``commit_stages``),
+   each stage's handles in parallel, retrying retryable errors; let the sink publish the
    batch as a whole (``Committer.finish_batch``, a manifest); mark the batch done.
 
 A crash between 4 and 5 is finished by step 1 of the next run. Nothing ever aborts a
@@ -36,6 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
+from twophase._aborts import abort_quietly
 from twophase._crash import (
     AFTER_DECISION,
     BEFORE_DECISION,
@@ -44,7 +49,8 @@ from twophase._crash import (
     MID_COMMIT,
     crash_point,
 )
-from twophase._handle import Handle, TxnId, query_key
+from twophase._eligibility import is_orphan
+from twophase._handle import Handle
 from twophase._metrics import (
     BATCHES_COMMITTED,
     BATCHES_DECIDED,
@@ -75,8 +81,7 @@ from twophase.errors import (
     TransactionLostError,
     TwoPhaseError,
 )
-from twophase.group import CommitStage, commit_stages
-from twophase.sink import AbortOutcome, CommitOutcome, Committer, TwoPhaseCommitSink
+from twophase.sink import AbortOutcome, CommitOutcome, CommitStage, Committer, TwoPhaseCommitSink
 
 log = logging.getLogger(__name__)
 
@@ -310,7 +315,7 @@ class Coordinator:
     ) -> None:
         """Abort this query's orphans: undecided, and from this or an earlier batch or run."""
         protected = state.decided_txns() | {handle.txn_id for handle in keep}
-        in_doubt = self.retry.call(lambda: self.sink.list_in_doubt(self.namespace),
+        in_doubt = self.retry.call(lambda: self.committer.list_in_doubt(self.namespace),
                                    what=f"listing in-doubt transactions of {self.namespace}",
                                    on_retry=self._retried("list_in_doubt"))
         orphans = [handle for handle in in_doubt
@@ -365,22 +370,24 @@ class Coordinator:
                  record.already_committed, commit_ms)
 
     def _commit_all(self, decision: Decision) -> list[CommitOutcome]:
-        """Commit the decision stage by stage (a sink group's members in their order, any
-        other sink's handles in one stage); a lost transaction after an earlier stage
-        committed splits the batch, and says so."""
+        """Commit the decision stage by stage, as the committer orders them (a sink group's
+        members one after the other, any other sink's handles in one stage); a lost
+        transaction after an earlier stage committed splits the batch, and says so."""
+        for handle in decision.handles:
+            self.sink.require_own(handle)
         outcomes: list[CommitOutcome] = []
         committed: list[str] = []
-        for number, stage in enumerate(commit_stages(self.sink, decision.handles)):
+        for number, stage in enumerate(self.committer.commit_stages(decision.handles)):
             if number:
                 self.crash_point(BETWEEN_MEMBERS, decision.batch)
             try:
                 outcomes.extend(self._commit_stage(decision.batch, stage))
             except TransactionLostError as exc:
-                if stage.member is None:
+                if stage.label is None:
                     raise
-                self.tally.add(key(MEMBERS_LOST, stage.member))
-                raise _split(decision.batch, committed, stage.member, exc) from exc
-            committed.append(str(stage.member))
+                self.tally.add(key(MEMBERS_LOST, stage.label))
+                raise _split(decision.batch, committed, stage.label, exc) from exc
+            committed.append(str(stage.label))
         return outcomes
 
     def _commit_stage(self, batch: int, stage: CommitStage) -> list[CommitOutcome]:
@@ -388,16 +395,20 @@ class Coordinator:
         if not stage.handles:
             return []
         first, *rest = stage.handles
-        outcomes = [self._commit_one(first)]
+
+        def commit(handle: Handle) -> CommitOutcome:
+            return self._commit_one(stage.committer, handle)
+
+        outcomes = [commit(first)]
         self.crash_point(MID_COMMIT, batch)
-        outcomes.extend(self._in_parallel(self._commit_one, rest, stage.parallelism))
+        outcomes.extend(self._in_parallel(commit, rest, stage.parallelism))
         return outcomes
 
     def _refuse_uncommittable(self, batch: int, handles: Sequence[Handle]) -> None:
         """Decide nothing that a system could not commit now (a sink group's HTTP member
         whose receiver is down): wait within the retry policy, else give the batch up."""
         try:
-            self.retry.call(lambda: self.sink.check_committable(handles),
+            self.retry.call(lambda: self.committer.check_committable(handles),
                             what=f"the check that batch {batch} can be committed",
                             on_retry=self._retried("check_committable"))
         except TwoPhaseError:
@@ -409,7 +420,7 @@ class Coordinator:
         end is not decided; the batch is given up instead (aborted, replayed by Spark)."""
         latest_safe = time.time() + self.deadline_margin_s
         expiring = [(handle, deadline) for handle in handles
-                    if (deadline := self.sink.commit_deadline(handle)) is not None
+                    if (deadline := self.committer.commit_deadline(handle)) is not None
                     and deadline < latest_safe]
         if not expiring:
             return
@@ -424,10 +435,9 @@ class Coordinator:
             fix="let the sink's transactions live longer (Kafka: transaction_timeout_ms) or "
             "make batches quicker to write (fewer rows per trigger, more partitions)")
 
-    def _commit_one(self, handle: Handle) -> CommitOutcome:
-        self.sink.require_own(handle)
+    def _commit_one(self, committer: Committer, handle: Handle) -> CommitOutcome:
         try:
-            return self.retry.call(lambda: self.committer.commit(handle),
+            return self.retry.call(lambda: committer.commit(handle),
                                    what=f"commit of transaction {handle.txn_id}",
                                    on_retry=self._retried("commit"))
         except TransactionLostError:
@@ -435,19 +445,9 @@ class Coordinator:
             raise
 
     def abort_quietly(self, handle: Handle) -> AbortOutcome | None:
-        """Abort an undecided transaction; a failure is logged, not raised.
-
-        Nothing depends on an abort succeeding now: the transaction stays in doubt, invisible,
-        and the next batch's sweep or the cleanup task aborts it. Failing the batch instead
-        would stop a query whose data is fine.
-        """
-        try:
-            return abort_through(self.committer, self.sink, handle, self.retry,
-                                 on_retry=self._retried("abort"))
-        except TwoPhaseError as exc:
-            log.warning("transaction %s stays in doubt (a later sweep or cleanup aborts it): %s",
-                        handle.txn_id, exc)
-            return None
+        """Abort an undecided transaction through the committer; a failure is logged (see
+        :func:`twophase._aborts.abort_quietly`)."""
+        return abort_quietly(self.committer, handle, self.retry, self._retried("abort"))
 
     def _abort_all(self, handles: Sequence[Handle]) -> list[AbortOutcome | None]:
         return self._in_parallel(self.abort_quietly, handles)
@@ -460,27 +460,6 @@ class Coordinator:
         workers = min(parallelism, len(items))
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="twophase") as pool:
             return list(pool.map(action, items))
-
-
-def is_orphan(txn: TxnId, *, query_id: str, epoch: int, up_to_batch: int) -> bool:
-    """Can ``txn`` (not referenced by any decision) never be decided by the run holding ``epoch``?
-
-    True for transactions of the query from an earlier run (an earlier run never decides
-    again: it is fenced) and from this run for batches up to ``up_to_batch`` (decided, being
-    decided without it, or given up). Never for another query's or a newer run's transactions.
-    """
-    if txn.query != query_key(query_id) or txn.epoch > epoch:
-        return False
-    return txn.epoch < epoch or txn.batch <= up_to_batch
-
-
-def abort_through(committer: Committer, sink: TwoPhaseCommitSink[Any], handle: Handle,
-                  retry: RetryPolicy,
-                  on_retry: Callable[[RetryableError], None] | None = None) -> AbortOutcome:
-    """Abort ``handle`` through ``committer``, retried; a handle of another sink is refused."""
-    sink.require_own(handle)
-    return retry.call(lambda: committer.abort(handle), what=f"abort of transaction {handle.txn_id}",
-                      on_retry=on_retry)
 
 
 def _split(batch: int, committed: Sequence[str], member: str,

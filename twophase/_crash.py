@@ -39,7 +39,8 @@ AFTER_DECISION = "after_decision"  # driver: decision durable, nothing committed
 MID_COMMIT = "mid_commit"  # driver: the first handle committed, the others not
 BEFORE_DONE = "before_done"  # driver: every handle committed, batch not marked done
 CRASH_POINTS = (AFTER_PRE_COMMIT, BEFORE_DECISION, AFTER_DECISION, MID_COMMIT, BEFORE_DONE)
-#: A sink group's: every transaction of a member committed, the next member's not begun.
+#: Between two commit stages (a sink group's members): every transaction of one stage
+#: committed, the next stage's not begun.
 BETWEEN_MEMBERS = "between_members"
 #: The points a sink group's driver passes, in protocol order.
 GROUP_CRASH_POINTS = (*CRASH_POINTS[:-1], BETWEEN_MEMBERS, BEFORE_DONE)

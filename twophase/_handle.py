@@ -20,6 +20,7 @@ file, so every handle format ever written must stay loadable (see ``_HANDLE_UPGR
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import time
@@ -36,6 +37,10 @@ HANDLE_FORMAT_VERSION = 1
 #: epoch (6), batch (10), partition (6), attempt (12) and creation time (12), dot-separated.
 TXN_ID_MAX_LENGTH = NAMESPACE_MAX_LENGTH + QUERY_DIGITS + 6 + 10 + 6 + 12 + 12 + 6
 
+#: Hex digits of the hash that keeps a shortened derived namespace distinct.
+FITTED_HASH_DIGITS = 8
+
+UNSAFE_IN_NAMESPACE = re.compile(r"[^A-Za-z0-9_-]")
 _NAMESPACE_RE = re.compile(rf"^[A-Za-z0-9_-]{{1,{NAMESPACE_MAX_LENGTH}}}$")
 _TXN_RE = re.compile(
     rf"^(?P<namespace>[A-Za-z0-9_-]{{1,{NAMESPACE_MAX_LENGTH}}})"
@@ -43,6 +48,9 @@ _TXN_RE = re.compile(
     r"\.(?P<epoch>\d{1,6})\.(?P<batch>\d{1,10})"
     r"\.(?P<partition>\d{1,6})\.(?P<attempt>\d{1,12})\.(?P<created>\d{1,12})$"
 )
+
+#: Where a composite handle (a sink group's) keeps the handles it stands for, by label.
+PARTS_KEY = "members"
 
 JSON = Any  # a value json.dumps accepts; mypy cannot express the recursive type usefully
 
@@ -55,6 +63,17 @@ def validate_namespace(namespace: str) -> str:
             fix=f"use 1-{NAMESPACE_MAX_LENGTH} characters from A-Z a-z 0-9 _ -",
         )
     return namespace
+
+
+def fitted_namespace(derived: str) -> str:
+    """A namespace twophase derived itself (a sink's default, a group member's): ``derived``
+    if it is usable, else a stable shortening of it that is, so that no default is ever
+    refused. A usable name is kept as it is: no running query's namespace changes."""
+    if _NAMESPACE_RE.match(derived):
+        return derived
+    digest = hashlib.sha256(derived.encode()).hexdigest()[:FITTED_HASH_DIGITS]
+    head = UNSAFE_IN_NAMESPACE.sub("_", derived)[:NAMESPACE_MAX_LENGTH - FITTED_HASH_DIGITS - 1]
+    return f"{head}-{digest}"
 
 
 def query_key(query_id: str) -> str:
@@ -155,6 +174,14 @@ class Handle:
             "rows": self.rows,
             "data": dict(self.data),
         }
+
+    def parts(self) -> dict[str, Handle]:
+        """The handles this one stands for, by label (a sink group's: one per member), as
+        the state file holds them; empty for a handle of one transaction."""
+        parts = self.data.get(PARTS_KEY)
+        if not isinstance(parts, Mapping):
+            return {}
+        return {str(label): Handle.from_json(part) for label, part in parts.items()}
 
     def dumps(self) -> str:
         return json.dumps(self.to_json(), separators=(",", ":"), sort_keys=True)

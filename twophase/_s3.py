@@ -391,3 +391,12 @@ def _response(exc: BaseException) -> dict[str, Any]:
     """A ``ClientError``'s parsed reply (empty for any other error)."""
     response: Any = getattr(exc, "response", None)
     return response if isinstance(response, dict) else {}
+
+
+def split_s3_location(location: str, *, named: str, fix: str) -> tuple[str, str]:
+    """The bucket and the rest (the key or prefix, as given) of ``s3://bucket/rest`` (or
+    ``s3a://``); a location without a bucket is a ConfigurationError naming it as ``named``."""
+    bucket, _, rest = location.split("://", 1)[1].partition("/")
+    if not bucket:
+        raise ConfigurationError(f"{named} {location!r} names no bucket.", fix=fix)
+    return bucket, rest

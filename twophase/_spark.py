@@ -30,12 +30,14 @@ from pyspark.sql.datasource import (
 )
 
 from twophase import errors
+from twophase._aborts import abort_quietly
 from twophase._coordinator import Coordinator, CrashPoint
 from twophase._crash import AFTER_PRE_COMMIT, crash_point
+from twophase._eligibility import can_never_be_decided, is_failed_attempt
 from twophase._handle import Handle, TxnId
 from twophase._retry import RetryPolicy
 from twophase._rows import INSTANT_TYPE, plain_rows, positions
-from twophase._state import NO_BATCH, State, StateStore
+from twophase._state import NO_BATCH, StateStore
 from twophase._storage import FILE_SCHEME, local_path
 from twophase._task import Delivery, arrow_delivery, rows_delivery, run_transaction
 from twophase._workers import keep_out_of_worker_collections
@@ -141,8 +143,8 @@ def write_partition(
     handle = run_transaction(config.sink, ctx, deliver, retry=config.retry,
                              discard_on_failure=discard_on_failure)
     crash_point(AFTER_PRE_COMMIT, batch)
-    if config.tasks_read_state and _can_never_be_decided(config.store().read(), config.epoch,
-                                                         batch):
+    if config.tasks_read_state and can_never_be_decided(config.store().read(),
+                                                        epoch=config.epoch, batch=batch):
         _abort_late_handle(config, handle)
         return TwoPhaseMessage(query_id=query_id, handle=None)
     return TwoPhaseMessage(query_id=query_id, handle=handle.dumps())
@@ -152,41 +154,25 @@ def _abort_failed_attempts(config: RunConfig, txn_id: TxnId) -> None:
     """A retried task aborts what its failed attempts left in doubt, before it writes.
 
     An attempt whose executor died after its pre-commit leaves a transaction no decision will
-    reference, and in a database it holds the locks of the very rows the retry writes: the
-    retry would wait for them until its lock wait timed out, on every attempt. The failed
-    attempts' results never reach the driver (speculation, which would run attempts side by
-    side, is refused at the start), so nothing can decide their transactions.
+    reference (:func:`~twophase._eligibility.is_failed_attempt`), and in a database it holds
+    the locks of the very rows the retry writes: the retry would wait for them until its lock
+    wait timed out, on every attempt.
     """
-    mine = (txn_id.query, txn_id.epoch, txn_id.batch, txn_id.partition)
-    failed = [handle for handle in config.sink.list_in_doubt(config.namespace)
-              if (handle.txn_id.query, handle.txn_id.epoch, handle.txn_id.batch,
-                  handle.txn_id.partition) == mine and handle.txn_id != txn_id]
-    if not failed:
-        return
-    log.warning("task %s retries a failed attempt: aborting %s", txn_id,
-                ", ".join(str(handle.txn_id) for handle in failed))
-    with config.coordinator() as coordinator:
+    with config.sink.committer() as committer:
+        failed = [handle for handle in committer.list_in_doubt(config.namespace)
+                  if is_failed_attempt(handle.txn_id, retry=txn_id)]
+        if failed:
+            log.warning("task %s retries a failed attempt: aborting %s", txn_id,
+                        ", ".join(str(handle.txn_id) for handle in failed))
         for handle in failed:
-            coordinator.abort_quietly(handle)
-
-
-def _can_never_be_decided(state: State | None, epoch: int, batch: int) -> bool:
-    """After pre-commit: did the driver give up on this batch, or a newer run take over?
-
-    The driver records that it gave up *before* it sweeps the batch's transactions, and this
-    check runs *after* pre-commit: a transaction pre-committed too late for the sweep to see
-    it sees the record here, so none stays prepared after a batch failed.
-    """
-    if state is None or state.is_decided(batch):
-        return False
-    return state.epoch > epoch or (state.epoch == epoch and batch <= state.aborted_batch)
+            abort_quietly(committer, handle, config.retry)
 
 
 def _abort_late_handle(config: RunConfig, handle: Handle) -> None:
     log.warning("batch %d was given up (or its run fenced) while %s pre-committed: aborting it",
                 handle.txn_id.batch, handle.txn_id)
-    with config.coordinator() as coordinator:
-        coordinator.abort_quietly(handle)
+    with config.sink.committer() as committer:
+        abort_quietly(committer, handle, config.retry)
 
 
 def _task() -> TaskContext:

@@ -38,9 +38,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from twophase._s3 import S3Errors, S3Settings, boto_errors
+from twophase._classify import classified
+from twophase._s3 import S3Errors, S3Settings, boto_errors, split_s3_location
 from twophase.errors import ConfigurationError
-from twophase.kit import classified, split_s3_location
 
 log = logging.getLogger(__name__)
 

@@ -63,7 +63,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from twophase._coordinator import Coordinator, abort_through, is_orphan
+from twophase._aborts import abort_through
+from twophase._coordinator import Coordinator
+from twophase._eligibility import is_orphan
 from twophase._handle import Handle, validate_namespace
 from twophase._loader import build_sink
 from twophase._retry import DEFAULT_RETRY
@@ -193,7 +195,7 @@ def _abort_orphans(target: Target, states: list[State], report: Report, *, dry_r
     decided = frozenset().union(*(state.decided_txns() for state in states))
     left: list[Handle] = []
     with target.sink.committer() as committer:
-        for handle in target.sink.list_in_doubt(target.namespace):
+        for handle in committer.list_in_doubt(target.namespace):
             if handle.txn_id in decided:
                 continue
             verdict = _orphan_verdict(target, states, handle, now)
@@ -248,7 +250,7 @@ def _abort(target: Target, committer: Committer, handle: Handle, reason: str, *,
     action = Action("abort_orphan", target.namespace, str(handle.txn_id), reason, not dry_run)
     if not dry_run:
         try:
-            abort_through(committer, target.sink, handle, DEFAULT_RETRY)
+            abort_through(committer, handle, DEFAULT_RETRY)
         except TwoPhaseError as exc:
             action.done, action.error = False, str(exc)
     return action
@@ -275,7 +277,9 @@ def _purge(target: Target, report: Report, *, dry_run: bool, now: float) -> None
                     "past retention", not dry_run)
     if not dry_run:
         try:
-            action.reason = f"{target.sink.purge_commit_records(target.namespace, before)} purged"
+            with target.sink.committer() as committer:
+                purged = committer.purge_commit_records(target.namespace, before)
+            action.reason = f"{purged} purged"
         except TwoPhaseError as exc:
             action.done, action.error = False, str(exc)
     report.add(action)

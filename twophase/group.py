@@ -52,13 +52,14 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from twophase._handle import Handle, TxnId, validate_namespace
+from twophase._handle import PARTS_KEY, Handle, TxnId, fitted_namespace, validate_namespace
 from twophase._loader import build_sink
 from twophase.errors import ConfigurationError, SchemaMismatchError, TwoPhaseError
 from twophase.sink import (
     AbortOutcome,
     Column,
     CommitOutcome,
+    CommitStage,
     Committer,
     TransactionContext,
     TwoPhaseCommitSink,
@@ -74,9 +75,6 @@ GROUP_KIND = "group"
 FAN_OUT_DEPTH = 4
 #: How long the reader waits for a slow member's queue before it checks for a failure.
 _FAN_OUT_POLL_S = 0.5
-_MEMBER = "member"
-_MEMBERS = "members"
-_HANDLE = "handle"
 _NAMED = "sink group member "
 
 T = TypeVar("T")
@@ -92,15 +90,6 @@ class GroupTransaction:
     prepared: dict[str, Handle] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class CommitStage:
-    """The handles of one member that commit together, after every earlier stage."""
-
-    member: str | None
-    handles: tuple[Handle, ...]
-    parallelism: int
-
-
 class SinkGroup(TwoPhaseCommitSink[GroupTransaction]):
     """Named member sinks written and decided as one (see the module docstring).
 
@@ -108,8 +97,9 @@ class SinkGroup(TwoPhaseCommitSink[GroupTransaction]):
     "options": {...}}``). ``commit_order``: every member's name once (default: the order of
     ``members``). ``columns``: name -> the DataFrame's columns that member writes (default:
     every column). A member's transaction ids carry the namespace ``<group's>-<member>``
-    (the group's: the job's ``namespace``, by default the first member's default), or the one
-    ``namespaces`` gives it; each at most 24 characters of ``[A-Za-z0-9_-]``.
+    (the group's: the job's ``namespace``, by default the first member's default; shortened
+    with a stable hash past 24 characters), or the one ``namespaces`` gives it (at most 24
+    characters of ``[A-Za-z0-9_-]``).
     """
 
     kind = GROUP_KIND
@@ -132,17 +122,11 @@ class SinkGroup(TwoPhaseCommitSink[GroupTransaction]):
         self.namespaces = _checked_namespaces(self.members, namespaces or {})
 
     def member_namespaces(self, namespace: str) -> dict[str, str]:
-        """Each member's namespace when the group's is ``namespace``."""
-        chosen = {name: self.namespaces.get(name) or f"{namespace}-{name}"
+        """Each member's namespace when the group's is ``namespace``: the one ``namespaces``
+        gives it, else ``<namespace>-<member>`` (shortened with a stable hash where that is
+        no usable namespace, so a default is never refused)."""
+        chosen = {name: self.namespaces.get(name) or fitted_namespace(f"{namespace}-{name}")
                   for name in self.members}
-        for name, member_namespace in chosen.items():
-            if not _usable_namespace(member_namespace):
-                raise ConfigurationError(
-                    f"member {name!r} of the sink group would name its transactions "
-                    f"{member_namespace!r}: not usable in transaction ids (at most 24 "
-                    "characters of A-Z a-z 0-9 _ -).",
-                    fix=f"pass a shorter namespace= to the job, or namespaces={{{name!r}: ...}} "
-                    "to the group")
         _require_distinct(chosen)
         return chosen
 
@@ -200,16 +184,17 @@ class SinkGroup(TwoPhaseCommitSink[GroupTransaction]):
             with naming(name):
                 txn.prepared[name] = sink.pre_commit(txn.begun[name])
             del txn.begun[name]
-        return self._partition_handle(txn.ctx.txn_id, txn.prepared)
+        return self.partition_handle(txn.ctx.txn_id, txn.prepared)
 
     def discard(self, txn: GroupTransaction) -> None:
         """End what the partition began: discard the begun members, abort the pre-committed
-        ones (a later sweep or cleanup aborts what this cannot)."""
+        ones through their committers (a later sweep or cleanup aborts what this cannot)."""
         for name, begun in txn.begun.items():
             self.members[name].discard(begun)
         for name, handle in txn.prepared.items():
             try:
-                self.members[name].abort(handle)
+                with self.members[name].committer() as committer, naming(name):
+                    committer.abort(handle)
             except TwoPhaseError as exc:
                 log.warning("member %s: transaction %s stays in doubt (a sweep or cleanup "
                             "aborts it): %s", name, handle.txn_id, exc)
@@ -219,52 +204,19 @@ class SinkGroup(TwoPhaseCommitSink[GroupTransaction]):
     def committer(self) -> GroupCommitter:
         return GroupCommitter(self)
 
-    def commit_deadline(self, handle: Handle) -> float | None:
-        deadlines = [deadline for name, member in self.member_handles(handle)
-                     if (deadline := self.members[name].commit_deadline(member)) is not None]
-        return min(deadlines, default=None)
-
-    def check_committable(self, handles: Sequence[Handle]) -> None:
-        """Every member, with its transactions of ``handles``, in commit order."""
-        for name, transactions in self._by_member(handles).items():
-            with naming(name):
-                self.members[name].check_committable(transactions)
-
     def list_in_doubt(self, namespace: str) -> list[Handle]:
-        """The members' unresolved transactions, one handle per partition transaction of the
-        group (named as ``pre_commit`` named it) holding what each member still has of it."""
-        held: dict[TxnId, dict[str, Handle]] = {}
-        for name, member_namespace in self.member_namespaces(namespace).items():
-            with naming(name):
-                member_held = self.members[name].list_in_doubt(member_namespace)
-            for handle in member_held:
-                held.setdefault(replace(handle.txn_id, namespace=namespace), {})[name] = handle
-        return [self._partition_handle(txn_id, members) for txn_id, members in held.items()]
-
-    def purge_commit_records(self, namespace: str, older_than: datetime) -> int:
-        namespaces = self.member_namespaces(namespace)
-        purged = 0
-        for name, sink in self.members.items():
-            with naming(name):
-                purged += sink.purge_commit_records(namespaces[name], older_than)
-        return purged
+        """What :meth:`GroupCommitter.list_in_doubt` lists, through a committer of its own."""
+        with self.committer() as committer:
+            return committer.list_in_doubt(namespace)
 
     # -- handles ---------------------------------------------------------------------------
 
     def member_handles(self, handle: Handle) -> list[tuple[str, Handle]]:
-        """The member transactions a handle of this group stands for, in commit order: one
-        (a member's transaction) or one per member (a partition's pre-commit)."""
+        """The member transactions a handle of this group stands for, in commit order."""
         order = {name: number for number, name in enumerate(self.commit_order)}
         return sorted(member_handles(handle), key=lambda pair: order.get(pair[0], len(order)))
 
-    def stages(self, handles: Sequence[Handle]) -> list[CommitStage]:
-        """A decision's handles as one stage per member, in commit order: each stage holds
-        that member's transaction of every partition (a handle naming the member)."""
-        return [CommitStage(name, tuple(self._wrapped(name, member) for member in transactions),
-                            self.members[name].commit_parallelism)
-                for name, transactions in self._by_member(handles).items() if transactions]
-
-    def _by_member(self, handles: Sequence[Handle]) -> dict[str, list[Handle]]:
+    def by_member(self, handles: Sequence[Handle]) -> dict[str, list[Handle]]:
         """The member transactions ``handles`` stand for, per member in commit order (a
         member this group does not have is left out)."""
         held: dict[str, list[Handle]] = {name: [] for name in self.commit_order}
@@ -274,14 +226,11 @@ class SinkGroup(TwoPhaseCommitSink[GroupTransaction]):
                     held[name].append(member)
         return held
 
-    def _partition_handle(self, txn_id: TxnId, members: Mapping[str, Handle]) -> Handle:
+    def partition_handle(self, txn_id: TxnId, members: Mapping[str, Handle]) -> Handle:
+        """One handle for a partition's member transactions (``pre_commit``'s, a listing's)."""
         rows = max((handle.rows for handle in members.values()), default=0)
-        return self.handle(txn_id, rows, members={
-            name: handle.to_json() for name, handle in members.items()})
-
-    def _wrapped(self, name: str, member: Handle) -> Handle:
-        return Handle(txn_id=member.txn_id, sink=self.kind, rows=member.rows,
-                      data={_MEMBER: name, _HANDLE: member.to_json()})
+        return self.handle(txn_id, rows, **{PARTS_KEY: {
+            name: handle.to_json() for name, handle in members.items()}})
 
     def _member_context(self, name: str, ctx: TransactionContext,
                         namespace: str) -> TransactionContext:
@@ -319,7 +268,23 @@ class SinkGroup(TwoPhaseCommitSink[GroupTransaction]):
 
 
 class GroupCommitter(Committer):
-    """One committer per member (opened on first use), each handle routed to its member's."""
+    """The group's driver side: one committer per member (opened on first use), each member's
+    transactions through its own, in commit order.
+
+    ==========================  ==============================================================
+    method                      what it does over the members
+    ==========================  ==============================================================
+    ``fence``                   fences every member's committer under its namespace
+    ``commit_stages``           one stage per member, in commit order: its committer and its
+                                own handles (the coordinator commits stage after stage)
+    ``check_committable``       asks every member with its transactions, in commit order
+    ``commit_deadline``         the earliest of the member transactions' deadlines
+    ``finish_batch``            every member's, in commit order, with its own handles
+    ``list_in_doubt``           every member's, one handle per partition transaction
+    ``commit`` / ``abort``      a partition handle's member transactions, in commit order
+    ``purge_commit_records``    every member's
+    ==========================  ==============================================================
+    """
 
     sink: SinkGroup
 
@@ -337,7 +302,43 @@ class GroupCommitter(Committer):
     def fence(self, namespace: str, query_id: str, epoch: int) -> None:
         namespaces = self.sink.member_namespaces(namespace)
         for name in self.sink.commit_order:
-            self.member(name).fence(namespaces[name], query_id, epoch)
+            with naming(name):
+                self.member(name).fence(namespaces[name], query_id, epoch)
+
+    def commit_stages(self, handles: Sequence[Handle]) -> list[CommitStage]:
+        """One stage per member in commit order: every partition's transaction of that member,
+        committed through the member's committer (the one this committer fenced)."""
+        return [CommitStage(_Naming(name, self.member(name)), tuple(transactions),
+                            self.sink.members[name].commit_parallelism, label=name)
+                for name, transactions in self.sink.by_member(handles).items() if transactions]
+
+    def check_committable(self, handles: Sequence[Handle]) -> None:
+        for name, transactions in self.sink.by_member(handles).items():
+            with naming(name):
+                self.member(name).check_committable(transactions)
+
+    def commit_deadline(self, handle: Handle) -> float | None:
+        deadlines = [deadline for name, member in self.sink.member_handles(handle)
+                     if (deadline := self.member(name).commit_deadline(member)) is not None]
+        return min(deadlines, default=None)
+
+    def finish_batch(self, namespace: str, batch: int, handles: Sequence[Handle]) -> None:
+        namespaces = self.sink.member_namespaces(namespace)
+        for name, transactions in self.sink.by_member(handles).items():
+            if transactions:
+                with naming(name):
+                    self.member(name).finish_batch(namespaces[name], batch, transactions)
+
+    def list_in_doubt(self, namespace: str) -> list[Handle]:
+        """The members' unresolved transactions, one handle per partition transaction of the
+        group (named as ``pre_commit`` named it) holding what each member still has of it."""
+        held: dict[TxnId, dict[str, Handle]] = {}
+        for name, member_namespace in self.sink.member_namespaces(namespace).items():
+            with naming(name):
+                member_held = self.member(name).list_in_doubt(member_namespace)
+            for handle in member_held:
+                held.setdefault(replace(handle.txn_id, namespace=namespace), {})[name] = handle
+        return [self.sink.partition_handle(txn_id, members) for txn_id, members in held.items()]
 
     def commit(self, handle: Handle) -> CommitOutcome:
         outcomes = self._each_member(handle, lambda member, txn: member.commit(txn))
@@ -349,29 +350,45 @@ class GroupCommitter(Committer):
             handle, lambda member, txn: member.abort(txn))
         return AbortOutcome.ABORTED if aborted else AbortOutcome.NOT_FOUND
 
+    def purge_commit_records(self, namespace: str, older_than: datetime) -> int:
+        namespaces = self.sink.member_namespaces(namespace)
+        purged = 0
+        for name in self.sink.commit_order:
+            with naming(name):
+                purged += self.member(name).purge_commit_records(namespaces[name], older_than)
+        return purged
+
     def _each_member(self, handle: Handle, step: Callable[[Committer, Handle], R]) -> list[R]:
         """``step`` (commit or abort) of every member transaction ``handle`` stands for, in
-        commit order, through each member's committer (the one this committer opened and
-        fenced: a member's own ``commit`` would open another, unfenced)."""
+        commit order, through each member's committer."""
         outcomes = []
         for name, member in self.sink.member_handles(handle):
             with naming(name):
                 outcomes.append(step(self.member(name), member))
         return outcomes
 
-    def finish_batch(self, namespace: str, batch: int, handles: Sequence[Handle]) -> None:
-        namespaces = self.sink.member_namespaces(namespace)
-        for stage in self.sink.stages(handles):
-            assert stage.member is not None
-            members = [member for handle in stage.handles
-                       for _name, member in self.sink.member_handles(handle)]
-            self.member(stage.member).finish_batch(namespaces[stage.member], batch, members)
-
     def close(self) -> None:
         with self._lock:
             committers, self._committers = list(self._committers.values()), {}
         for committer in committers:
             committer.close()
+
+
+class _Naming(Committer):
+    """A member's committer whose errors name the member (see :func:`naming`): what a commit
+    stage of the group commits through."""
+
+    def __init__(self, name: str, committer: Committer) -> None:
+        super().__init__(committer.sink)
+        self._name, self._committer = name, committer
+
+    def commit(self, handle: Handle) -> CommitOutcome:
+        with naming(self._name):
+            return self._committer.commit(handle)
+
+    def abort(self, handle: Handle) -> AbortOutcome:
+        with naming(self._name):
+            return self._committer.abort(handle)
 
 
 @contextlib.contextmanager
@@ -387,22 +404,9 @@ def naming(member: str) -> Iterator[None]:
 
 
 def member_handles(handle: Handle) -> list[tuple[str, Handle]]:
-    """The member transactions a group's handle stands for, as it lists them (read from a
-    state file without the group: ``python -m twophase.status``); none for another sink's."""
-    if handle.sink != GROUP_KIND:
-        return []
-    if _MEMBER in handle.data:
-        return [(str(handle.data[_MEMBER]), Handle.from_json(handle.data[_HANDLE]))]
-    return [(name, Handle.from_json(member))
-            for name, member in handle.data.get(_MEMBERS, {}).items()]
-
-
-def commit_stages(sink: TwoPhaseCommitSink[Any], handles: Sequence[Handle]) -> list[CommitStage]:
-    """The order in which a decision's handles commit: a group's member by member, any other
-    sink's all at once."""
-    if isinstance(sink, SinkGroup):
-        return sink.stages(handles)
-    return [CommitStage(None, tuple(handles), sink.commit_parallelism)]
+    """The member transactions a group's handle stands for, as it lists them; none for
+    another sink's."""
+    return list(handle.parts().items()) if handle.sink == GROUP_KIND else []
 
 
 def fan_out(items: Iterable[T], writers: Mapping[str, Callable[[Iterator[T]], None]]) -> None:
@@ -541,14 +545,6 @@ def _checked_namespaces(members: Mapping[str, TwoPhaseCommitSink[Any]],
     chosen = {name: validate_namespace(namespace) for name, namespace in namespaces.items()}
     _require_distinct(chosen)
     return chosen
-
-
-def _usable_namespace(namespace: str) -> bool:
-    try:
-        validate_namespace(namespace)
-    except ConfigurationError:
-        return False
-    return True
 
 
 def _require_distinct(namespaces: Mapping[str, str]) -> None:

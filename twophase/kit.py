@@ -36,21 +36,34 @@ piece                          what it does
                                pickled, logged and shown; :func:`reveal` reads it where used
 :func:`scrubbed`               an error table whose errors never show a given secret
 =============================  ================================================================
+
+``__all__`` is the kit's public API (the README's kit table lists exactly it; see "Versioning
+and deprecations" there and ``CHANGELOG.md``). :class:`CommitsViaCommitter` is a deprecated
+shim, kept out of ``__all__``, removed in 0.4.0.
 """
 
 from __future__ import annotations
 
 import contextlib
-import re
+import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from itertools import islice
 from typing import Any, Generic, Literal, TypeVar
 
-from twophase._handle import NAMESPACE_MAX_LENGTH, Handle, TxnId, query_key, validate_namespace
+from twophase._classify import Classify, classified
+from twophase._handle import (
+    NAMESPACE_MAX_LENGTH,
+    UNSAFE_IN_NAMESPACE,
+    Handle,
+    TxnId,
+    query_key,
+    validate_namespace,
+)
 from twophase._rows import INSTANT_TYPE, rows_of
 from twophase._s3 import (
     DEFAULT_S3_MAX_ATTEMPTS,
@@ -59,6 +72,7 @@ from twophase._s3 import (
     S3Errors,
     S3Settings,
     boto_errors,
+    split_s3_location,
 )
 from twophase._secrets import Secret, SecretOption, reveal, scrubbed
 from twophase.errors import (
@@ -119,13 +133,10 @@ DEFAULT_CHUNK_SIZE = 10_000
 Mode = Literal["insert", "upsert"]
 MODES: tuple[Mode, ...] = ("insert", "upsert")
 
-_UNSAFE_IN_NAMESPACE = re.compile(r"[^A-Za-z0-9_-]")
 _FIX_UNCLASSIFIED = "fix the cause named above, then restart the query"
 
 #: What an error table maps a code to: the kind of error and the fix an operator can act on.
 Verdict = tuple[type[TwoPhaseError], str]
-#: A sink's single classification function: a system error and the step it broke -> verdict.
-Classify = Callable[[BaseException, str], TwoPhaseError]
 
 
 def chunks(rows: Iterable[T], chunk_size: int) -> Iterator[list[T]]:
@@ -156,7 +167,7 @@ def validate_mode(sink: str, mode: str, key: Sequence[str] = (), *,
 
 def namespace_from(name: str, fallback: str) -> str:
     """A namespace from a target's name: unsafe characters become ``_``, at most 24 of them."""
-    cleaned = _UNSAFE_IN_NAMESPACE.sub("_", name)[:NAMESPACE_MAX_LENGTH]
+    cleaned = UNSAFE_IN_NAMESPACE.sub("_", name)[:NAMESPACE_MAX_LENGTH]
     return cleaned or fallback
 
 
@@ -223,26 +234,6 @@ def _sentence(detail: str) -> str:
     return text if text.endswith((".", "!", "?")) else f"{text}."
 
 
-@contextlib.contextmanager
-def classified(classify: Classify, what: str,
-               errors: type[BaseException] | tuple[type[BaseException], ...] = Exception,
-               *, on_error: Callable[[], object] | None = None) -> Iterator[None]:
-    """Raise ``classify(exc, what)`` for a system error ``exc`` of ``errors`` in the block.
-
-    Errors of twophase's own taxonomy pass through unchanged. ``on_error`` runs first on any
-    failure of the block (say, ``lambda: sink.discard(txn)``: a writer's transaction that
-    failed is never committed).
-    """
-    try:
-        yield
-    except BaseException as exc:
-        if on_error is not None:
-            on_error()
-        if isinstance(exc, errors) and not isinstance(exc, TwoPhaseError):
-            raise classify(exc, what) from exc
-        raise
-
-
 def transaction_lost(handle: Handle, *, where: str, why: str) -> TransactionLostError:
     """A decided transaction is neither committable nor provably committed in ``where``."""
     txn = handle.txn_id
@@ -272,15 +263,6 @@ def as_utc(moment: datetime) -> datetime:
     if moment.utcoffset() is None:
         return moment.replace(tzinfo=UTC)
     return moment.astimezone(UTC)
-
-
-def split_s3_location(location: str, *, named: str, fix: str) -> tuple[str, str]:
-    """The bucket and the rest (the key or prefix, as given) of ``s3://bucket/rest`` (or
-    ``s3a://``); a location without a bucket is a ConfigurationError naming it as ``named``."""
-    bucket, _, rest = location.split("://", 1)[1].partition("/")
-    if not bucket:
-        raise ConfigurationError(f"{named} {location!r} names no bucket.", fix=fix)
-    return bucket, rest
 
 
 class ConnectionPool(Generic[C]):
@@ -458,3 +440,44 @@ def _check_upsert_key(where: str, written: Sequence[str], upsert_key: Sequence[s
         f"{where}: {problem} made of written columns; its unique keys: "
         f"{sorted(sorted(key) for key in keys) or 'none'}.",
         fix="write the key columns, create a unique index on the key, or use mode='insert'")
+
+
+# -- deprecated: removed in 0.4.0 (see CHANGELOG.md) ------------------------------------------
+
+#: What the shim says when a class lists it among its bases.
+COMMITS_VIA_COMMITTER_DEPRECATED = (
+    "twophase.kit.CommitsViaCommitter is deprecated since 0.2.0 and is removed in 0.4.0: "
+    "remove it from {name}'s bases; nothing replaces it. TwoPhaseCommitSink itself now runs "
+    "sink.commit(handle) and sink.abort(handle) through the Committer your committer() "
+    "returns (keep commit/abort in that Committer, off the sink)."
+)
+
+
+class CommitsViaCommitter:
+    """Deprecated (0.1.0's base for a sink whose committer does the work); removed in 0.4.0.
+
+    Since 0.2.0 :class:`~twophase.TwoPhaseCommitSink` itself runs ``sink.commit(handle)`` and
+    ``sink.abort(handle)`` through the :class:`~twophase.Committer` that ``committer()``
+    returns. This shim only keeps a sink written to 0.1.0's README importable: it defines
+    nothing (a sink with both ``commit`` and ``committer()`` is refused) and warns, with a
+    :class:`DeprecationWarning` naming the fix, when a class lists it among its bases.
+    """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if CommitsViaCommitter in cls.__bases__:
+            warnings.warn(COMMITS_VIA_COMMITTER_DEPRECATED.format(name=cls.__qualname__),
+                          DeprecationWarning, stacklevel=_class_statement_level())
+
+
+#: Modules whose frames sit between a ``class`` statement and ``__init_subclass__``.
+_CLASS_MACHINERY = frozenset({__name__, "abc", "typing", "twophase.sink"})
+
+
+def _class_statement_level() -> int:
+    """The ``stacklevel`` of the ``class`` statement that runs the caller's
+    ``__init_subclass__`` (under ``ABCMeta`` and ``Generic`` the frames in between vary)."""
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and frame.f_globals.get("__name__") in _CLASS_MACHINERY:
+        frame, level = frame.f_back, level + 1
+    return level

@@ -15,19 +15,24 @@ method                       runs on   meaning
 ``pre_commit(txn)``          executor  flush: durable but NOT visible; return a :class:`Handle`
 ``discard(txn)``             executor  optional: release a transaction that failed before
                                        ``pre_commit`` (must not raise)
+``committer()``              any       optional: the driver side in one process (default: a
+                                       :class:`Committer` forwarding to the methods below)
 ``fence(ns, query, epoch)``  driver    optional: claim the run's epoch in the external system
-``committer()``              driver    optional: what commits one batch's handles in one
-                                       process (default: the sink's own ``commit``/``abort``)
 ``commit(handle)``           driver    make it visible; idempotent
-``finish_batch(ns, batch, …)`` driver  optional, on the committer: once a batch is all
-                                       committed, publish it as a whole (a manifest)
 ``abort(handle)``            driver    throw it away; idempotent
 ``list_in_doubt(ns)``        driver    this namespace's transactions not yet resolved
 ``commit_deadline(handle)``  driver    optional: when a pre-committed transaction may expire
 ``check_committable(handles)`` driver  optional: raise if the system cannot commit them now
                                        (a pre-commit that never reached it: its server down)
 ``purge_commit_records``     cron      optional: forget old proofs of commit
+``finish_batch(ns, batch, …)`` driver  optional, on a committer subclass: once a batch is all
+                                       committed, publish it as a whole (a manifest)
 ===========================  ========  ========================================================
+
+The framework calls every method below ``committer()`` through the committer, never on the
+sink: the default committer forwards each to the sink's method of the same name, and a sink's
+own committer may take any of them over (see "Where commit and abort live"). Executors use a
+committer too, to abort what a failed task attempt left.
 
 The rules, as a sink author needs them:
 
@@ -110,15 +115,17 @@ The rules, as a sink author needs them:
   when proofs of commit accumulate. ``commit_parallelism``: 1 for a system with one writer.
 
 **Where commit and abort live: in one place.** A simple sink implements ``commit`` and
-``abort`` on the sink (``sinks.sqlite``, the README's example); the framework commits through
-the default :class:`Committer`, which calls them. A sink whose commits share something per
-batch (a connection pool, a producer, a session) implements them in a :class:`Committer`
-subclass that ``committer()`` returns, and leaves ``commit``/``abort`` off the sink: the base
-class then runs ``sink.commit(handle)`` through a committer of its own (opened, used, closed).
-Never both: a class that defines ``commit`` or ``abort`` *and* ``committer`` is refused when
-it is defined (a subclass of a prebuilt sink that overrides ``commit`` would otherwise be
-bypassed by its committer); one that defines neither is refused when it is built. The driver
-checks that each handle is of this sink's ``kind`` before it commits or aborts it.
+``abort`` (and any optional driver-side method) on the sink (the README's example,
+``tests/user_sink.py``); the framework reaches them through the default :class:`Committer`,
+which forwards to them. A sink whose commits share something per batch (a connection pool, a
+producer, a session) implements them in a :class:`Committer` subclass that ``committer()``
+returns, and leaves ``commit``/``abort`` off the sink (``sinks.sqlite``, every prebuilt sink):
+for a caller of ``sink.commit(handle)`` the base class then runs it through a committer of its
+own (opened, used, closed), a convenience the framework never relies on. Never both: a class
+that defines ``commit`` or ``abort`` *and* ``committer`` is refused when it is defined (a
+subclass of a prebuilt sink that overrides ``commit`` would otherwise be bypassed by its
+committer); one that defines neither is refused when it is built. The driver checks that each
+handle is of this sink's ``kind`` before it commits or aborts it.
 
 A sink object is configuration: it is pickled to executors, so keep connections out of it and
 open them in ``begin_transaction``/``commit``. Raise the errors of :mod:`twophase.errors` with a
@@ -185,17 +192,34 @@ class TransactionContext:
         return tuple(column.name for column in self.columns)
 
 
-class Committer:
-    """Commits and aborts one sink's handles in one process: for one batch, a recovery or a
-    cleanup pass, then closed.
+@dataclass(frozen=True)
+class CommitStage:
+    """Handles that commit together through one committer, after every earlier stage.
 
-    The driver (and cleanup) never call ``sink.commit`` directly: they open
-    ``sink.committer()``, ``fence`` it once per query, and commit or abort every handle of the
-    batch through it, from up to ``commit_parallelism`` threads at once. This default one
-    calls the sink's own ``commit`` and ``abort``. A sink returns its own subclass to hold what
-    should live for the batch in this process and never be pickled (a connection or a pool, a
-    producer, an HTTP session, the epoch it claimed when fencing); that subclass is then the
-    one home of the sink's commit and abort, and defines both.
+    A sink's batch is one stage; a sink group's, one per member in commit order, each with
+    that member's committer and its own handles. ``label`` names the stage in errors and
+    metrics (a group's member name; None for a single sink).
+    """
+
+    committer: Committer
+    handles: tuple[Handle, ...]
+    parallelism: int
+    label: str | None = None
+
+
+class Committer:
+    """The driver side of one sink, in one process: for one batch, a recovery or a cleanup
+    pass, then closed.
+
+    The framework reaches a sink's driver side through this object alone: the coordinator,
+    recovery, cleanup and ``status`` open ``sink.committer()``, ``fence`` it once per query,
+    list what is in doubt, check and gate a batch before its decision, commit its stages and
+    abort orphans through it, from up to ``commit_parallelism`` threads at once. This default
+    one forwards every method to the sink's method of the same name (a simple sink writes them
+    there). A sink returns its own subclass to hold what should live for the batch in this
+    process and never be pickled (a connection or a pool, a producer, an HTTP session, the
+    epoch it claimed when fencing); that subclass is then the one home of the sink's commit
+    and abort, defines both, and may take over any other method here.
     """
 
     def __init__(self, sink: TwoPhaseCommitSink[Any]) -> None:
@@ -215,6 +239,27 @@ class Committer:
     def abort(self, handle: Handle) -> AbortOutcome:
         return self.sink.abort(handle)
 
+    def list_in_doubt(self, namespace: str) -> list[Handle]:
+        """This namespace's unresolved transactions (see ``sink.list_in_doubt``)."""
+        return self.sink.list_in_doubt(namespace)
+
+    def commit_deadline(self, handle: Handle) -> float | None:
+        """When the transaction may stop being committable (see ``sink.commit_deadline``)."""
+        return self.sink.commit_deadline(handle)
+
+    def check_committable(self, handles: Sequence[Handle]) -> None:
+        """Raise if the system cannot commit ``handles`` now (see ``sink.check_committable``)."""
+        self.sink.check_committable(handles)
+
+    def purge_commit_records(self, namespace: str, older_than: datetime) -> int:
+        """Forget old proofs of commit (see ``sink.purge_commit_records``)."""
+        return self.sink.purge_commit_records(namespace, older_than)
+
+    def commit_stages(self, handles: Sequence[Handle]) -> list[CommitStage]:
+        """The order in which a decision's handles commit: by default all at once, through
+        this committer (a sink group's committer gives one stage per member)."""
+        return [CommitStage(self, tuple(handles), self.sink.commit_parallelism)]
+
     def finish_batch(self, namespace: str, batch: int, handles: Sequence[Handle]) -> None:
         """Every handle of ``batch`` is committed: publish the batch as a whole (optional).
 
@@ -226,7 +271,7 @@ class Committer:
     def close(self) -> None:
         """Release what the committer holds; called once, also after an error."""
 
-    def __enter__(self) -> Committer:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc_info: object) -> None:

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from pyspark.errors import PySparkException
 
 from twophase._coordinator import Coordinator
-from twophase._handle import validate_namespace
+from twophase._handle import fitted_namespace, validate_namespace
 from twophase._loader import sink_class_name
 from twophase._progress import log_commits
 from twophase._retry import RetryPolicy
@@ -342,7 +342,8 @@ class _Takeover:
     def _begin_run(self, store: StateStore, query_id: str | None) -> RunConfig:
         """Check the namespace and the rows' columns, then fence older runs."""
         sink = self.sink
-        namespace = validate_namespace(self.namespace or sink.default_namespace())
+        namespace = (validate_namespace(self.namespace) if self.namespace
+                     else fitted_namespace(sink.default_namespace()))
         _check_schema(sink, self.columns, store, query_id=query_id, retry=self.retry)
         state = store.start_run(namespace, {**self.settings, "sink": sink.kind,
                                             "sink_class": sink_class_name(sink)})

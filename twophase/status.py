@@ -22,12 +22,12 @@ import json
 import sys
 import time
 
+from twophase._eligibility import is_undecided
 from twophase._handle import Handle
 from twophase._loader import build_sink
 from twophase._secrets import resolved
 from twophase._state import State, StateStore
 from twophase.errors import TwoPhaseError
-from twophase.group import member_handles
 
 RECENT_BATCHES = 10
 UNKNOWN_SINK = "MODULE:CLASS"
@@ -64,13 +64,13 @@ def describe(store: StateStore, state: State, now: float,
                      f"{sum(h.rows for h in decision.handles)} rows")
         for handle in decision.handles:
             lines.append(f"             {handle.txn_id} ({handle.sink}, {handle.rows} rows)")
-            lines.extend(f"               member {name}: {member.txn_id} ({member.sink}, "
-                         f"{member.rows} rows)" for name, member in member_handles(handle))
+            lines.extend(f"               member {name}: {part.txn_id} ({part.sink}, "
+                         f"{part.rows} rows)" for name, part in handle.parts().items())
     for handle in undecided or ():
         lines.append(f"undecided  {handle.txn_id} ({handle.sink}): left by a crashed or failed "
                      "run")
-        lines.extend(f"             member {name}: {member.txn_id} ({member.sink})"
-                     for name, member in member_handles(handle))
+        lines.extend(f"             member {name}: {part.txn_id} ({part.sink})"
+                     for name, part in handle.parts().items())
     if state.pending or undecided:
         lines.append("locks      the transactions above are prepared in the target and hold its "
                      "locks (a schema change waits for them); with the query stopped, release "
@@ -132,10 +132,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _undecided(state: State, sink_class: str, options: dict[str, object]) -> list[Handle]:
     """The query's transactions in the target that no decision references."""
-    decided = state.decided_txns()
-    return [handle for handle in build_sink(sink_class, options).list_in_doubt(state.namespace)
-            if handle.txn_id not in decided and state.query_id is not None
-            and handle.txn_id.belongs_to(state.namespace, state.query_id)]
+    with build_sink(sink_class, options).committer() as committer:
+        return [handle for handle in committer.list_in_doubt(state.namespace)
+                if is_undecided(handle.txn_id, state)]
 
 
 if __name__ == "__main__":

@@ -96,10 +96,6 @@ class ConnectServer:
         """Did the server end by SIGKILL (as an armed crash point kills it)?"""
         return self.process is not None and self.process.poll() == -9
 
-    def wait_ended(self, timeout_s: float) -> None:
-        if self.process is not None:
-            self.process.wait(timeout_s)
-
     def stop(self) -> None:
         """End the whole server session (leader, JVM, Python workers) with SIGKILL."""
         if self.process is None:

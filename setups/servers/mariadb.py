@@ -11,7 +11,8 @@ Used as a pytest plugin (``pytest_plugins = ["setups.servers.mariadb"]``) it pro
   with a certificate from the run's private CA (``tls_ca``, :mod:`setups.servers.tls`) and
   ``require_secure_transport=ON`` (plain TCP refused); its :attr:`MariaDBServer.params` carry
   the sink's ``tls="verify"`` and ``ca_bundle=``. :meth:`MariaDBServer.create_user` makes a
-  user holding exactly the given grants (the least-privilege tests).
+  user holding exactly the given grants (the least-privilege tests);
+  :meth:`MariaDBServer.tls_turned_on` turns TLS on at the plain one for a block.
 
 Tests can :meth:`~MariaDBServer.kill` it (SIGKILL, like a power cut) and
 :meth:`~MariaDBServer.start` it again on the same datadir and port. The benchmark
@@ -193,6 +194,23 @@ class MariaDBServer(ServerProcess):
         shutil.copyfile(issued.certfile, self.certificate.certfile)  # keeps the 0600 files
         shutil.copyfile(issued.keyfile, self.certificate.keyfile)
         self.root_sql("FLUSH SSL")
+
+    @contextlib.contextmanager
+    def tls_turned_on(self, issued: Issued) -> Iterator[None]:
+        """A plain server takes TLS only in the block, as an administrator turns it on
+        (``ssl_cert``, ``ssl_key``, ``require_secure_transport=ON``: a restart); plain again
+        after (another restart)."""
+        if self.certificate is not None:
+            raise ValueError("the server has TLS on already")
+        self.certificate = issued
+        self.stop()
+        try:
+            self.start()
+            yield
+        finally:
+            self.certificate = None
+            self.stop()
+            self.start()
 
     def create_user(self, name: str, password: str, grants: list[str]) -> None:
         """A user over TCP holding exactly ``grants`` (``"SELECT ON db.t"``: what follows

@@ -22,7 +22,9 @@ One module for every PostgreSQL test (contract, crash, model, chaos, benchmark):
   ``sslmode="verify-full"`` and ``ca_bundle=``. The key is copied into the cluster's
   directory, owned by the server's user and readable by it only (PostgreSQL refuses a key
   others can read). :meth:`PostgresServer.create_user` makes a user holding exactly the given
-  grants (the least-privilege tests).
+  grants (the least-privilege tests). :meth:`PostgresServer.hba` and
+  :meth:`PostgresServer.tls_turned_on` change a running server as its administrator would, for
+  a block (the tests that follow an error's fix).
 
 Missing binaries FAIL the fixture (never skip): ``apt-get install postgresql``. Durability as
 in production against a process crash (``synchronous_commit=on``); ``fsync=off`` because only
@@ -185,9 +187,47 @@ class PostgresServer(ServerProcess):
         self._own_file(self.base_dir / CERT_FILE, issued.certfile.read_bytes())
         self._own_file(self.base_dir / KEY_FILE, issued.keyfile.read_bytes())
         if reload:
+            self.reload()
+
+    def reload(self) -> None:
+        """Make the server read its configuration files again (and wait for it)."""
+        with self.superuser() as conn:
+            conn.execute("SELECT pg_reload_conf()")
+        time.sleep(RELOAD_WAIT_S)  # the postmaster reloads on SIGHUP, asynchronously
+
+    @contextlib.contextmanager
+    def hba(self, lines: str) -> Iterator[None]:
+        """``pg_hba.conf`` is ``lines`` in the block (reloaded); the old file after."""
+        path = self.datadir / "pg_hba.conf"
+        old = path.read_bytes()
+        self._own_file(path, lines.encode())
+        self.reload()
+        try:
+            yield
+        finally:
+            self._own_file(path, old)
+            self.reload()
+
+    @contextlib.contextmanager
+    def tls_turned_on(self, issued: Issued) -> Iterator[None]:
+        """A plain server takes TLS only in the block, as an administrator turns it on:
+        ``ssl=on`` presenting ``issued``, ``hostssl`` lines in place of ``host`` ones (plain
+        text refused). Plain again after."""
+        self.present(issued, reload=False)
+        with self.superuser() as conn:
+            conn.execute(sql.SQL("ALTER SYSTEM SET ssl_cert_file = {}").format(
+                sql.Literal(str(self.base_dir / CERT_FILE))))
+            conn.execute(sql.SQL("ALTER SYSTEM SET ssl_key_file = {}").format(
+                sql.Literal(str(self.base_dir / KEY_FILE))))
+            conn.execute("ALTER SYSTEM SET ssl = on")
+        try:
+            with self.hba(HOSTSSL_ONLY_HBA):
+                yield
+        finally:
             with self.superuser() as conn:
-                conn.execute("SELECT pg_reload_conf()")
-            time.sleep(RELOAD_WAIT_S)  # the postmaster reloads on SIGHUP, asynchronously
+                for name in ("ssl", "ssl_cert_file", "ssl_key_file"):
+                    conn.execute(sql.SQL("ALTER SYSTEM RESET {}").format(sql.Identifier(name)))
+            self.reload()
 
     @staticmethod
     def _own_file(path: Path, data: bytes) -> None:

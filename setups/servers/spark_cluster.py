@@ -76,18 +76,6 @@ class SparkCluster:
             status = json.load(reply)
         return sum(1 for worker in status.get("workers", []) if worker.get("state") == "ALIVE")
 
-    def executor_pids(self) -> list[int]:
-        """The executor JVMs of every application now running on the cluster."""
-        pids = []
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            with contextlib.suppress(OSError):
-                cmdline = (entry / "cmdline").read_bytes()
-                if b"CoarseGrainedExecutorBackend" in cmdline:
-                    pids.append(int(entry.name))
-        return pids
-
     def stop(self) -> None:
         for process in reversed(self.processes):
             if process.poll() is None:

@@ -14,6 +14,8 @@ module          role
 ``sink``        :class:`KafkaSink`: the phases, and what a crash at each one leaves
 ``committer``   :class:`KafkaCommitter`: EndTxn commit/abort from any process, proven by
                 the coordinator's description of the transactional id
+``lookups``     what the brokers know of transactional ids (list, describe): executors
+                ask before taking an id, the driver and cleanup to find what is in doubt
 ``pool``        the bounded pool of transactional ids, and which one an attempt may take
 ``registry``    the compacted topic naming the twophase transaction of each producer epoch
 ``producer``    the executors' librdkafka transactional producer (never ``close()``: it aborts)

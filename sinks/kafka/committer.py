@@ -1,4 +1,8 @@
-"""The driver's side: EndTxn commit and abort of pre-committed transactions, from any process.
+"""Deciding pre-committed transactions: EndTxn commit and abort, from any process.
+
+The driver commits through it; the driver, an executor (a failed attempt's or a late
+handle's transaction) or cleanup aborts through it. Reading what the brokers know of an id
+(list, describe) is :mod:`~sinks.kafka.lookups`, which an executor also uses before it takes one.
 
 A pre-committed transaction is an open Kafka transaction whose producer is gone; its handle
 carries the transactional id, producer id and epoch. Whoever holds the handle decides it with
@@ -24,21 +28,14 @@ so a batch is visible when the driver marks it done, before the next batch commi
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from kafka import KafkaAdminClient
 from kafka.admin import TransactionDescription, TransactionState
-from kafka.errors import (
-    CoordinatorNotAvailableError,
-    NodeNotReadyError,
-    NotCoordinatorError,
-    TransactionalIdNotFoundError,
-)
 
 from sinks.kafka.adapter import ProducerIdentity, end_transaction, forget_coordinator
 from sinks.kafka.errors import (
@@ -50,6 +47,7 @@ from sinks.kafka.errors import (
     classify_code,
     code_name,
 )
+from sinks.kafka.lookups import describe
 from sinks.kafka.pool import COMMIT_LOGGED, ENDING
 from twophase import AbortOutcome, CommitOutcome, Committer, Handle, RetryableError
 from twophase.errors import TransactionLostError
@@ -58,22 +56,12 @@ from twophase.kit import classified, transaction_lost
 if TYPE_CHECKING:
     from sinks.kafka.sink import KafkaSink
 
-log = logging.getLogger(__name__)
-
 _RETRY_CODES = frozenset({CONCURRENT_TRANSACTIONS, "COORDINATOR_LOAD_IN_PROGRESS",
                           "COORDINATOR_NOT_AVAILABLE", "NOT_COORDINATOR"})
-#: What a describe raises while an id's coordinator is being found (or has moved).
-_COORDINATOR_LOOKUP_ERRORS = (NodeNotReadyError, CoordinatorNotAvailableError,
-                              NotCoordinatorError)
-
-
-#: Quick in-place attempts at describing an id while its coordinator is looked up.
 #: Commits and aborts at once through this process's admin client: one request each at a time,
 #: below kafka-python's ``max_in_flight_requests_per_connection`` (5), which refuses more.
 ADMIN_MAX_IN_FLIGHT = 4
 _ADMIN_SLOTS = threading.BoundedSemaphore(ADMIN_MAX_IN_FLIGHT)
-LOOKUP_ATTEMPTS = 5
-LOOKUP_BACKOFF_S = 0.05
 #: How long a commit or abort waits for the coordinator to finish writing its markers (then it
 #: is retried: the decision is logged, so the retry finds it and waits again).
 MARKERS_TIMEOUT_S = 30.0
@@ -90,50 +78,6 @@ def identity_of(handle: Handle) -> ProducerIdentity:
 def deadline_of(handle: Handle) -> str:
     deadline = datetime.fromtimestamp(int(handle.data["deadline_ms"]) / 1000, UTC)
     return deadline.isoformat(timespec="seconds")
-
-
-def describe(admin: KafkaAdminClient, tids: Iterable[str]) -> dict[str, TransactionDescription]:
-    """The coordinators' view of ``tids``; ids unknown to them are left out.
-
-    One request per coordinator; if it fails (one unknown id fails it all, or a coordinator
-    moved), each id is described on its own."""
-    tids = list(tids)
-    if len(tids) > 1:
-        try:
-            described: dict[str, TransactionDescription] = admin.describe_transactions(tids)
-            return described
-        except (TransactionalIdNotFoundError, *_COORDINATOR_LOOKUP_ERRORS):
-            log.debug("describing %s one by one", tids, exc_info=True)
-    found: dict[str, TransactionDescription] = {}
-    for tid in tids:
-        found.update(_describe_one(admin, tid))
-    return found
-
-
-def _describe_one(admin: KafkaAdminClient, tid: str) -> dict[str, TransactionDescription]:
-    """Describe ``tid``, riding out a coordinator lookup that fails for a moment (a busy
-    FindCoordinator answers without a node); what persists goes to twophase's retries."""
-    for attempt in range(LOOKUP_ATTEMPTS):
-        try:
-            described: dict[str, TransactionDescription] = admin.describe_transactions([tid])
-            return described
-        except TransactionalIdNotFoundError:
-            return {}
-        except _COORDINATOR_LOOKUP_ERRORS:
-            forget_coordinator(admin, tid)
-            if attempt == LOOKUP_ATTEMPTS - 1:
-                raise
-            time.sleep(LOOKUP_BACKOFF_S * 2**attempt)
-    return {}
-
-
-def list_ids(admin: KafkaAdminClient, pattern: str,
-             states: Iterable[TransactionState] = ()) -> list[str]:
-    """Transactional ids matching ``pattern`` that the brokers know (in ``states``)."""
-    listed = admin.list_transactions(state_filters=[state.value for state in states] or None,
-                                     transactional_id_pattern=pattern)
-    return sorted({listing.transactional_id for listings in listed.values()
-                   for listing in listings})
 
 
 def _is_handles(description: TransactionDescription | None, identity: ProducerIdentity) -> bool:

@@ -1,8 +1,11 @@
 """How the sink reaches the cluster: :class:`KafkaSettings`, kafka-python and librdkafka clients.
 
 The sink holds only settings (they are pickled to executors); clients are made where they are
-used. The driver's admin client (EndTxn, listing, describing) is made at most once per process
-and settings: kafka-python's admin client is safe to call from several threads. The executor's
+used. The admin client (EndTxn, listing, describing: on the driver, in cleanup, and on an
+executor before it takes a transactional id) is made at most once per process and settings and
+kept: kafka-python's admin client is safe to call from several threads, and it reconnects by
+itself to a broker that was down (``tests/test_kafka_sink.py`` kills and restarts the broker
+under it), so a connection failure is retried through the same client. The executor's
 producer is librdkafka's (:mod:`~sinks.kafka.producer`): :meth:`KafkaSettings.librdkafka_configs`
 translates the same settings to its property names, so both clients connect alike.
 
@@ -192,13 +195,6 @@ class KafkaSettings:
             if admin is None:
                 admin = _admins[key] = self.new_admin()
             return admin
-
-    def forget_admin(self) -> None:
-        """Drop this process's admin client (after a connection failure), closing it."""
-        with _admins_lock:
-            admin = _admins.pop((os.getpid(), self), None)
-        if admin is not None:
-            admin.close()
 
 
 def _certificate_refused(server: str, error: ssl.SSLCertVerificationError) -> ConfigurationError:

@@ -2,9 +2,10 @@
 
 Records go to the brokers through librdkafka (C): batching, compression, the idempotent
 sequence numbers and AddPartitionsToTxn are native, and the one Python step per record is
-the call of ``Producer.produce``. The control path stays where it was proven: the driver ends
-every transaction with EndTxn through kafka-python's admin client
-(:mod:`~sinks.kafka.committer`), from the transactional id, producer id and epoch in the handle.
+the call of ``Producer.produce``. The control path stays where it was proven: the committer
+ends every transaction with EndTxn through kafka-python's admin client
+(:mod:`~sinks.kafka.committer`, in whichever process decides it), from the transactional id,
+producer id and epoch in the handle.
 
 What librdkafka does and does not do to an open transaction (``confluent-kafka`` 2.16.1 with
 librdkafka 2.16.0 against Apache Kafka 4.1; ``tests/test_kafka_adapter.py`` fails loudly when an

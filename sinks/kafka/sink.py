@@ -85,9 +85,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from kafka.admin import ConfigResource, ConfigResourceType, TransactionState
 
-from sinks.kafka import committer as coordinator
 from sinks.kafka import registry
 from sinks.kafka.adapter import ProducerIdentity
+from sinks.kafka.committer import KafkaCommitter
 from sinks.kafka.connection import KafkaSettings
 from sinks.kafka.errors import (
     FIX_CLUSTER_ACCESS,
@@ -100,6 +100,7 @@ from sinks.kafka.errors import (
     classify_code,
     code_name,
 )
+from sinks.kafka.lookups import describe, list_ids
 from sinks.kafka.pool import (
     DEFAULT_ATTEMPT_SLOTS,
     candidates,
@@ -300,9 +301,9 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTransaction]):
     def _free_slot(self, admin: Any, txn: TxnId, ids: Sequence[str]) -> str:
         """The first of ``ids`` that ``txn`` may initialise, by the coordinator's description
         of each and the registry (read only once the pool has been used)."""
-        known = set(coordinator.list_ids(admin, partition_pattern(
+        known = set(list_ids(admin, partition_pattern(
             self.transactional_id_prefix, txn)))
-        descriptions = coordinator.describe(admin, [tid for tid in ids if tid in known])
+        descriptions = describe(admin, [tid for tid in ids if tid in known])
         entries = registry.read(self.settings, self.registry_topic) if known else {}
         return choose(txn, ids, descriptions, entries)
 
@@ -359,8 +360,8 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTransaction]):
 
     # -- driver --------------------------------------------------------------------------------
 
-    def committer(self) -> coordinator.KafkaCommitter:
-        return coordinator.KafkaCommitter(self)
+    def committer(self) -> KafkaCommitter:
+        return KafkaCommitter(self)
 
     def commit_deadline(self, handle: Handle) -> float | None:
         """The broker aborts the transaction ``transaction_timeout_ms`` after it began."""
@@ -371,12 +372,12 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTransaction]):
         """Open transactions of ``namespace``'s pooled ids, named by the registry."""
         with classified(classify, f"listing open transactions of {namespace}", KAFKA_ERRORS):
             admin = self.settings.admin()
-            tids = coordinator.list_ids(
+            tids = list_ids(
                 admin, namespace_pattern(self.transactional_id_prefix, namespace),
                 [TransactionState.ONGOING])
             if not tids:
                 return []
-            descriptions = coordinator.describe(admin, tids)
+            descriptions = describe(admin, tids)
             entries = registry.read(self.settings, self.registry_topic)
         handles = []
         for tid, description in sorted(descriptions.items()):
@@ -398,7 +399,7 @@ def _identity(admin: Any, tid: str) -> ProducerIdentity:
     """The producer id and epoch the coordinator holds for ``tid`` right after our init (a
     newer one if another attempt raced us: then our registry record is refused, see
     :mod:`~sinks.kafka.producer`)."""
-    description = coordinator.describe(admin, [tid]).get(tid)
+    description = describe(admin, [tid]).get(tid)
     if description is None:
         raise RetryableError(f"KafkaSink: the coordinator does not describe {tid} right after "
                              "its InitProducerId.", fix="retried automatically")

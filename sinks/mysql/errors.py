@@ -12,9 +12,9 @@ a warning of ``LOAD DATA`` or of   :func:`rejected_rows`: the first warning's co
 a value Python cannot send         :func:`unsendable`: :class:`SchemaMismatchError`
 1062 on the marker row             :func:`marker_error`: the id was used once (kit wording)
 1402/1613/1614 on ``XA COMMIT``    :func:`lost`: the server rolled the branch back (kit wording)
-a certificate refused (2003 with   :class:`ConfigurationError` naming ``tls=``/``ca_bundle=``:
-OpenSSL's reason), no TLS offered  never retried, never a fall back to plain text
-(2026), plain text refused (4151)
+a certificate refused (2003 with   :class:`ConfigurationError` naming ``tls=``/``ca_bundle=``
+OpenSSL's reason), no TLS offered  (``host=`` for a name the certificate lacks): never retried,
+(2026), plain text refused (4151)  never a fall back to plain text
 a denied privilege (1044, 1142,    :class:`ConfigurationError` with the ``GRANT`` to run
 1143, 1227)
 the password in a message          :func:`twophase.kit.scrubbed` over :func:`classify`: ``***``
@@ -67,12 +67,20 @@ FIX_TLS_VERIFY = (
     "None) and name the host the sink connects to: pass ca_bundle= the CA that issued it, or "
     "connect by a name the certificate holds; only on a network you trust, tls='require' "
     "encrypts without verifying")
+FIX_TLS_HOST_NAME = (
+    "the server's certificate does not name the host the sink connects to: connect by a name "
+    "it holds (host=), or have the server present a certificate for this name (ca_bundle= "
+    "is right: the issuer was verified); only on a network you trust, tls='require' encrypts "
+    "without verifying")
 FIX_TLS_OFFERED = (
     "configure TLS on the server (ssl_cert, ssl_key; require_secure_transport=ON), or, only on "
     "a network you trust, tls='off'")
 FIX_TLS_REQUIRED = "the server accepts TLS connections only: use tls='verify' (the default)"
 FIX_GRANT = ("GRANT the sink's user the privilege named above (the grants the sink needs are "
              "listed in the README's Security section)")
+FIX_GRANT_DATABASE = (
+    f"{FIX_GRANT}; MariaDB refuses a database that does not exist this way too, to a user "
+    "without privileges there: check the sink's database name first")
 FIX_NO_CODE = (
     "check what sits between this host and the server (a proxy, a load balancer, TLS "
     "offloading) and the PyMySQL version, then restart the query: recovery commits or aborts "
@@ -106,7 +114,7 @@ ERRORS = ErrorTable(
                "check the user and password given to the sink (MariaDB also answers a "
                "plain-text login this way when it has require_secure_transport=ON: then use "
                "tls='verify', the default, not tls='off')"),
-        1044: (ConfigurationError, FIX_GRANT),
+        1044: (ConfigurationError, FIX_GRANT_DATABASE),  # also: no such database
         1049: (ConfigurationError, "create the database or fix the sink's database name"),
         1142: (ConfigurationError, FIX_GRANT),
         1143: (ConfigurationError, FIX_GRANT),
@@ -136,7 +144,9 @@ ERRORS = ErrorTable(
     },
     conditions={
         # PyMySQL reports a failed TLS handshake as "can't connect" (2003) with OpenSSL's words
-        2003: (Condition("CERTIFICATE_VERIFY_FAILED", (ConfigurationError, FIX_TLS_VERIFY)),
+        2003: (Condition("mismatch, certificate is not valid for",
+                         (ConfigurationError, FIX_TLS_HOST_NAME)),
+               Condition("CERTIFICATE_VERIFY_FAILED", (ConfigurationError, FIX_TLS_VERIFY)),
                Condition("[SSL", (ConfigurationError, FIX_TLS_VERIFY))),
     },
 )

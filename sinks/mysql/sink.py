@@ -43,7 +43,7 @@ abort       [fence check],      rolled back, or still  repeat it: 1397 means  Fe
             ``XA ROLLBACK``     prepared               NOT_FOUND              RetryableError
 ==========  ==================  =====================  =====================  =====================
 
-Commit and abort run through :class:`~sinks.mysql.committer.MySQLCommitter` (pooled
+Commit, abort and fencing run through :class:`~sinks.mysql.committer.MySQLCommitter` (pooled
 connections, the fence claim); ``sink.commit``/``sink.abort`` open a short-lived one. Rows go in
 chunks of ``chunk_size`` through ``LOAD DATA LOCAL`` or ``INSERT`` (:mod:`~sinks.mysql.bulk`),
 from rows or, on Spark's Arrow path, from record batches encoded without per-row Python
@@ -74,6 +74,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import logging
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
@@ -361,16 +362,19 @@ class MySQLXASink(TwoPhaseCommitSink[MySQLBranch]):
                           self.server.on(f"{step} transaction {txn.txn_id} into {self.target}"),
                           pymysql.err.MySQLError, on_error=lambda: self.discard(txn))
 
-    # -- driver: commit, abort, fence, in-doubt, purge -----------------------------------------
+    # -- driver: the committer (commit, abort, fence), in-doubt, purge -------------------------
 
     def committer(self) -> MySQLCommitter:
         """Commits and aborts through pooled connections; holds the fence claim."""
         return MySQLCommitter(self)
 
-
     def fence(self, namespace: str, query_id: str, epoch: int) -> None:
-        """Claim ``epoch`` for the query (see :meth:`MySQLCommitter.fence`); the claim is not
-        kept: commit through a committer fenced itself."""
+        """Deprecated (until 0.4.0): fence through ``sink.committer()``, which keeps the claim
+        for its commits. This claims ``epoch`` through a committer of its own, as 0.2.0 did;
+        the framework never calls it."""
+        warnings.warn("MySQLXASink.fence is deprecated and goes in 0.4.0: fence through "
+                      "sink.committer() (committer.fence(...)), which keeps the claim for its "
+                      "commits", DeprecationWarning, stacklevel=2)
         with self.committer() as committer:
             committer.fence(namespace, query_id, epoch)
 

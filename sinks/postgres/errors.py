@@ -16,8 +16,14 @@ a client error (no SQLSTATE)       by psycopg's exception type: a lost or closed
 23505 on the marker row            :func:`marker_error`: the id was used once (kit wording)
 42704 on ``COMMIT PREPARED``       no such gid: the committer reads the marker (committed) or
                                    calls it :func:`lost` (kit wording)
-a certificate refused, a pg_hba    :class:`ConfigurationError` naming ``ca_bundle=`` and
-line refusing plain text           ``sslmode=``: never retried, never a fall back
+a certificate refused (another CA, :class:`ConfigurationError` naming ``ca_bundle=`` (or
+another host name, no CA given)    ``host=``) and ``sslmode='require'``: never retried, never a
+                                   fall back
+a server without TLS               :class:`ConfigurationError` naming both ways out: TLS on the
+                                   server (with a ``hostssl`` line), or ``sslmode='disable'``
+                                   on a trusted network; never a mode that needs TLS too
+no pg_hba.conf line (for plain     :class:`ConfigurationError`: the ``hostssl`` line takes TLS
+text, or for any encryption)       only (``sslmode='verify-full'``), else the line to add
 42501 (a privilege denied)         :class:`ConfigurationError` with the ``GRANT`` to run
 the password in a message          :func:`twophase.kit.scrubbed` over :func:`classify`: ``***``
                                    (also in the driver's exception the error is chained to)
@@ -64,10 +70,34 @@ FIX_TLS = (
     "with sslmode='verify-full' (the default), name the host the sink connects to: pass "
     "ca_bundle= the CA that issued it, or connect by a name the certificate holds; only on a "
     "network you trust, sslmode='require' encrypts without verifying")
+FIX_HOST_NAME = (
+    "the server's certificate does not name the host the sink connects to: connect by a name "
+    "it holds (host=), or have the server present a certificate for this name; "
+    "sslmode='verify-ca' (keeping ca_bundle=) checks the issuer but not the name; only on a "
+    "network you trust, sslmode='require' encrypts without verifying")
+FIX_NO_CA = (
+    "no CA to check the server's certificate with (libpq looked for ~/.postgresql/root.crt): "
+    "pass ca_bundle= the CA that issued it (a PEM file, or 'system' for the system's CA store "
+    "with libpq >= 16); only on a network you trust, sslmode='require' encrypts without "
+    "verifying")
+#: The server has no TLS at all: every mode but plain text fails the same way, so this names
+#: the two ways out and no other mode (a fix that names one leads the user in a circle).
+FIX_TLS_OFF = (
+    "the server has TLS turned off. Either turn it on at the server (ssl=on, ssl_cert_file and "
+    "ssl_key_file in postgresql.conf; a 'hostssl' line for this host, user and database in "
+    "pg_hba.conf in place of its 'host' line, so that plain text is refused; then reload) and "
+    "pass ca_bundle= the CA that issued its certificate; or, only on a network you trust, "
+    "sslmode='disable' (plain text)")
+FIX_HBA_TLS_ONLY = (
+    "the server's pg_hba.conf takes this host, user and database over TLS only ('hostssl' "
+    "lines) or not at all: use sslmode='verify-full' (the default) with ca_bundle= the CA that "
+    "issued the server's certificate; if it has no 'hostssl' line for them either, the "
+    "server's administrator must add one")
 FIX_HBA = (
-    "the server's pg_hba.conf has no line for this host, user and database with this "
-    "encryption: a 'hostssl' line takes TLS connections only (sslmode='verify-full', the "
-    "default); otherwise ask the server's administrator for a line")
+    "the server's pg_hba.conf has no line for this host, user and database with TLS: the "
+    "server's administrator must add one ('hostssl <database> <user> <address> scram-sha-256' "
+    "takes TLS connections only, as the sink makes them) and reload the server "
+    "(SELECT pg_reload_conf())")
 UNPREPARED_NOTE = (
     "The transaction is discarded (PostgreSQL rolls back an unprepared transaction when its "
     "session ends) and never committed: the partition must be written again.")
@@ -108,6 +138,10 @@ ERRORS = ErrorTable(
                                         "same prepared transaction; retried automatically"))),
         "53200": (Condition("prepared transactions", (ConfigurationError, FIX_PREPARED_OFF)),),
         "OperationalError": (
+            Condition("does not support SSL", (ConfigurationError, FIX_TLS_OFF)),
+            Condition("root certificate file", (ConfigurationError, FIX_NO_CA)),
+            Condition("does not match host name", (ConfigurationError, FIX_HOST_NAME)),
+            Condition("no encryption", (ConfigurationError, FIX_HBA_TLS_ONLY)),
             Condition("no pg_hba.conf entry", (ConfigurationError, FIX_HBA)),
             Condition("SSL", (ConfigurationError, FIX_TLS)),
             Condition("certificate", (ConfigurationError, FIX_TLS)),

@@ -26,6 +26,11 @@ begin/write/pre-commit (:func:`prepare`; ``arrow=True``: through ``write_arrow``
 data source path does), the driver's committer for commit and abort, other processes for a
 writer killed with SIGKILL and for a commit from elsewhere. The builders here
 (:func:`context`, :func:`orders`, :func:`prepare`) serve a sink's own tests too.
+
+Deprecated, removed in 0.4.0 (see ``CHANGELOG.md``): 0.1.0's way, a ``sink`` fixture and the
+suite's ``visible(sink)`` in place of ``target``. It still works, with a
+:class:`DeprecationWarning` naming the replacement (the suite reads the rows through
+``visible(sink)``; the target builds a pickled copy of the fixture's sink).
 """
 
 from __future__ import annotations
@@ -37,8 +42,10 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+import warnings
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -167,6 +174,13 @@ class SinkContract(TargetSuite):
     #: False for a sink whose target has no columns (``check_schema`` refuses nothing).
     has_schema = True
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if _reads_its_sink(cls):  # 0.1.0's sink fixture and visible(sink): deprecated
+            setattr(cls, "target", _target_of_sink_fixture)  # noqa: B010 - a fixture
+            warnings.warn(SINK_FIXTURE_DEPRECATED.format(name=cls.__qualname__),
+                          DeprecationWarning, stacklevel=2)
+
     @pytest.fixture
     def sink(self, target: Target) -> TwoPhaseCommitSink[Any]:
         """The sink over the test's target, as the tests drive it."""
@@ -223,7 +237,8 @@ class SinkContract(TargetSuite):
         self, target: Target, sink: TwoPhaseCommitSink[Any]
     ) -> None:
         written, empty = prepare(sink, orders(0, 3), partition=0), prepare(sink, [], partition=1)
-        sink.check_committable([written, empty])  # else no batch of the sink would be decided
+        with sink.committer() as committer:  # else no batch of the sink would be decided
+            committer.check_committable([written, empty])
         assert commit(sink, written) is CommitOutcome.COMMITTED
         assert commit(sink, empty) in (CommitOutcome.COMMITTED, CommitOutcome.ALREADY_COMMITTED)
         assert target.visible() == [0, 1, 2]
@@ -341,7 +356,8 @@ class SinkContract(TargetSuite):
         for handle in (ours, others):
             assert commit(sink, handle) is CommitOutcome.COMMITTED
         later = datetime.now(UTC) + timedelta(hours=1)
-        purged = sink.purge_commit_records(NAMESPACE, later)
+        with sink.committer() as committer:
+            purged = committer.purge_commit_records(NAMESPACE, later)
         assert commit(sink, others) is CommitOutcome.ALREADY_COMMITTED
         if self.purges_commit_records:
             assert purged == 1
@@ -351,3 +367,47 @@ class SinkContract(TargetSuite):
             assert purged == 0
             assert commit(sink, ours) is CommitOutcome.ALREADY_COMMITTED
         assert target.visible() == [0, 1]
+
+
+# -- deprecated: removed in 0.4.0 (see CHANGELOG.md) ------------------------------------------
+
+SINK_FIXTURE_DEPRECATED = (
+    "{name}: SinkContract's sink fixture with visible(sink) is deprecated since 0.2.0 and is "
+    "removed in 0.4.0: give the suite a target fixture returning a twophase.testing.Target "
+    "(the sink's factory and options, and visible(self) reading the target); the suite builds "
+    "its sink fixture from it."
+)
+
+
+def _reads_its_sink(cls: type[SinkContract]) -> bool:
+    """Whether a suite class is the first written the 0.1.0 way: ``visible(sink)`` on it and
+    no ``target`` of its own (nor a setup to make one)."""
+    defines_target = next(k for k in cls.__mro__ if "target" in vars(k))
+    return (hasattr(cls, "visible") and cls.setup_fixture is None
+            and defines_target is TargetSuite)
+
+
+@pytest.fixture(name="target")
+def _target_of_sink_fixture(self: SinkContract, sink: TwoPhaseCommitSink[Any]) -> Target:
+    """The ``target`` of a suite written the 0.1.0 way: its ``sink`` fixture, read through
+    its ``visible(sink)``."""
+    read: Callable[[TwoPhaseCommitSink[Any]], list[int]] = getattr(self, "visible")  # noqa: B009
+    return _SinkFixtureTarget(f"{type(sink).__module__}:{type(sink).__qualname__}", {},
+                              sink=sink, read=read)
+
+
+@dataclass(eq=False)
+class _SinkFixtureTarget(Target):
+    """A target over a sink fixture's sink: read by the suite's ``visible(sink)``; built as a
+    pickled copy (as a driver's executors get it)."""
+
+    sink: TwoPhaseCommitSink[Any] | None = None
+    read: Callable[[TwoPhaseCommitSink[Any]], list[int]] | None = None
+
+    def build(self) -> TwoPhaseCommitSink[Any]:
+        built: TwoPhaseCommitSink[Any] = pickle.loads(pickle.dumps(self.sink))  # noqa: S301
+        return built
+
+    def visible(self) -> list[int]:
+        assert self.sink is not None and self.read is not None
+        return self.read(self.sink)

@@ -42,13 +42,19 @@ run as crashed when the server died (see ``tests/test_connect.py``).
 
 Another source than files: override the ``source`` fixture with a :class:`FeedSource`, which
 fills its system with the generated feed and tells the driver to read it from there (say
-``source_kafka``, one file's rows per micro-batch).
+``source_kafka``, one file's rows per micro-batch). ``check_finished(target)`` adds checks on
+the target once every row is delivered (say, every ``ts`` is the feed's instant).
+
+Deprecated, removed in 0.4.0 (see ``CHANGELOG.md``): 0.1.0's :class:`SinkTarget` and a suite's
+``visible(target)``. They still work, with a :class:`DeprecationWarning` naming the
+replacement: a :class:`~twophase.testing.Target` subclass whose ``visible()`` reads the target.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -58,9 +64,14 @@ import pytest
 
 from twophase._crash import AFTER_DECISION, AFTER_PRE_COMMIT, BEFORE_DECISION, CRASH_POINTS
 from twophase._state import StateStore
+from twophase.sink import TwoPhaseCommitSink
 from twophase.testing.driver import DriverSpec, RunResult, crash_marker, generate_feed, launch
 from twophase.testing.suite import TargetSuite
 from twophase.testing.target import Target
+
+#: The public API (the deprecated :class:`SinkTarget` is kept out of it).
+__all__ = ["DECISION_POINTS", "EXECUTOR_POINTS", "LOST_STATE_MESSAGE", "ROWS_PER_FILE",
+           "CrashSuite", "FeedSource"]
 
 ROWS_PER_FILE = 100
 #: Crash points reached in a task: on a cluster they kill the task's executor, not the driver.
@@ -90,6 +101,14 @@ class FeedSource:
 
 class CrashSuite(TargetSuite):
     """Inherit it as ``TestXxx(CrashSuite)``; give it a ``target`` (see above)."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if hasattr(cls, "visible") and not any(
+                issubclass(base, CrashSuite) and hasattr(base, "visible")
+                for base in cls.__bases__):  # once, where a suite first gets it
+            warnings.warn(SUITE_VISIBLE_DEPRECATED.format(name=cls.__qualname__),
+                          DeprecationWarning, stacklevel=2)
 
     check_lost_state = False
     #: The points the driver is killed at, one per batch (a sink group's: GROUP_CRASH_POINTS).
@@ -123,6 +142,7 @@ class CrashSuite(TargetSuite):
         spark_conf: dict[str, str], driver_disk: Path, tmp_path: Path, *,
         source: FeedSource | None
     ) -> None:
+        given, target = target, self._read_by_suite(target)
         assert not self.check_lost_state or AFTER_DECISION in self.crash_points, \
             f"check_lost_state needs {AFTER_DECISION} among the crash points"
         files = len(self.crash_points) + 2  # a batch before the first crash, one after the last
@@ -156,6 +176,18 @@ class CrashSuite(TargetSuite):
         assert (final.pending, final.last_done_batch) == ((), files - 1)
         assert target.build().list_in_doubt(final.namespace) == [], "left in doubt"
         assert target.in_doubt() == [], "left in doubt on the server"
+        self.check_finished(given)
+
+    def check_finished(self, target: Any) -> None:
+        """More checks on the target once every row is delivered (none by default): ``target``
+        is what the ``target`` fixture returned (typed ``Any`` so that a suite may name its own
+        ``Target`` subclass)."""
+
+    def _read_by_suite(self, target: Target) -> Target:
+        """``target``, read by the suite's deprecated ``visible(target)`` if it has one."""
+        read = getattr(self, "visible", None)
+        return target if read is None else _ReadBySuite(target.factory, target.options,
+                                                        given=target, read=read)
 
     def _launch(self, spec: DriverSpec, runs: Path, run: int,
                 crash_at: str | None = None) -> RunResult:
@@ -207,3 +239,53 @@ def _schedule(points: Sequence[str], spark_conf: dict[str, str]) -> list[str]:
 def _tail(run: RunResult, lines: int = 30) -> str:
     """The end of a driver's log, for an assertion message."""
     return f"see {run.log}:\n" + "\n".join(run.log.read_text().splitlines()[-lines:])
+
+
+# -- deprecated: removed in 0.4.0 (see CHANGELOG.md) ------------------------------------------
+
+SINK_TARGET_DEPRECATED = (
+    "twophase.testing.crash.SinkTarget is deprecated since 0.2.0 and is removed in 0.4.0: "
+    "use a subclass of twophase.testing.Target (the same factory and options) whose visible() "
+    "reads the target, and drop the suite's visible(target)."
+)
+SUITE_VISIBLE_DEPRECATED = (
+    "{name}.visible(target) is deprecated since 0.2.0 and is removed in 0.4.0: move it onto "
+    "a subclass of twophase.testing.Target as visible(self) and return that from the suite's "
+    "target fixture (in place of twophase.testing.crash.SinkTarget)."
+)
+
+
+@dataclass(eq=False)
+class SinkTarget(Target):
+    """Deprecated (0.1.0's crash-suite target), removed in 0.4.0: a sink as the driver process
+    builds it, ``"module:Class"`` and its options, read by the suite's ``visible(target)``.
+    Use a :class:`~twophase.testing.Target` subclass instead (it reads itself)."""
+
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        warnings.warn(SINK_TARGET_DEPRECATED, DeprecationWarning, stacklevel=3)
+
+    def visible(self) -> list[int]:
+        raise NotImplementedError("a SinkTarget is read by its suite's visible(target): "
+                                  + SINK_TARGET_DEPRECATED)
+
+
+@dataclass(eq=False)
+class _ReadBySuite(Target):
+    """A target that a suite's deprecated ``visible(target)`` reads."""
+
+    given: Target | None = None
+    read: Callable[[Target], list[int]] | None = None
+
+    def build(self) -> TwoPhaseCommitSink[Any]:
+        assert self.given is not None
+        return self.given.build()
+
+    def visible(self) -> list[int]:
+        assert self.given is not None and self.read is not None
+        return self.read(self.given)
+
+    def in_doubt(self) -> list[Any]:
+        assert self.given is not None
+        return self.given.in_doubt()
