@@ -16,6 +16,7 @@ servers its setup is built over in a test session). Nothing else names the sink.
 from __future__ import annotations
 
 from setups.base import Proxy, ProxyFactory, SinkSetup, Target
+from setups.delta import DeltaSetup
 from setups.http import HttpSetup
 from setups.kafka import KafkaSetup
 from setups.mysql import MySQLSetup
@@ -26,7 +27,8 @@ from setups.sqlite import SQLiteSetup
 #: Every prebuilt sink's setup, by name: the registry.
 SETUPS: dict[str, type[SinkSetup]] = {
     setup.name: setup
-    for setup in (SQLiteSetup, MySQLSetup, PostgresSetup, S3Setup, KafkaSetup, HttpSetup)}
+    for setup in (SQLiteSetup, MySQLSetup, PostgresSetup, S3Setup, KafkaSetup, HttpSetup,
+                  DeltaSetup)}
 
-__all__ = ["SETUPS", "HttpSetup", "KafkaSetup", "MySQLSetup", "PostgresSetup", "Proxy",
+__all__ = ["SETUPS", "DeltaSetup", "HttpSetup", "KafkaSetup", "MySQLSetup", "PostgresSetup", "Proxy",
            "ProxyFactory", "S3Setup", "SQLiteSetup", "SinkSetup", "Target"]

@@ -27,6 +27,7 @@ from twophase.sink import (
     Column,
     CommitOutcome,
     Committer,
+    CommitStage,
     TransactionContext,
     TwoPhaseCommitSink,
 )
@@ -36,6 +37,7 @@ __all__ = [
     "AbortOutcome",
     "Column",
     "CommitOutcome",
+    "CommitStage",
     "Committer",
     "ConfigurationError",
     "FatalError",

@@ -1,0 +1,84 @@
+"""Delta Lake on a local path: a fresh table directory per target (no server: nothing to
+kill, no network), read back by another engine, DuckDB's Delta reader, loaded from the
+``duckdb-extension-delta`` package (never downloaded at run time)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import duckdb_extension_delta
+
+from setups.base import ProxyFactory, SinkSetup, Target
+
+#: Where the extension package keeps its binary: ``extensions/v<duckdb>/delta.duckdb_extension``.
+EXTENSION = (Path(duckdb_extension_delta.__file__).parent / "extensions"
+             / f"v{duckdb.__version__}" / "delta.duckdb_extension")
+#: No extension comes from the network: a missing one fails instead.
+OFFLINE = {"autoinstall_known_extensions": "false", "autoload_known_extensions": "false"}
+
+
+def reader() -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB with the Delta extension loaded from its package."""
+    connection = duckdb.connect(config=OFFLINE)
+    connection.execute(f"LOAD '{EXTENSION}'")
+    return connection
+
+
+def delta_scan(path: Path | str) -> str:
+    """``delta_scan('<path>')`` as a FROM item (the path quoted)."""
+    quoted = str(path).replace("'", "''")
+    return f"delta_scan('{quoted}')"
+
+
+def data_files(root: Path) -> set[str]:
+    """Every Parquet file in the table's data area (relative; ``_``/``.`` folders skipped)."""
+    return {path.relative_to(root).as_posix() for path in root.rglob("*.parquet")
+            if not any(part.startswith(("_", ".")) for part in path.relative_to(root).parts)}
+
+
+class DeltaSetup(SinkSetup):
+    name = "delta"
+    factory = "sinks.delta:DeltaSink"
+    networked = False
+    model_ci_examples = 10
+    since = "0.3.0"
+
+    @classmethod
+    @contextlib.contextmanager
+    def started(cls, scratch: Path, proxy: ProxyFactory | None = None) -> Iterator[DeltaSetup]:
+        yield cls(scratch)
+
+    @classmethod
+    @contextlib.contextmanager
+    def over(cls, scratch: Path, servers: Mapping[str, Any]) -> Iterator[DeltaSetup]:
+        yield cls(scratch / "delta")
+
+    def target_options(self, **overrides: Any) -> dict[str, Any]:
+        """A table created from the query's columns at the driver's first check."""
+        self.scratch.mkdir(parents=True, exist_ok=True)
+        return {"table_uri": str(self.scratch / f"orders-{self.number()}"), "create": True,
+                **overrides}
+
+    def visible(self, target: Target) -> list[int]:
+        root = Path(target.options["table_uri"])
+        if not (root / "_delta_log").is_dir():
+            return []
+        with contextlib.closing(reader()) as connection:
+            rows = connection.execute(f"SELECT event_id FROM {delta_scan(root)}").fetchall()
+        return [int(row[0]) for row in rows]
+
+    def in_doubt(self, target: Target) -> list[Any]:
+        """Parquet files in the data area that DuckDB's reader does not read (unreferenced:
+        no OPTIMIZE runs in the suites, so every committed file is live)."""
+        root = Path(target.options["table_uri"])
+        if not (root / "_delta_log").is_dir():
+            return sorted(data_files(root)) if root.is_dir() else []
+        with contextlib.closing(reader()) as connection:
+            live = {Path(str(row[0])).resolve().relative_to(root.resolve()).as_posix()
+                    for row in connection.execute(
+                        f"SELECT DISTINCT filename FROM {delta_scan(root)}").fetchall()}
+        return sorted(data_files(root) - live)

@@ -1,0 +1,116 @@
+"""Every error the Delta sink meets, classified once, here.
+
+deltalake raises few exception types (``deltalake.exceptions``) and tells their meanings apart
+in the message; pyarrow's file system raises ``OSError``. Each is looked up by its class name,
+then by a condition on its message:
+
+==============================================  =============================================
+what went wrong                                 what the sink raises
+==============================================  =============================================
+``CommitFailedError`` "Concurrent transaction"  :class:`RetryableError`: another committer of
+/ "version already exists" (a racing commit)    the table committed first; the retry loads the
+                                                table again and re-checks the proof
+``CommitFailedError`` (anything else)           :class:`FatalError`
+``TableNotFoundError``                          :class:`ConfigurationError`: create the table
+                                                (``create=True``) or fix ``table_uri``
+``DeltaProtocolError``                          :class:`ConfigurationError`: a reader or
+                                                writer feature deltalake cannot honour
+``SchemaMismatchError`` (deltalake's)           :class:`SchemaMismatchError`
+``DeltaError`` "No such file" / "not found"     :class:`RetryableError` (a store that answers
+                                                late); a file that is really gone is decided
+                                                by the committer, never here
+``DeltaError`` (anything else)                  :class:`FatalError`
+``OSError`` (pyarrow file system, local disk)   :class:`RetryableError`, but "No space left"
+                                                and "Permission denied":
+                                                :class:`ConfigurationError`
+``ArrowInvalid`` / ``ArrowTypeError``           :class:`SchemaMismatchError` (a value the
+                                                table's type cannot hold)
+==============================================  =============================================
+
+A decided transaction whose file is gone, or whose commit cannot be proven, is
+:func:`lost` (the kit's wording): never an ``AddAction`` to nothing, never a silent success.
+"""
+
+from __future__ import annotations
+
+import deltalake.exceptions
+import pyarrow as pa
+
+from twophase import (
+    ConfigurationError,
+    FatalError,
+    Handle,
+    RetryableError,
+    SchemaMismatchError,
+    TransactionLostError,
+    TwoPhaseError,
+)
+from twophase.kit import Condition, ErrorTable, transaction_lost
+
+SYSTEM = "DeltaSink"
+
+#: What the sink catches around deltalake and pyarrow calls and hands to :func:`classify`.
+ERRORS_CAUGHT: tuple[type[BaseException], ...] = (
+    deltalake.exceptions.DeltaError, OSError, pa.ArrowException)
+
+FIX_RETRY = "retried automatically; if it persists, check the table's storage"
+FIX_RACE = ("retried automatically: another committer of the table committed first; the "
+            "retry reads the table again and proves or makes the commit")
+FIX_TABLE = ("create the table first, or pass create=True to create it from the query's "
+             "columns, or fix table_uri=")
+FIX_FEATURE = ("write to a table without the feature named above (a new table, or one "
+               "rewritten without it): DeltaSink appends plain Parquet files")
+FIX_VALUES = "cast the column in the query to the table's type, or fix the table's schema"
+FIX_DISK = "free space on (or grant write access to) the table's storage, then restart"
+
+_RETRY: tuple[type[TwoPhaseError], str] = (RetryableError, FIX_RETRY)
+
+ERRORS = ErrorTable(
+    system=SYSTEM,
+    default=(FatalError, "fix the cause named above, then restart the query"),
+    rules={
+        "CommitFailedError": (FatalError, "fix the cause named above, then restart the query"),
+        "TableNotFoundError": (ConfigurationError, FIX_TABLE),
+        "DeltaProtocolError": (ConfigurationError, FIX_FEATURE),
+        "SchemaMismatchError": (SchemaMismatchError, FIX_VALUES),
+        "OSError": _RETRY,
+        "FileNotFoundError": _RETRY,
+        "ArrowInvalid": (SchemaMismatchError, FIX_VALUES),
+        "ArrowTypeError": (SchemaMismatchError, FIX_VALUES),
+        "ArrowNotImplementedError": (SchemaMismatchError, FIX_VALUES),
+    },
+    conditions={
+        "CommitFailedError": (
+            Condition("Concurrent", (RetryableError, FIX_RACE)),
+            Condition("already exists", (RetryableError, FIX_RACE)),
+        ),
+        "DeltaError": (
+            Condition("No such file", _RETRY),
+            Condition("not found", _RETRY),
+        ),
+        "OSError": (
+            Condition("No space left", (ConfigurationError, FIX_DISK)),
+            Condition("Permission denied", (ConfigurationError, FIX_DISK)),
+        ),
+    },
+)
+
+
+def classify(exc: BaseException, what: str) -> TwoPhaseError:
+    """A deltalake, pyarrow or OS error as a twophase error naming the step (``what``)."""
+    code = _code(exc)
+    message = str(exc).strip() or type(exc).__name__
+    return ERRORS.error(code, what, f"[{code}] {message}")
+
+
+def _code(exc: BaseException) -> str:
+    """The most specific class name of ``exc`` that :data:`ERRORS` knows."""
+    for kind in type(exc).__mro__:
+        if kind.__name__ in ERRORS.rules or kind.__name__ in ERRORS.conditions:
+            return kind.__name__
+    return type(exc).__name__
+
+
+def lost(handle: Handle, *, where: str, why: str) -> TransactionLostError:
+    """A decided transaction the table can neither take nor prove taken (kit wording)."""
+    return transaction_lost(handle, where=where, why=why)

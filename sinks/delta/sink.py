@@ -1,0 +1,257 @@
+"""Delta Lake tables: Parquet files pre-committed in the data area, one Delta commit per batch.
+
+Every partition's slice of a micro-batch is written by pyarrow as Parquet files into the
+table's data area (:mod:`~sinks.delta.files`: named by the transaction id, in the partition
+directories of a partitioned table, a new file every ``max_file_bytes``), each with its exact
+statistics (:mod:`~sinks.delta.stats`). A file no commit references is invisible to every
+reader. The handle lists the files as their ``AddAction`` needs them (path, size, partition
+values, modification time, statistics); the driver's committer
+(:mod:`~sinks.delta.committer`) adds every file of the batch in one Delta commit carrying
+``Transaction(app_id, batch)`` (:mod:`~sinks.delta.snapshot`).
+
+What a crash leaves behind, phase by phase (a file is durable once written and fsynced):
+
+===========  ===================  ====================  =====================  ===================
+phase        calls                a crash here leaves   resolved by            raises
+===========  ===================  ====================  =====================  ===================
+begin        the table's layout   nothing               (nothing to resolve)   ConfigurationError
+             (read on the driver                                               (no table, a
+             by ``check_schema``)                                              feature refused)
+write        Parquet files        partial or whole      listed by              SchemaMismatchError
+             created exclusively  files named by the    ``list_in_doubt``      (a value the
+             (``part-<txn>-<n>``  transaction, which    (name -> txn id, no    column cannot
+             ``.parquet``), a     no commit references  commit references      hold, a NULL in
+             row group per chunk  (invisible)           them), deleted by the  a NOT NULL
+                                                        driver's sweep or      column),
+                                                        cleanup                FatalError (the
+                                                                               id was used: its
+                                                                               file exists)
+pre-commit   close + fsync every  the files, whole:     as write; once the     as write
+             file; the handle     durable, invisible    handle is decided,
+             lists them                                 the driver commits it
+commit       the batch's first    before the Delta      recovery commits       TransactionLost-
+(driver)     ``commit``: load     commit: the files,    again: ``transaction_  Error (a file gone
+             the table, prove or  unreferenced. After:  version(app_id) >=     or past VACUUM's
+             add every handle's   the batch, visible    batch`` and the files  retention; nothing
+             files in ONE         whole, the commit     referenced on the      added),
+             commit, ``Transac-   carrying its app id   same snapshot:         RetryableError (a
+             tion(app_id,         and batch             ALREADY_COMMITTED      racing commit:
+             batch)``                                                          concurrent
+                                                                               transaction)
+finish       commits what of the  as commit             as commit              as commit
+batch        batch is unsettled
+             (nothing, normally)
+abort        delete the files     some files deleted    repeat it: no file is  RetryableError
+             unless a commit                            NOT_FOUND
+             references them
+===========  ===================  ====================  =====================  ===================
+
+The "already committed?" proof, and why the commit happens at a batch's first ``commit`` and
+not in ``finish_batch``: :mod:`~sinks.delta.committer`. ``commit_deadline``: the oldest file's
+creation + ``delta.deletedFileRetentionDuration`` (7 days by default), so the driver never
+decides a batch VACUUM may take apart before its commit. An empty partition writes no file;
+its handle lists none and every commit of it is ALREADY_COMMITTED (nothing to make visible).
+The proof is the table's own log: there is nothing to purge (``purge_commit_records`` is 0).
+
+Refused at the start (``check_schema``, see :mod:`~sinks.delta.schema`): a column the table
+lacks or holds in another type, a NOT NULL column the rows lack, deletion vectors, row
+tracking, column mapping, constraints, writer features the sink does not know, and
+``delta.setTransactionRetentionDuration``. twophase must be the table's only appender of
+these batches; other writers (OPTIMIZE, VACUUM, other jobs) may run alongside.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import deltalake.exceptions
+import pyarrow as pa
+from deltalake import DeltaTable
+
+from sinks.delta import schema
+from sinks.delta.committer import DeltaCommitter
+from sinks.delta.errors import ERRORS_CAUGHT, SYSTEM, classify
+from sinks.delta.files import (
+    DEFAULT_MAX_FILE_BYTES,
+    TransactionFiles,
+    conform,
+    local_root,
+)
+from sinks.delta.schema import Layout
+from sinks.delta.snapshot import Snapshot
+from twophase import (
+    Column,
+    ConfigurationError,
+    FatalError,
+    Handle,
+    TransactionContext,
+    TwoPhaseCommitSink,
+)
+from twophase.kit import (
+    DEFAULT_CHUNK_SIZE,
+    chunks,
+    classified,
+    namespace_from,
+    transaction_id_reused,
+    validate_chunk_size,
+)
+
+if TYPE_CHECKING:
+    from twophase import Committer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class DeltaTransaction:
+    """One partition's files (live on the executor between begin and pre-commit)."""
+
+    ctx: TransactionContext
+    files: TransactionFiles
+
+
+class DeltaSink(TwoPhaseCommitSink[DeltaTransaction]):
+    """Exactly-once appends to the Delta table at ``table_uri`` (a local path).
+
+    ``create=True``: create the table from the query's columns when it does not exist
+    (partitioned by ``partition_by``, with the table properties ``configuration``); an
+    existing table keeps its own partitioning (a different ``partition_by`` is refused).
+    ``chunk_size``: rows per Parquet row group on the rows path; ``max_file_bytes``: a
+    transaction's file is closed, and the next one begun, once it reaches this size.
+    ``storage_options``: deltalake's, for the table's log.
+    """
+
+    kind: ClassVar[str] = "delta"
+
+    def __init__(
+        self,
+        table_uri: str,
+        *,
+        storage_options: Mapping[str, str] | None = None,
+        partition_by: Sequence[str] = (),
+        create: bool = False,
+        configuration: Mapping[str, str] | None = None,
+        chunk_size: int = DEFAULT_CHUNK_SIZE,
+        max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+    ) -> None:
+        self.table_uri = str(table_uri)
+        self.root = local_root(self.table_uri)
+        self.storage_options = dict(storage_options or {})
+        self.partition_by = tuple(partition_by)
+        self.create = create
+        self.configuration = dict(configuration or {})
+        self.chunk_size = validate_chunk_size(SYSTEM, chunk_size)
+        if not isinstance(max_file_bytes, int) or max_file_bytes < 1:
+            raise ConfigurationError(
+                f"{SYSTEM}: max_file_bytes={max_file_bytes!r} must be a positive integer.",
+                fix=f"leave it at {DEFAULT_MAX_FILE_BYTES} or pass a positive int")
+        self.max_file_bytes = max_file_bytes
+        #: The table's layout, read by ``check_schema`` on the driver and pickled with the
+        #: sink to the executors (a writer without it reads it itself).
+        self.layout: Layout | None = None
+
+    def __repr__(self) -> str:
+        return f"DeltaSink({self.table_uri!r}, partition_by={list(self.partition_by)!r})"
+
+    @property
+    def where(self) -> str:
+        return f"Delta table {self.table_uri}"
+
+    def default_namespace(self) -> str:
+        """The table directory's name, reduced to ``[A-Za-z0-9_-]`` and 24 characters."""
+        return namespace_from(self.root.name, self.kind)
+
+    def snapshot(self) -> Snapshot:
+        """The table's latest version, loaded now (errors: the caller classifies them)."""
+        return Snapshot.load(self.table_uri, self.storage_options)
+
+    # -- driver: before the start --------------------------------------------------------------
+
+    def check_schema(self, columns: Sequence[Column]) -> None:
+        """The table (created if asked), its features, its columns; then its layout."""
+        with classified(classify, f"checking {self.where}", ERRORS_CAUGHT):
+            table = self._table_for(columns)
+            schema.check_features(table, self.where)
+            schema.check_columns(table, columns, self.where)
+            self.layout = Layout.of(table)
+        if self.partition_by and self.partition_by != self.layout.partition_by:
+            raise ConfigurationError(
+                f"{self.where} is partitioned by {list(self.layout.partition_by)}, not by "
+                f"{list(self.partition_by)}.",
+                fix="drop partition_by= (the table's own partitioning is used) or fix it")
+
+    def _table_for(self, columns: Sequence[Column]) -> DeltaTable:
+        try:
+            return self.snapshot().table
+        except deltalake.exceptions.TableNotFoundError:
+            if not self.create:
+                raise
+        log.info("creating %s from the query's columns", self.where)
+        return schema.create_table(self.table_uri, columns, partition_by=self.partition_by,
+                                   storage_options=self.storage_options,
+                                   configuration=self.configuration)
+
+    # -- executor: begin, write, pre-commit ----------------------------------------------------
+
+    def begin_transaction(self, ctx: TransactionContext) -> DeltaTransaction:
+        layout = self.layout
+        if layout is None:
+            with classified(classify, f"reading the layout of {self.where}", ERRORS_CAUGHT):
+                layout = Layout.of(self.snapshot().table)
+        return DeltaTransaction(ctx, TransactionFiles(self.root, layout, ctx.txn_id,
+                                                      self.max_file_bytes))
+
+    def write(self, txn: DeltaTransaction, rows: Iterable[Sequence[Any]]) -> None:
+        schema_of_rows = self._row_schema(txn)
+        for chunk in chunks(rows, self.chunk_size):
+            self._write(txn, pa.Table.from_pylist(
+                [dict(zip(txn.ctx.column_names, row, strict=True)) for row in chunk],
+                schema=schema_of_rows))
+
+    def write_arrow(self, txn: DeltaTransaction, batches: Iterable[pa.RecordBatch]) -> None:
+        for batch in batches:
+            self._write(txn, pa.Table.from_batches([batch]))
+
+    def pre_commit(self, txn: DeltaTransaction) -> Handle:
+        with classified(classify, f"closing the files of {txn.ctx.txn_id}", ERRORS_CAUGHT,
+                        on_error=lambda: self.discard(txn)):
+            files = txn.files.close()
+        log.debug("pre-committed %s: %d rows in %d files", txn.ctx.txn_id, txn.files.rows,
+                  len(files))
+        return self.handle(txn.ctx.txn_id, rows=txn.files.rows,
+                           files=[data_file.to_json() for data_file in files])
+
+    def discard(self, txn: DeltaTransaction) -> None:
+        """Delete the files written so far. Never raises."""
+        txn.files.delete()
+
+    def _write(self, txn: DeltaTransaction, table: pa.Table) -> None:
+        with classified(classify, f"writing {txn.ctx.txn_id} into {self.where}",
+                        ERRORS_CAUGHT, on_error=lambda: self.discard(txn)):
+            try:
+                txn.files.write(conform(table, txn.files.layout, self.where))
+            except FileExistsError as exc:
+                raise transaction_id_reused(txn.ctx.txn_id, where=self.where) from exc
+
+    def _row_schema(self, txn: DeltaTransaction) -> pa.Schema:
+        table_schema = txn.files.layout.table_schema
+        unknown = [name for name in txn.ctx.column_names if name not in table_schema.names]
+        if unknown:
+            raise FatalError(f"{self.where} has no column {unknown}.",
+                             fix="run check_schema (the driver does) before writing")
+        return pa.schema([table_schema.field(name).with_nullable(True)
+                          for name in txn.ctx.column_names])
+
+    # -- driver ---------------------------------------------------------------------------------
+
+    def committer(self) -> Committer:
+        return DeltaCommitter(self)
+
+    def list_in_doubt(self, namespace: str) -> list[Handle]:
+        """The namespace's files no commit references, by transaction (see
+        :mod:`~sinks.delta.committer`)."""
+        with self.committer() as committer:
+            return committer.list_in_doubt(namespace)
