@@ -275,7 +275,7 @@ class GroupCommitter(Committer):
     method                      what it does over the members
     ==========================  ==============================================================
     ``fence``                   fences every member's committer under its namespace
-    ``commit_stages``           one stage per member, in commit order: its committer and its
+    ``commit_stages``           every member's stages, in commit order: its committer and its
                                 own handles (the coordinator commits stage after stage)
     ``check_committable``       asks every member with its transactions, in commit order
     ``commit_deadline``         the earliest of the member transactions' deadlines
@@ -306,11 +306,14 @@ class GroupCommitter(Committer):
                 self.member(name).fence(namespaces[name], query_id, epoch)
 
     def commit_stages(self, handles: Sequence[Handle]) -> list[CommitStage]:
-        """One stage per member in commit order: every partition's transaction of that member,
-        committed through the member's committer (the one this committer fenced)."""
-        return [CommitStage(_Naming(name, self.member(name)), tuple(transactions),
-                            self.sink.members[name].commit_parallelism, label=name)
-                for name, transactions in self.sink.by_member(handles).items() if transactions]
+        """Each member's own stages in commit order (by default one: every partition's
+        transaction of that member), committed through the member's committer (the one this
+        committer fenced), labelled with the member's name. Asking the member lets it learn
+        the batch before its first commit (a Delta member commits the batch as one)."""
+        return [CommitStage(_Naming(name, stage.committer), stage.handles, stage.parallelism,
+                            label=name)
+                for name, transactions in self.sink.by_member(handles).items() if transactions
+                for stage in self.member(name).commit_stages(transactions)]
 
     def check_committable(self, handles: Sequence[Handle]) -> None:
         for name, transactions in self.sink.by_member(handles).items():
