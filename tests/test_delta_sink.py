@@ -5,9 +5,364 @@ checkpoint reset, exact statistics, refusals)."""
 
 from __future__ import annotations
 
-from twophase.testing.contract import SinkContract
+import contextlib
+import datetime as dt
+import math
+import re
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import deltalake.exceptions
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from setups.delta import DeltaSetup, data_files, delta_scan, reader
+from sinks.delta import DeltaSink
+from sinks.delta.errors import classify
+from sinks.delta.schema import RETENTION_PROPERTY
+from sinks.delta.snapshot import app_id_of
+from twophase import (
+    AbortOutcome,
+    Column,
+    CommitOutcome,
+    Committer,
+    ConfigurationError,
+    FatalError,
+    Handle,
+    RetryableError,
+    SchemaMismatchError,
+    TransactionLostError,
+)
+from twophase.testing.contract import NAMESPACE, ORDER_COLUMNS, SinkContract, orders, prepare
+
+#: Racing committers: trials in CI, and how often a committer retries a lost race.
+RACE_TRIALS = 20
+RACE_ATTEMPTS = 5
+STATS_EXAMPLES = 40
 
 
 class TestDeltaContract(SinkContract):
     setup_fixture = "delta_setup"
     purges_commit_records = False  # the proof is the table's own log
+
+
+# -- helpers -------------------------------------------------------------------------------------
+
+def table_version(sink: DeltaSink) -> int:
+    return int(DeltaTable(sink.table_uri).version())
+
+
+def commit_batch(sink: DeltaSink, handles: Sequence[Handle], *,
+                 committer: Committer | None = None,
+                 retried: list[RetryableError] | None = None) -> list[CommitOutcome]:
+    """Commit a decided batch as the coordinator does: its stages, each handle, then
+    finish_batch; retryable errors retried (a racing committer), and kept in ``retried``."""
+    with contextlib.ExitStack() as stack:
+        own = committer or stack.enter_context(sink.committer())
+        for attempt in range(RACE_ATTEMPTS):
+            try:
+                outcomes = [stage.committer.commit(handle)
+                            for stage in own.commit_stages(handles) for handle in stage.handles]
+                own.finish_batch(NAMESPACE, handles[0].txn_id.batch, handles)
+                return outcomes
+            except RetryableError as exc:
+                if attempt == RACE_ATTEMPTS - 1:
+                    raise
+                if retried is not None:
+                    retried.append(exc)
+        raise AssertionError("unreachable")
+
+
+def files_on_disk(sink: DeltaSink) -> set[str]:
+    return data_files(Path(sink.table_uri))
+
+
+def live_files(sink: DeltaSink) -> set[str]:
+    table = pa.table(DeltaTable(sink.table_uri).get_add_actions(flatten=True))
+    return set(table.column("path").to_pylist())
+
+
+@pytest.fixture
+def sink(delta_setup: DeltaSetup) -> DeltaSink:
+    built = delta_setup.new_target().build()
+    assert isinstance(built, DeltaSink)
+    built.check_schema(ORDER_COLUMNS)
+    return built
+
+
+@pytest.fixture
+def target_of(delta_setup: DeltaSetup) -> Callable[[DeltaSink], list[int]]:
+    def visible(sink: DeltaSink) -> list[int]:
+        return sorted(delta_setup.visible(delta_setup.new_target(table_uri=sink.table_uri)))
+    return visible
+
+
+# -- one commit per batch, and its proof ---------------------------------------------------------
+
+def test_a_batch_is_one_delta_commit_and_finishing_it_again_adds_nothing(
+        sink: DeltaSink, target_of: Callable[[DeltaSink], list[int]]) -> None:
+    handles = [prepare(sink, orders(10 * p, 3), partition=p) for p in range(4)]
+    before = table_version(sink)
+    assert commit_batch(sink, handles) == [CommitOutcome.COMMITTED] * 4
+    assert table_version(sink) == before + 1
+    history = DeltaTable(sink.table_uri).history(1)[0]
+    assert history["twophase.batch"] == 0 and len(history["twophase.transactions"]) == 4
+    assert commit_batch(sink, handles) == [CommitOutcome.ALREADY_COMMITTED] * 4
+    assert table_version(sink) == before + 1
+    assert target_of(sink) == sorted(10 * p + i for p in range(4) for i in range(3))
+
+
+def test_a_repeated_commit_after_a_compaction_adds_nothing(
+        sink: DeltaSink, target_of: Callable[[DeltaSink], list[int]]) -> None:
+    first = [prepare(sink, orders(0, 5), batch=0, partition=p) for p in range(1)]
+    second = [prepare(sink, orders(5, 5), batch=1, partition=p) for p in range(1)]
+    commit_batch(sink, first)
+    commit_batch(sink, second)
+    DeltaTable(sink.table_uri).optimize.compact()
+    assert not live_files(sink) & {f["path"] for h in first for f in h.data["files"]}
+    assert commit_batch(sink, first) == [CommitOutcome.ALREADY_COMMITTED]
+    assert commit_batch(sink, second) == [CommitOutcome.ALREADY_COMMITTED]
+    assert target_of(sink) == list(range(10))  # no file resurrected: 10 rows, not 15 or 20
+
+
+def test_a_decided_batch_whose_file_was_vacuumed_is_lost_and_nothing_is_added(
+        sink: DeltaSink, target_of: Callable[[DeltaSink], list[int]]) -> None:
+    kept, gone = (prepare(sink, orders(0, 3), partition=0),
+                  prepare(sink, orders(3, 3), partition=1))
+    DeltaTable(sink.table_uri).vacuum(retention_hours=0, dry_run=False,
+                                      enforce_retention_duration=False, full=True)
+    assert files_on_disk(sink) == set()  # VACUUM (full) deleted the unreferenced files
+    before = table_version(sink)
+    with pytest.raises(TransactionLostError, match=r"batch 0.*part-.*gone.*Fix: "):
+        commit_batch(sink, [kept, gone])
+    assert table_version(sink) == before
+    assert target_of(sink) == []
+
+
+def test_a_file_past_the_vacuum_retention_is_never_added(
+        delta_setup: DeltaSetup, target_of: Callable[[DeltaSink], list[int]]) -> None:
+    sink = delta_setup.new_target(
+        configuration={RETENTION_PROPERTY: "interval 1 second"}).build()
+    assert isinstance(sink, DeltaSink)
+    sink.check_schema(ORDER_COLUMNS)
+    handle = prepare(sink, orders(0, 2))
+    with sink.committer() as committer:
+        deadline = committer.commit_deadline(handle)
+    assert deadline == handle.data["files"][0]["modification_time"] / 1000 + 1
+    time.sleep(1.2)
+    with pytest.raises(TransactionLostError, match=r"deletedFileRetentionDuration"):
+        commit_batch(sink, [handle])
+    assert target_of(sink) == []
+
+
+def test_the_commit_deadline_is_the_oldest_file_plus_the_default_seven_days(
+        sink: DeltaSink) -> None:
+    handle, empty = prepare(sink, orders(0, 2), partition=0), prepare(sink, [], partition=1)
+    with sink.committer() as committer:
+        assert committer.commit_deadline(handle) == pytest.approx(
+            handle.data["files"][0]["modification_time"] / 1000 + 7 * 86400)
+        assert committer.commit_deadline(empty) is None
+
+
+# -- orphans: what no commit references ----------------------------------------------------------
+
+def test_a_committed_batch_survives_an_optimize_and_the_sweeps_after_it(
+        sink: DeltaSink, target_of: Callable[[DeltaSink], list[int]]) -> None:
+    committed = [prepare(sink, orders(10 * p, 2), partition=p) for p in range(3)]
+    orphan = prepare(sink, orders(100, 2), partition=0, attempt=1)  # a failed attempt's
+    commit_batch(sink, committed)
+    DeltaTable(sink.table_uri).optimize.compact()
+    later = prepare(sink, orders(200, 2), batch=1)  # pre-committed, not yet decided
+    for _sweep in range(3):  # every batch's sweep, as the coordinator runs it
+        listed = sink.list_in_doubt(NAMESPACE)
+        assert {h.txn_id for h in listed} == {orphan.txn_id, later.txn_id}
+    with sink.committer() as committer:
+        assert committer.abort(listed[0]) is AbortOutcome.ABORTED
+        for handle in committed:  # never deleted: a commit references them (tombstones)
+            assert committer.abort(handle) is AbortOutcome.NOT_FOUND
+    assert target_of(sink) == [0, 1, 10, 11, 20, 21]
+    for handle in committed:
+        for data_file in handle.data["files"]:
+            assert (Path(sink.table_uri) / data_file["path"]).exists()
+
+
+def test_a_transaction_id_used_twice_never_overwrites_the_committed_file(
+        sink: DeltaSink, target_of: Callable[[DeltaSink], list[int]]) -> None:
+    commit_batch(sink, [prepare(sink, orders(0, 2))])
+    with pytest.raises(FatalError, match=r"already committed once.*Fix: "):
+        prepare(sink, orders(10, 2))
+    assert target_of(sink) == [0, 1]
+
+
+# -- racing committers, checkpoint resets ---------------------------------------------------------
+
+def test_two_committers_racing_on_one_decided_batch_land_one_commit(
+        sink: DeltaSink, target_of: Callable[[DeltaSink], list[int]]) -> None:
+    expected: list[int] = []
+    lost_races: list[RetryableError] = []
+    for batch in range(RACE_TRIALS):
+        handles = [prepare(sink, orders(100 * batch + 10 * p, 2), batch=batch, partition=p)
+                   for p in range(2)]
+        before, start = table_version(sink), threading.Barrier(2)
+
+        def drive(handles: Sequence[Handle] = handles,
+                  start: threading.Barrier = start) -> list[CommitOutcome]:
+            with sink.committer() as committer:
+                start.wait()
+                return commit_batch(sink, handles, committer=committer, retried=lost_races)
+
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            outcomes = [future.result() for future in [pool.submit(drive) for _ in range(2)]]
+        assert table_version(sink) == before + 1, f"batch {batch}: not one commit"
+        assert sorted(o.value for outcome in outcomes for o in outcome).count("committed") == 2
+        expected += [100 * batch + 10 * p + i for p in range(2) for i in range(2)]
+        assert target_of(sink) == sorted(expected)
+    assert lost_races, "the committers never raced"
+    assert all("Concurrent transaction" in str(race) for race in lost_races)
+
+
+def test_a_checkpoint_reset_gets_a_new_app_id_and_its_batch_0_lands(
+        sink: DeltaSink, target_of: Callable[[DeltaSink], list[int]]) -> None:
+    old = prepare(sink, orders(0, 2), batch=5)
+    commit_batch(sink, [old])
+    reset = prepare(sink, orders(2, 2), batch=0, query_id=str(uuid.uuid4()))
+    assert app_id_of(reset.txn_id) != app_id_of(old.txn_id)
+    assert commit_batch(sink, [reset]) == [CommitOutcome.COMMITTED]
+    assert target_of(sink) == [0, 1, 2, 3]
+    table = DeltaTable(sink.table_uri)
+    assert (table.transaction_version(app_id_of(old.txn_id)),
+            table.transaction_version(app_id_of(reset.txn_id))) == (5, 0)
+
+
+# -- files, partitions, refusals -----------------------------------------------------------------
+
+def test_a_partitioned_table_gets_its_files_in_partition_directories_and_duckdb_prunes(
+        delta_setup: DeltaSetup) -> None:
+    sink = delta_setup.new_target(partition_by=("status",), max_file_bytes=1).build()
+    assert isinstance(sink, DeltaSink)
+    sink.check_schema(ORDER_COLUMNS)
+    rows = orders(0, 4, "paid") + orders(4, 2, "sent out") + orders(6, 3, "paid")
+    handle = prepare(sink, rows, arrow=True)
+    assert {f["partition_values"]["status"] for f in handle.data["files"]} == {"paid",
+                                                                             "sent out"}
+    assert len(handle.data["files"]) > 2  # max_file_bytes=1: a new file every row group
+    assert all(f["path"].startswith(("status=paid/", "status=sent%20out/"))
+               for f in handle.data["files"])
+    commit_batch(sink, [handle])
+    with contextlib.closing(reader()) as connection:
+        scan = delta_scan(sink.table_uri)
+        assert connection.execute(
+            f"SELECT status, count(*) FROM {scan} GROUP BY ALL ORDER BY 1").fetchall() == [
+            ("paid", 7), ("sent out", 2)]
+        plan = connection.execute(
+            f"EXPLAIN ANALYZE SELECT * FROM {scan} WHERE status = 'sent out'").fetchall()
+    sent_out = sum(f["partition_values"]["status"] == "sent out" for f in handle.data["files"])
+    assert f"Scanning Files: {sent_out}/{len(handle.data['files'])}" in plan[0][1]
+    assert sink.list_in_doubt(NAMESPACE) == []
+
+
+def test_a_column_of_another_type_is_refused_naming_the_column_and_the_fix(
+        sink: DeltaSink) -> None:
+    wrong = [Column("event_id", "int", False), *ORDER_COLUMNS[1:]]
+    with pytest.raises(SchemaMismatchError, match=r"'event_id' is long.*Fix: cast"):
+        sink.check_schema(wrong)
+
+
+def test_a_missing_table_is_refused_unless_asked_to_create_it(tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError, match=r"create=True"):
+        DeltaSink(str(tmp_path / "none")).check_schema(ORDER_COLUMNS)
+
+
+@pytest.mark.parametrize(("configuration", "named"), [
+    ({"delta.enableDeletionVectors": "true"}, "deletion vectors"),
+    ({"delta.columnMapping.mode": "name"}, "column mapping"),
+    ({"delta.setTransactionRetentionDuration": "interval 1 days"},
+     "delta.setTransactionRetentionDuration"),
+])
+def test_a_feature_the_sink_cannot_honour_is_refused_at_the_start(
+        tmp_path: Path, configuration: dict[str, str], named: str) -> None:
+    uri = str(tmp_path / "table")
+    DeltaTable.create(uri, schema=pa.schema([("event_id", pa.int64())]),
+                      configuration=configuration)
+    with pytest.raises(ConfigurationError, match=re.escape(named)):
+        DeltaSink(uri).check_schema(ORDER_COLUMNS[:1])
+
+
+def test_errors_are_classified_once() -> None:
+    race = deltalake.exceptions.CommitFailedError(
+        "Failed to commit transaction: Concurrent transaction failed.")
+    assert isinstance(classify(race, "a commit"), RetryableError)
+    assert isinstance(classify(deltalake.exceptions.CommitFailedError("other"), "a commit"),
+                      FatalError)
+    assert isinstance(classify(OSError("No space left on device"), "a write"),
+                      ConfigurationError)
+    assert isinstance(classify(pa.ArrowInvalid("bad"), "a write"), SchemaMismatchError)
+
+
+# -- statistics: exact, or none --------------------------------------------------------------------
+
+STATS_COLUMNS = (Column("id", "bigint", False), Column("i", "int"), Column("f", "double"),
+                 Column("s", "string"), Column("d", "date"), Column("ts", "timestamp"))
+TEXT = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"),
+               max_size=6)
+MOMENTS = st.datetimes(min_value=dt.datetime(1970, 1, 2), max_value=dt.datetime(2100, 1, 1),
+                       timezones=st.just(dt.UTC))
+VALUES: dict[str, st.SearchStrategy[Any]] = {
+    "i": st.integers(-(2**31), 2**31 - 1),
+    "f": st.floats(allow_nan=True, allow_infinity=True, width=64),
+    "s": TEXT,
+    "d": st.dates(min_value=dt.date(1, 1, 1)),
+    "ts": MOMENTS,
+}
+ROW = st.fixed_dictionaries({name: st.none() | values for name, values in VALUES.items()})
+FILTER = st.sampled_from(["i", "f", "s", "d", "ts"]).flatmap(
+    lambda name: st.tuples(st.just(name), st.sampled_from(["<", "<=", "=", ">=", ">"]),
+                           VALUES[name]))
+
+
+def literal(name: str, value: Any) -> str:
+    if name == "f":
+        return f"'{value!r}'::DOUBLE" if math.isnan(value) or math.isinf(value) else repr(value)
+    if name == "s":
+        return "'" + value.replace("'", "''") + "'"
+    if name == "d":
+        return f"DATE '{value.isoformat()}'"
+    if name == "ts":
+        return f"TIMESTAMPTZ '{value.isoformat()}'"
+    return str(value)
+
+
+@settings(max_examples=STATS_EXAMPLES, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(files=st.lists(st.lists(ROW, min_size=1, max_size=6), min_size=1, max_size=4),
+       where=FILTER)
+def test_a_filtered_read_by_duckdb_returns_exactly_the_full_read_filtered(
+        delta_setup: DeltaSetup, files: list[list[dict[str, Any]]],
+        where: tuple[str, str, Any]) -> None:
+    sink = delta_setup.new_target().build()
+    assert isinstance(sink, DeltaSink)
+    sink.check_schema(STATS_COLUMNS)
+    handles, number = [], 0
+    for partition, rows in enumerate(files):
+        values = [(number + n, *(row[name] for name in VALUES)) for n, row in enumerate(rows)]
+        number += len(rows)
+        handles.append(prepare(sink, values, partition=partition, columns=STATS_COLUMNS))
+    commit_batch(sink, handles)
+    name, operator, value = where
+    predicate = f"{name} {operator} {literal(name, value)}"
+    with contextlib.closing(reader()) as connection:
+        connection.execute(f"CREATE TABLE everything AS SELECT * FROM {delta_scan(sink.table_uri)}")
+        filtered = connection.execute(f"SELECT id FROM {delta_scan(sink.table_uri)} "
+                                      f"WHERE {predicate} ORDER BY id").fetchall()
+        afterwards = connection.execute(
+            f"SELECT id FROM everything WHERE {predicate} ORDER BY id").fetchall()
+        assert connection.execute("SELECT count(*) FROM everything").fetchone() == (number,)
+    assert filtered == afterwards, predicate

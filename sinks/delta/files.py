@@ -43,8 +43,9 @@ FILE_NAME = re.compile(r"^part-(?P<txn>[A-Za-z0-9_.-]+)-(?P<number>\d{5})\.parqu
 HIDDEN_PREFIXES = ("_", ".")
 #: Hive's directory name of a NULL partition value.
 NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
-#: Characters kept as they are in a partition directory's name; the rest are %-escaped.
-SAFE_IN_DIRECTORY = "-_.~ "
+#: Characters kept beyond letters, digits and "_.-~" in a partition directory's name (none: the
+#: rest are %-escaped, as delta-rs names them).
+SAFE_IN_DIRECTORY = ""
 MS_PER_S = 1000
 DEFAULT_MAX_FILE_BYTES = 128 * 1024 * 1024
 
@@ -79,7 +80,7 @@ def txn_of(name: str) -> TxnId | None:
 @dataclass(frozen=True)
 class DataFile:
     """One written file as its ``AddAction`` needs it; ``path`` relative to the table's root,
-    as the log stores it (URI-escaped)."""
+    as on disk (an ``AddAction`` takes it so; the log stores it URI-escaped)."""
 
     path: str
     size: int
@@ -102,7 +103,7 @@ class DataFile:
                          self.modification_time, True, self.stats)
 
     def local(self, root: Path) -> Path:
-        return root / unquote(self.path)
+        return root / self.path
 
 
 class _OpenFile:
@@ -132,7 +133,7 @@ class _OpenFile:
         os.fsync(self.stream.fileno())
         self.stream.close()
         stat = self.path.stat()
-        return DataFile(log_path(self.relative), stat.st_size, dict(self.partition_values),
+        return DataFile(self.relative, stat.st_size, dict(self.partition_values),
                         int(stat.st_mtime * MS_PER_S), self.stats.to_json())
 
     def abandon(self) -> None:
@@ -263,14 +264,9 @@ def _data_area(directory: Path) -> Iterator[Path]:
             yield Path(entry.path)
 
 
-def log_path(relative: str) -> str:
-    """A file's path (relative to the root) as the log names it: URI-escaped, as Spark's."""
-    return quote(relative, safe="/=")
-
-
 def relative(root: Path, path: Path) -> str:
-    """A file found under ``root`` as the log names it."""
-    return log_path(path.relative_to(root).as_posix())
+    """A file found under ``root`` as a :class:`DataFile` names it."""
+    return path.relative_to(root).as_posix()
 
 
 def found_file(root: Path, path: Path) -> DataFile:

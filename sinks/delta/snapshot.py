@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
+from urllib.parse import unquote
 
 import pyarrow as pa
 from deltalake import DeltaTable
@@ -77,10 +78,11 @@ class Snapshot:
         return retention_s(self.table.metadata().configuration)
 
     def referenced(self) -> frozenset[str]:
-        """Every path the snapshot references: live files and tombstones (as the log writes
-        them)."""
+        """Every path the snapshot references: live files and tombstones (relative, as on
+        disk: the live files' log form is URI-escaped, the tombstones' is not)."""
         if self._referenced is None:
-            live = pa.table(self.table.get_add_actions(flatten=True)).column("path").to_pylist()
+            live = [unquote(path) for path in pa.table(
+                self.table.get_add_actions(flatten=True)).column("path").to_pylist()]
             removed = self.table.vacuum(retention_hours=0, dry_run=True,
                                         enforce_retention_duration=False)
             self._referenced = frozenset(live) | frozenset(removed)
