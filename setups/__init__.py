@@ -30,5 +30,5 @@ SETUPS: dict[str, type[SinkSetup]] = {
     for setup in (SQLiteSetup, MySQLSetup, PostgresSetup, S3Setup, KafkaSetup, HttpSetup,
                   DeltaSetup)}
 
-__all__ = ["SETUPS", "DeltaSetup", "HttpSetup", "KafkaSetup", "MySQLSetup", "PostgresSetup", "Proxy",
-           "ProxyFactory", "S3Setup", "SQLiteSetup", "SinkSetup", "Target"]
+__all__ = ["SETUPS", "DeltaSetup", "HttpSetup", "KafkaSetup", "MySQLSetup", "PostgresSetup",
+           "Proxy", "ProxyFactory", "S3Setup", "SQLiteSetup", "SinkSetup", "Target"]

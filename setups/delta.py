@@ -18,7 +18,8 @@ from setups.base import ProxyFactory, SinkSetup, Target
 EXTENSION = (Path(duckdb_extension_delta.__file__).parent / "extensions"
              / f"v{duckdb.__version__}" / "delta.duckdb_extension")
 #: No extension comes from the network: a missing one fails instead.
-OFFLINE = {"autoinstall_known_extensions": "false", "autoload_known_extensions": "false"}
+OFFLINE: dict[str, str | bool | int | float | list[str]] = {
+    "autoinstall_known_extensions": False, "autoload_known_extensions": False}
 
 
 def reader() -> duckdb.DuckDBPyConnection:

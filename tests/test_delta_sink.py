@@ -311,7 +311,7 @@ def test_errors_are_classified_once() -> None:
 
 STATS_COLUMNS = (Column("id", "bigint", False), Column("i", "int"), Column("f", "double"),
                  Column("s", "string"), Column("d", "date"), Column("ts", "timestamp"))
-TEXT = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"),
+TEXT = st.text(st.characters(codec="utf-8", exclude_characters="\x00"),
                max_size=6)
 MOMENTS = st.datetimes(min_value=dt.datetime(1970, 1, 2), max_value=dt.datetime(2100, 1, 1),
                        timezones=st.just(dt.UTC))
@@ -332,7 +332,7 @@ def literal(name: str, value: Any) -> str:
     if name == "f":
         return f"'{value!r}'::DOUBLE" if math.isnan(value) or math.isinf(value) else repr(value)
     if name == "s":
-        return "'" + value.replace("'", "''") + "'"
+        return "'" + str(value).replace("'", "''") + "'"
     if name == "d":
         return f"DATE '{value.isoformat()}'"
     if name == "ts":

@@ -26,8 +26,8 @@ from twophase.sink import (
     AbortOutcome,
     Column,
     CommitOutcome,
-    Committer,
     CommitStage,
+    Committer,
     TransactionContext,
     TwoPhaseCommitSink,
 )
