@@ -34,9 +34,15 @@ transaction of the namespace, grouped by transaction, that no commit references:
 transaction whose batch is above its query's ``transaction_version`` was never committed (no
 log read at all); for the others, the snapshot's referenced paths decide (live files and
 tombstones: an OPTIMIZE's rewritten files stay referenced until their tombstones expire, so
-the sweep that runs every batch never deletes committed data). Cost: one listing of the data
-area (as VACUUM's), one ``transaction_version`` per query, and, only if some file's batch is
-not above it, the snapshot's live files and tombstones; never a walk of the table's history.
+the sweep that runs every batch never deletes committed data). A committed file whose
+tombstone has expired is referenced by no version a reader may still open: it is listed, and
+deleting it is what VACUUM would do. Cost: one listing of the data area (the listing VACUUM
+makes), one snapshot load (bounded by Delta's checkpoints), one ``transaction_version`` per
+query, and the snapshot's live files and tombstones (its in-memory state); never a commit
+file, never a walk of the table's history. It grows with the files present in the data area,
+not with the commits: measured on this machine (2 files per batch, no OPTIMIZE) 5.0 ms at 10
+batches, 57.5 ms at 1,000 (the proof's ``transaction_version``: 0.29 and 0.21 ms; the snapshot
+load apart: 2.7 and 7.7 ms). An OPTIMIZE then VACUUM brings it back down.
 """
 
 from __future__ import annotations
@@ -191,11 +197,12 @@ class DeltaCommitter(Committer):
             if not found:
                 return []
             snapshot = self.sink.snapshot()
+            last = {app_id: snapshot.batch_of(app_id)
+                    for app_id in {app_id_of(txn_id) for txn_id in found}}
             in_doubt = []
             for txn_id, paths in sorted(found.items()):
-                names = [relative(root, path) for path in paths]
-                if snapshot.batch_of(app_id_of(txn_id)) >= txn_id.batch and any(
-                        name in snapshot.referenced() for name in names):
+                if last[app_id_of(txn_id)] >= txn_id.batch and any(
+                        relative(root, path) in snapshot.referenced() for path in paths):
                     continue
                 in_doubt.append(self.sink.handle(txn_id, rows=0, files=[
                     found_file(root, path).to_json() for path in paths]))

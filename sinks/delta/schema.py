@@ -73,23 +73,18 @@ _INTERVAL = re.compile(r"^\s*interval\s+(\d+)\s+(second|minute|hour|day|week)s?\
 class Layout:
     """What a writer needs of the table, read once on the driver (and again by a writer that
     has none): the table's Arrow schema, the Parquet schema of its files (the table's columns
-    but the partition columns), the partition columns and their Delta types, and how long
-    VACUUM leaves an unreferenced file."""
+    but the partition columns), and the partition columns."""
 
     table_schema: pa.Schema
     file_schema: pa.Schema
     partition_by: tuple[str, ...]
-    partition_types: Mapping[str, str]
-    retention_s: float
 
     @classmethod
     def of(cls, table: DeltaTable) -> Layout:
         schema = pa.schema(table.schema().to_arrow())
         partition_by = tuple(table.metadata().partition_columns)
-        types = {field.name: _delta_type(field) for field in table.schema().fields}
-        file_schema = pa.schema([field for field in schema if field.name not in partition_by])
-        return cls(schema, file_schema, partition_by, {name: types[name] for name in partition_by},
-                   retention_s(table.metadata().configuration))
+        return cls(schema, pa.schema([field for field in schema
+                                      if field.name not in partition_by]), partition_by)
 
 
 def delta_type_of(column: Column) -> str:
@@ -129,6 +124,17 @@ def check_columns(table: DeltaTable, columns: Sequence[Column], where: str) -> N
         raise SchemaMismatchError(
             f"{where} requires column {', '.join(map(repr, required))} (NOT NULL), which the "
             "rows do not have.", fix="add the column to the DataFrame")
+
+
+def check_partitioning(table: DeltaTable, where: str) -> None:
+    """Refuse partition columns whose values the sink cannot name a directory by."""
+    types = {field.name: _delta_type(field) for field in table.schema().fields}
+    if unusable := [f"{name} ({types[name]})" for name in table.metadata().partition_columns
+                    if types[name] not in PARTITION_TYPES]:
+        raise ConfigurationError(
+            f"{where} is partitioned by {', '.join(unusable)}: DeltaSink writes partitions of "
+            f"{', '.join(sorted(PARTITION_TYPES))} columns only.",
+            fix="write to a table partitioned by such columns (or unpartitioned)")
 
 
 def check_features(table: DeltaTable, where: str) -> None:

@@ -175,6 +175,7 @@ class DeltaSink(TwoPhaseCommitSink[DeltaTransaction]):
         with classified(classify, f"checking {self.where}", ERRORS_CAUGHT):
             table = self._table_for(columns)
             schema.check_features(table, self.where)
+            schema.check_partitioning(table, self.where)
             schema.check_columns(table, columns, self.where)
             self.layout = Layout.of(table)
         if self.partition_by and self.partition_by != self.layout.partition_by:
