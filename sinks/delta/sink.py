@@ -62,8 +62,9 @@ these batches; other writers (OPTIMIZE, VACUUM, other jobs) may run alongside.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -87,6 +88,7 @@ from twophase import (
     ConfigurationError,
     FatalError,
     Handle,
+    SchemaMismatchError,
     TransactionContext,
     TwoPhaseCommitSink,
 )
@@ -208,13 +210,22 @@ class DeltaSink(TwoPhaseCommitSink[DeltaTransaction]):
     def write(self, txn: DeltaTransaction, rows: Iterable[Sequence[Any]]) -> None:
         schema_of_rows = self._row_schema(txn)
         for chunk in chunks(rows, self.chunk_size):
-            self._write(txn, pa.Table.from_pylist(
-                [dict(zip(txn.ctx.column_names, row, strict=True)) for row in chunk],
-                schema=schema_of_rows))
+            if misfit := next((len(row) for row in chunk
+                               if len(row) != len(schema_of_rows)), None):
+                self.discard(txn)
+                raise SchemaMismatchError(
+                    f"{SYSTEM}: a row has {misfit} values for the {len(schema_of_rows)} "
+                    f"columns {txn.ctx.column_names}.",
+                    fix="write rows of the columns the transaction's context names")
+            with self._writing(txn):
+                columns = [pa.array(values, type=field.type) for values, field in
+                           zip(zip(*chunk, strict=True), schema_of_rows, strict=True)]
+                self._append(txn, pa.Table.from_arrays(columns, schema=schema_of_rows))
 
     def write_arrow(self, txn: DeltaTransaction, batches: Iterable[pa.RecordBatch]) -> None:
         for batch in batches:
-            self._write(txn, pa.Table.from_batches([batch]))
+            with self._writing(txn):
+                self._append(txn, pa.Table.from_batches([batch]))
 
     def pre_commit(self, txn: DeltaTransaction) -> Handle:
         with classified(classify, f"closing the files of {txn.ctx.txn_id}", ERRORS_CAUGHT,
@@ -229,13 +240,19 @@ class DeltaSink(TwoPhaseCommitSink[DeltaTransaction]):
         """Delete the files written so far. Never raises."""
         txn.files.delete()
 
-    def _write(self, txn: DeltaTransaction, table: pa.Table) -> None:
+    @contextlib.contextmanager
+    def _writing(self, txn: DeltaTransaction) -> Iterator[None]:
+        """Any failure discards the transaction's files and is classified; a file that exists
+        already is a transaction id used twice."""
         with classified(classify, f"writing {txn.ctx.txn_id} into {self.where}",
                         ERRORS_CAUGHT, on_error=lambda: self.discard(txn)):
             try:
-                txn.files.write(conform(table, txn.files.layout, self.where))
+                yield
             except FileExistsError as exc:
                 raise transaction_id_reused(txn.ctx.txn_id, where=self.where) from exc
+
+    def _append(self, txn: DeltaTransaction, table: pa.Table) -> None:
+        txn.files.write(conform(table, txn.files.layout, self.where))
 
     def _row_schema(self, txn: DeltaTransaction) -> pa.Schema:
         table_schema = txn.files.layout.table_schema
