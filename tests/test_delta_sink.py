@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import json
 import math
 import re
 import threading
@@ -25,10 +26,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from setups.delta import DeltaSetup, data_files, delta_scan, reader
+from setups.sqlite import SQLiteSetup
 from sinks.delta import DeltaSink
 from sinks.delta.errors import classify
 from sinks.delta.schema import RETENTION_PROPERTY
 from sinks.delta.snapshot import app_id_of
+from sinks.delta.stats import FileStats
 from twophase import (
     AbortOutcome,
     Column,
@@ -41,6 +44,7 @@ from twophase import (
     SchemaMismatchError,
     TransactionLostError,
 )
+from twophase.testing import GroupTarget
 from twophase.testing.contract import NAMESPACE, ORDER_COLUMNS, SinkContract, orders, prepare
 
 #: Racing committers: trials in CI, and how often a committer retries a lost race.
@@ -366,3 +370,46 @@ def test_a_filtered_read_by_duckdb_returns_exactly_the_full_read_filtered(
             f"SELECT id FROM everything WHERE {predicate} ORDER BY id").fetchall()
         assert connection.execute("SELECT count(*) FROM everything").fetchone() == (number,)
     assert filtered == afterwards, predicate
+
+
+def test_in_a_group_the_delta_member_commits_each_batch_once_at_its_place_in_the_order(
+        delta_setup: DeltaSetup, sqlite_setup: SQLiteSetup) -> None:
+    lake = delta_setup.new_target()
+    group = GroupTarget.of({"orders": sqlite_setup.new_target(), "lake": lake},
+                           commit_order=["lake", "orders"])
+    sink = group.build()
+    sink.check_schema(ORDER_COLUMNS)
+    handles = [prepare(sink, orders(10 * p, 2), partition=p) for p in range(3)]
+    table_uri = lake.options["table_uri"]
+    before = int(DeltaTable(table_uri).version())
+    with sink.committer() as committer:
+        stages = committer.commit_stages(handles)
+        assert [stage.label for stage in stages] == ["lake", "orders"]
+        lake_stage = stages[0]
+        assert lake_stage.committer.commit(lake_stage.handles[0]) is CommitOutcome.COMMITTED
+        # the first commit of the member's stage made the member's whole batch visible
+        assert int(DeltaTable(table_uri).version()) == before + 1
+        assert lake.visible() == [0, 1, 10, 11, 20, 21]
+        for stage in stages:
+            for handle in stage.handles:
+                stage.committer.commit(handle)
+        committer.finish_batch(NAMESPACE, 0, handles)
+    assert int(DeltaTable(table_uri).version()) == before + 1
+    assert group.visible() == [0, 1, 10, 11, 20, 21]
+
+
+def test_statistics_widen_timestamps_to_the_millisecond_and_drop_bounds_a_nan_breaks() -> None:
+    schema = pa.schema([("ts", pa.timestamp("us", tz="UTC")), ("f", pa.float64()),
+                        ("b", pa.bool_())])
+    first = dt.datetime(2026, 11, 1, 12, 0, 0, 123456, tzinfo=dt.UTC)
+    stats = FileStats(schema)
+    stats.add(pa.record_batch([pa.array([first, first + dt.timedelta(microseconds=1)],
+                                        schema.field("ts").type),
+                               pa.array([1.5, None]), pa.array([True, None])], schema=schema))
+    stats.add(pa.record_batch([pa.array([None], schema.field("ts").type),
+                               pa.array([math.nan]), pa.array([False])], schema=schema))
+    assert json.loads(stats.to_json()) == {
+        "numRecords": 3,
+        "minValues": {"ts": "2026-11-01T12:00:00.123Z"},
+        "maxValues": {"ts": "2026-11-01T12:00:00.124Z"},
+        "nullCount": {"ts": 1, "f": 1, "b": 1}}
