@@ -41,16 +41,27 @@ from twophase import (
     FatalError,
     Handle,
     RetryableError,
+    RetryPolicy,
     SchemaMismatchError,
     TransactionLostError,
 )
+from twophase._coordinator import Coordinator
+from twophase._state import StateStore
 from twophase.testing import GroupTarget
-from twophase.testing.contract import NAMESPACE, ORDER_COLUMNS, SinkContract, orders, prepare
+from twophase.testing.contract import (
+    NAMESPACE,
+    ORDER_COLUMNS,
+    QUERY_ID,
+    SinkContract,
+    orders,
+    prepare,
+)
 
 #: Racing committers: trials in CI, and how often a committer retries a lost race.
 RACE_TRIALS = 20
 RACE_ATTEMPTS = 5
 STATS_EXAMPLES = 40
+FAST_RETRY = RetryPolicy(max_attempts=3, initial_backoff_s=0.01, max_backoff_s=0.02)
 
 
 class TestDeltaContract(SinkContract):
@@ -413,3 +424,28 @@ def test_statistics_widen_timestamps_to_the_millisecond_and_drop_bounds_a_nan_br
         "minValues": {"ts": "2026-11-01T12:00:00.123Z"},
         "maxValues": {"ts": "2026-11-01T12:00:00.124Z"},
         "nullCount": {"ts": 1, "f": 1, "b": 1}}
+
+
+def test_through_the_coordinator_each_batch_is_one_commit_and_orphans_are_swept(
+        sink: DeltaSink, target_of: Callable[[DeltaSink], list[int]], tmp_path: Path) -> None:
+    store = StateStore(tmp_path / "state")
+    run = Coordinator(sink, store, namespace=NAMESPACE,
+                      epoch=store.start_run(NAMESPACE, {}).epoch, retry=FAST_RETRY)
+    before = table_version(sink)
+    for batch in range(3):
+        orphan = prepare(sink, orders(1000 + batch, 1), batch=batch, attempt=9)  # failed try
+        handles = [prepare(sink, orders(100 * batch + 10 * p, 2), batch=batch, partition=p)
+                   for p in range(3)]
+        run.commit_batch(batch, QUERY_ID, handles)
+        assert not any((Path(sink.table_uri) / f["path"]).exists()
+                       for f in orphan.data["files"])
+    assert table_version(sink) == before + 3
+    carried = [commit["twophase.batch"] for commit in DeltaTable(sink.table_uri).history()
+               if "twophase.batch" in commit]
+    assert sorted(carried) == [0, 1, 2]
+    assert target_of(sink) == sorted(100 * b + 10 * p + i for b in range(3) for p in range(3)
+                                     for i in range(2))
+    state = store.read()
+    assert state is not None and [record.already_committed for record in state.history] == [
+        0, 0, 0]
+    assert sink.list_in_doubt(NAMESPACE) == []
