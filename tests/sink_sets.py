@@ -2,9 +2,9 @@
 parameter.
 
 In CI every sink of the every-sink group (each setup whose ``every_sink`` is true) runs at
-once, as the members of one :class:`~twophase.SinkGroup` (one driver run serves six systems:
-the group's transactions are each member's own, under its own namespace, judged by each
-member's reader and server); under ``-m long`` each of them also runs alone. A sink outside
+once, as the members of one :class:`~twophase.SinkGroup` (one driver run serves every system
+of the group: the group's transactions are each member's own, under its own namespace, judged
+by each member's reader and server); under ``-m long`` each of them also runs alone. A sink outside
 the group runs alone in CI. A test parametrises ``sinks`` by :data:`SINK_SETS` (or
 :func:`sink_sets` of :func:`shipped_in` a release), builds a :class:`Sinks` from the fixtures
 with :meth:`Sinks.of`, and judges each of its ``members``.
