@@ -11,40 +11,40 @@ values, modification time, statistics); the driver's committer
 
 What a crash leaves behind, phase by phase (a file is durable once written and fsynced):
 
-===========  ===================  ====================  =====================  ===================
-phase        calls                a crash here leaves   resolved by            raises
-===========  ===================  ====================  =====================  ===================
-begin        the table's layout   nothing               (nothing to resolve)   ConfigurationError
-             (read on the driver                                               (no table, a
-             by ``check_schema``)                                              feature refused)
-write        Parquet files        partial or whole      listed by              SchemaMismatchError
-             created exclusively  files named by the    ``list_in_doubt``      (a value the
-             (``part-<txn>-<n>``  transaction, which    (name -> txn id, no    column cannot
-             ``.parquet``), a     no commit references  commit references      hold, a NULL in
-             row group per chunk  (invisible)           them), deleted by the  a NOT NULL
-                                                        driver's sweep or      column),
-                                                        cleanup                FatalError (the
-                                                                               id was used: its
-                                                                               file exists)
-pre-commit   close + fsync every  the files, whole:     as write; once the     as write
-             file; the handle     durable, invisible    handle is decided,
-             lists them                                 the driver commits it
-commit       the batch's first    before the Delta      recovery commits       TransactionLost-
-(driver)     ``commit``: load     commit: the files,    again: ``transaction_  Error (a file gone
-             the table, prove or  unreferenced. After:  version(app_id) >=     or past VACUUM's
-             add every handle's   the batch, visible    batch`` and the files  retention; nothing
-             files in ONE         whole, the commit     referenced on the      added),
-             commit, ``Transac-   carrying its app id   same snapshot:         RetryableError (a
-             tion(app_id,         and batch             ALREADY_COMMITTED      racing commit:
-             batch)``                                                          concurrent
-                                                                               transaction)
-finish       commits what of the  as commit             as commit              as commit
+===========  ====================  ====================  =====================  ===================
+phase        calls                 a crash here leaves   resolved by            raises
+===========  ====================  ====================  =====================  ===================
+begin        the table's layout    nothing               (nothing to resolve)   ConfigurationError
+             (read on the driver                                                (no table, a
+             by ``check_schema``)                                               feature refused)
+write        Parquet files         partial or whole      listed by              SchemaMismatchError
+             created exclusively   files named by the    ``list_in_doubt``      (a value the
+             (``part-<txn>-<n>``   transaction, which    (name -> txn id, no    column cannot
+             ``.parquet``), a row  no commit references  commit references      hold, a NULL in
+             group per chunk       (invisible)           them), deleted by the  a NOT NULL
+                                                         driver's sweep or      column),
+                                                         cleanup                FatalError (the
+                                                                                id was used: its
+                                                                                file exists)
+pre-commit   close + fsync every   the files, whole:     as write; once the     as write
+             file; the handle      durable, invisible    handle is decided,
+             lists them                                  the driver commits it
+commit       the batch's first     before the Delta      recovery commits       TransactionLost-
+(driver)     ``commit``: load the  commit: the files,    again: the app id's    Error (a file gone
+             table, prove or add   unreferenced. After:  transaction version    or past VACUUM's
+             every handle's files  the batch, visible    >= batch and the       retention; nothing
+             in ONE commit with    whole, the commit     files referenced on    added),
+             Transaction(app id,   carrying its app id   the same snapshot:     RetryableError (a
+             batch)                and batch             ALREADY_COMMITTED      racing commit:
+                                                                                concurrent
+                                                                                transaction)
+finish       commits what of the   as commit             as commit              as commit
 batch        batch is unsettled
              (nothing, normally)
-abort        delete the files     some files deleted    repeat it: no file is  RetryableError
-             unless a commit                            NOT_FOUND
+abort        delete the files      some files deleted    repeat it: no file is  RetryableError
+             unless a commit                             NOT_FOUND
              references them
-===========  ===================  ====================  =====================  ===================
+===========  ====================  ====================  =====================  ===================
 
 The "already committed?" proof, and why the commit happens at a batch's first ``commit`` and
 not in ``finish_batch``: :mod:`~sinks.delta.committer`. ``commit_deadline``: the oldest file's
