@@ -12,7 +12,7 @@ from typing import Any
 import duckdb
 import duckdb_extension_delta
 
-from setups.base import ProxyFactory, SinkSetup, Target
+from setups.base import Proxy, ProxyFactory, SinkSetup, Target
 
 #: Where the extension package keeps its binary: ``extensions/v<duckdb>/delta.duckdb_extension``.
 EXTENSION = (Path(duckdb_extension_delta.__file__).parent / "extensions"
@@ -48,8 +48,8 @@ class DeltaSetup(SinkSetup):
     model_ci_examples = 10
     since = "0.3.0"
 
-    def __init__(self, scratch: Path) -> None:
-        super().__init__(scratch)
+    def __init__(self, scratch: Path, proxy: Proxy | None = None) -> None:
+        super().__init__(scratch, proxy)
         #: One DuckDB for the setup (loading the extension takes ~0.2 s): a cursor per read.
         self._reader: duckdb.DuckDBPyConnection | None = None
 
