@@ -22,7 +22,7 @@ from _pytest.mark import ParameterSet
 from packaging.version import Version
 
 from setups import SETUPS, SinkSetup
-from twophase._eligibility import is_undecided
+from twophase._eligibility import undecided_handles
 from twophase._state import State
 from twophase.group import member_handles
 from twophase.testing import GroupTarget, Target
@@ -91,8 +91,7 @@ class Sinks:
 def undecided(sinks: Sinks, state: State) -> dict[str, int]:
     """How many transactions of the query each sink holds that no decision names (orphans,
     until a sweep aborts them), by the sinks' own listings and ``status``'s rule."""
-    handles = [handle for handle in sinks.target.build().list_in_doubt(state.namespace)
-               if is_undecided(handle.txn_id, state)]
+    handles = undecided_handles(sinks.target.build().list_in_doubt(state.namespace), state)
     if not isinstance(sinks.target, GroupTarget):
         return dict.fromkeys(sinks.members, len(handles))
     held = Counter(name for handle in handles for name, _ in member_handles(handle))

@@ -15,9 +15,10 @@ rule                         asked by              answers
                                                    result never reached the driver
 :func:`can_never_be_decided` a task after its      did the driver give up this batch, or a newer
                              pre-commit            run take over, while the task wrote?
-:func:`is_undecided`         ``status``            does it belong to the query with no decision
-                                                   naming it? Live transactions of a running
-                                                   batch too: shown, never aborted by this rule
+:func:`undecided_handles`    ``status``            which of them belong to the query with no
+                                                   decision naming them? Live transactions of a
+                                                   running batch too: shown, never aborted by
+                                                   this rule
 ===========================  ====================  ===============================================
 
 Cleanup adds an age limit for transactions of queries it has no state of (see
@@ -26,7 +27,9 @@ Cleanup adds an age limit for transactions of queries it has no state of (see
 
 from __future__ import annotations
 
-from twophase._handle import TxnId, query_key
+from collections.abc import Iterable
+
+from twophase._handle import Handle, TxnId, query_key
 from twophase._state import State
 
 
@@ -64,11 +67,16 @@ def can_never_be_decided(state: State | None, *, epoch: int, batch: int) -> bool
     return state.epoch > epoch or (state.epoch == epoch and batch <= state.aborted_batch)
 
 
-def is_undecided(txn: TxnId, state: State) -> bool:
-    """Does ``txn`` belong to the state's query with no decision naming it?
+def undecided_handles(handles: Iterable[Handle], state: State) -> list[Handle]:
+    """The ``handles`` that belong to the state's query with no decision naming them.
 
     What ``status`` shows as "undecided": an orphan of a crashed or failed run, or a live
     transaction of the batch being written. Not a licence to abort (see :func:`is_orphan`).
     """
-    return (state.query_id is not None and txn.belongs_to(state.namespace, state.query_id)
-            and txn not in state.decided_txns())
+    query_id = state.query_id
+    if query_id is None:
+        return []
+    decided = state.decided_txns()
+    return [handle for handle in handles
+            if handle.txn_id.belongs_to(state.namespace, query_id)
+            and handle.txn_id not in decided]

@@ -169,8 +169,10 @@ def clean(target: Target, report: Report, *, dry_run: bool,
     known = [(store, state) for store, state in states if state is not None]
     for store, state in known:
         _roll_forward(target, store, state, report, dry_run=dry_run)
-    _abort_orphans(target, [state for _, state in known], report, dry_run=dry_run, now=clock())
-    _purge(target, report, dry_run=dry_run, now=clock())
+    with target.sink.committer() as committer:  # the orphans' and the purge's
+        _abort_orphans(target, committer, [state for _, state in known], report,
+                       dry_run=dry_run, now=clock())
+        _purge(target, committer, report, dry_run=dry_run, now=clock())
 
 
 def _roll_forward(target: Target, store: StateStore, state: State, report: Report, *,
@@ -190,29 +192,28 @@ def _roll_forward(target: Target, store: StateStore, state: State, report: Repor
     report.add(action)
 
 
-def _abort_orphans(target: Target, states: list[State], report: Report, *, dry_run: bool,
-                   now: float) -> None:
+def _abort_orphans(target: Target, committer: Committer, states: list[State], report: Report,
+                   *, dry_run: bool, now: float) -> None:
     decided = frozenset().union(*(state.decided_txns() for state in states))
     left: list[Handle] = []
-    with target.sink.committer() as committer:
-        for handle in committer.list_in_doubt(target.namespace):
-            if handle.txn_id in decided:
-                continue
-            verdict = _orphan_verdict(target, states, handle, now)
-            if verdict is None:
+    for handle in committer.list_in_doubt(target.namespace):
+        if handle.txn_id in decided:
+            continue
+        verdict = _orphan_verdict(target, states, handle, now)
+        if verdict is None:
+            left.append(handle)
+            continue
+        abort, reason = verdict
+        if abort:
+            action = _abort(target, committer, handle, reason, dry_run=dry_run)
+            report.add(action)
+            if not action.done:
                 left.append(handle)
-                continue
-            abort, reason = verdict
-            if abort:
-                action = _abort(target, committer, handle, reason, dry_run=dry_run)
-                report.add(action)
-                if not action.done:
-                    left.append(handle)
-            else:
-                report.attention = True
-                left.append(handle)
-                report.add(Action("keep_unknown", target.namespace, str(handle.txn_id), reason,
-                                  done=False))
+        else:
+            report.attention = True
+            left.append(handle)
+            report.add(Action("keep_unknown", target.namespace, str(handle.txn_id), reason,
+                              done=False))
     report.in_doubt[target.namespace] = InDoubt(
         sink=target.sink.kind, count=len(left),
         oldest_age_s=max((now - handle.txn_id.created for handle in left), default=0.0),
@@ -271,14 +272,14 @@ def _trigger_interval_s(settings: Mapping[str, Any]) -> float:
         return 0.0
 
 
-def _purge(target: Target, report: Report, *, dry_run: bool, now: float) -> None:
+def _purge(target: Target, committer: Committer, report: Report, *, dry_run: bool,
+           now: float) -> None:
     before = datetime.fromtimestamp(now - target.retention_s, tz=UTC)
     action = Action("purge", target.namespace, f"commit records before {before.isoformat()}",
                     "past retention", not dry_run)
     if not dry_run:
         try:
-            with target.sink.committer() as committer:
-                purged = committer.purge_commit_records(target.namespace, before)
+            purged = committer.purge_commit_records(target.namespace, before)
             action.reason = f"{purged} purged"
         except TwoPhaseError as exc:
             action.done, action.error = False, str(exc)

@@ -22,7 +22,7 @@ import json
 import sys
 import time
 
-from twophase._eligibility import is_undecided
+from twophase._eligibility import undecided_handles
 from twophase._handle import Handle
 from twophase._loader import build_sink
 from twophase._secrets import resolved
@@ -133,8 +133,7 @@ def main(argv: list[str] | None = None) -> int:
 def _undecided(state: State, sink_class: str, options: dict[str, object]) -> list[Handle]:
     """The query's transactions in the target that no decision references."""
     with build_sink(sink_class, options).committer() as committer:
-        return [handle for handle in committer.list_in_doubt(state.namespace)
-                if is_undecided(handle.txn_id, state)]
+        return undecided_handles(committer.list_in_doubt(state.namespace), state)
 
 
 if __name__ == "__main__":
