@@ -24,6 +24,8 @@ the paired ratio sink / peer (per round, then the median).
 Plugging a sink in: a module ``bench/peer_<name>.py`` defines ``PEER = Peer(...)``:
 
 * ``jars()``: the jars the peer needs in ``spark.jars`` (fetched and cached; may be empty);
+* ``conf()`` (optional): other static settings of the one SparkSession the peer needs (Delta's
+  session extension and catalog), set for every writer alike;
 * ``start(spark, workdir, stack)``: starts the sink's test setup over a private server
   (``setups.<Name>Setup.started``, its stop registered on the ``contextlib.ExitStack``) and
   returns a :class:`Contest`;
@@ -113,6 +115,8 @@ class Peer:
     #: ``(spark, contest, feed, workdir, expected, rounds)`` -> the report, for a contest that
     #: drives its own rounds (None: :func:`contest_rounds` and :func:`report`).
     rounds: Callable[[SparkSession, Contest, DataFrame, Path, int, int], str] | None = None
+    #: Static settings of the session beyond ``spark.jars`` (every writer runs under them).
+    conf: Callable[[], dict[str, str]] = dict
 
 
 @dataclass
@@ -342,8 +346,10 @@ def main() -> None:
     args = parser.parse_args()
     peers = {name: load_peer(name) for name in args.sinks}
     jars = [jar for peer in peers.values() for jar in peer.jars()]
-    spark = local_session("twophase-spark-peers", PARTITIONS,
-                          {"spark.jars": ",".join(jars)} if jars else None)
+    conf = {key: value for peer in peers.values() for key, value in peer.conf().items()}
+    if jars:
+        conf["spark.jars"] = ",".join(jars)
+    spark = local_session("twophase-spark-peers", PARTITIONS, conf or None)
     with tempfile.TemporaryDirectory(prefix="twophase-peers-") as tmp:
         workdir = Path(tmp)
         expected = make_parquet_feed(spark, workdir, args.files, args.rows_per_file)

@@ -8,7 +8,8 @@ fault of that run (until its budget is spent):
 fault          what happens
 ============== ==========================================================================
 driver kill    the driver is armed at a random crash point for one of its next batches
-               and SIGKILLs its whole session there (driver, JVM, Python workers)
+               and SIGKILLs its whole session there (driver, JVM, Python workers); over a
+               group, between two members' commits too
 zombie driver  a driver is frozen (SIGSTOP of its whole session) after it has done a
                batch; a second driver starts on the same checkpoint and state, and once
                it has taken the query over (a newer epoch) the first is thawed (SIGCONT):
@@ -26,7 +27,9 @@ member down    (groups) a member's server is SIGKILLed mid-batch and kept down f
 ============== ==========================================================================
 
 Over a group (:class:`~chaos.systems.GroupSystem`) each server or network fault strikes at one
-member, drawn among those it applies to.
+member, drawn among those it applies to; a member with no server (a Delta table, a local path)
+gets the driver kills and zombie drivers only, the group's other members their server and
+network faults.
 
 After every run nothing may be visible twice, and no member of a group may show a row that a
 member committing before it lacks (an event in the topic before its row in the table); at the
@@ -60,7 +63,7 @@ from chaos.systems import (
     in_doubt,
 )
 from twophase.testing import ExactlyOnceError, GroupTarget, Target
-from twophase.testing.crash_points import CRASH_POINTS, signal_session
+from twophase.testing.crash_points import CRASH_POINTS, GROUP_CRASH_POINTS, signal_session
 from twophase.testing.driver import POLL_INTERVAL_S, DriverSpec, RunResult, generate_feed, launch
 from twophase.testing.protocol import StateStore
 
@@ -87,6 +90,10 @@ ZOMBIE_PROGRESS_TIMEOUT_S = 120.0
 MAX_RUNS_PER_BATCH = 3
 #: The return code recorded for a driver that had to be killed because it hung.
 HUNG_RETURNCODE = 124
+#: How a run's part of the round's driver log starts (twophase.testing.driver.launch).
+RUN_HEADER = "=== driver run, crash point "
+#: How much of a failed run's reason the round prints.
+STOPPED_CHARS = 240
 
 
 @dataclass
@@ -210,10 +217,14 @@ class Round:
         at = f" at {self.victim.name}" if injected.keys() - {DRIVER_KILL, ZOMBIE} else ""
         log.info("  run %d: %s%s -> %s", result.runs,
                  ", ".join(injected) or "no fault", at, _ending(outcomes[-1]))
+        for outcome in outcomes:
+            if not outcome.crashed and outcome.returncode != 0:
+                log.info("    %s", _stopped(outcome))
 
     def _armed(self) -> str:
         batch = min(self._next_batch() + self.rng.randrange(2), self.batches - 1)
-        return f"{self.rng.choice(CRASH_POINTS)}@{batch}"
+        points = GROUP_CRASH_POINTS if len(self.system.members) > 1 else CRASH_POINTS
+        return f"{self.rng.choice(points)}@{batch}"
 
     def _launch(self, crash_at: str | None = None, *, injected: Counter[str] | None = None,
                 while_running: Callable[[], None] | None = None,
@@ -389,6 +400,18 @@ class Round:
 
 def _thaw(session: int) -> None:
     signal_session(session, signal.SIGCONT)
+
+
+def _stopped(outcome: RunResult) -> str:
+    """Why a run that failed stopped: the last ``stopped:`` line of its log since it started
+    (the logs of a round's runs go to one file), shortened."""
+    try:
+        run = outcome.log.read_text(errors="replace").rsplit(RUN_HEADER, 1)[-1]
+    except OSError as exc:
+        return f"(its log: {exc})"
+    reasons = [line.split(" stopped: ", 1)[1] for line in run.splitlines() if " stopped: " in line]
+    return (reasons[-1][:STOPPED_CHARS] if reasons
+            else f"(no reason in {outcome.log}, exit {outcome.returncode})")
 
 
 def _ending(outcome: RunResult) -> str:

@@ -1,6 +1,10 @@
 """Delta Lake on a local path: a fresh table directory per target (no server: nothing to
 kill, no network), read back by another engine, DuckDB's Delta reader, loaded from the
-``duckdb-extension-delta`` package (never downloaded at run time)."""
+``duckdb-extension-delta`` package (never downloaded at run time).
+
+On S3 (:meth:`DeltaSetup.on_s3`, the fixture ``delta_s3_setup``): a fresh prefix of the S3
+lab's bucket (``moto_server``, conditional puts) per target; the table is read by copying its
+objects to a local directory as they are, then by the same DuckDB reader."""
 
 from __future__ import annotations
 
@@ -13,6 +17,8 @@ import duckdb
 import duckdb_extension_delta
 
 from setups.base import Proxy, ProxyFactory, SinkSetup, Target
+from setups.servers.moto import REGION, MotoServer
+from sinks.delta.intents import DIRECTORY as INTENTS
 
 #: Where the extension package keeps its binary: ``extensions/v<duckdb>/delta.duckdb_extension``.
 EXTENSION = (Path(duckdb_extension_delta.__file__).parent / "extensions"
@@ -41,6 +47,18 @@ def data_files(root: Path) -> set[str]:
             if not any(part.startswith(("_", ".")) for part in path.relative_to(root).parts)}
 
 
+def intents_left(root: Path) -> set[str]:
+    """The intents left in the table (a settled transaction leaves none)."""
+    return {path.relative_to(root).as_posix() for path in (root / INTENTS).rglob("*.json")}
+
+
+def s3_storage_options(server: MotoServer) -> dict[str, str]:
+    """deltalake's options (the sink's S3 client reads the same) for the S3 lab's server."""
+    return {"AWS_ENDPOINT_URL": server.endpoint_url, "AWS_REGION": REGION,
+            "AWS_ACCESS_KEY_ID": str(server.access_key_id),
+            "AWS_SECRET_ACCESS_KEY": str(server.secret_access_key), "AWS_ALLOW_HTTP": "true"}
+
+
 class DeltaSetup(SinkSetup):
     name = "delta"
     factory = "sinks.delta:DeltaSink"
@@ -48,10 +66,18 @@ class DeltaSetup(SinkSetup):
     model_ci_examples = 10
     since = "0.3.0"
 
-    def __init__(self, scratch: Path, proxy: Proxy | None = None) -> None:
+    def __init__(self, scratch: Path, proxy: Proxy | None = None, *,
+                 s3: tuple[MotoServer, str] | None = None) -> None:
         super().__init__(scratch, proxy)
         #: One DuckDB for the setup (loading the extension takes ~0.2 s): a cursor per read.
         self._reader: duckdb.DuckDBPyConnection | None = None
+        #: The S3 lab's server and bucket, for tables on S3 (None: local paths).
+        self.s3 = s3
+
+    @classmethod
+    def on_s3(cls, scratch: Path, server: MotoServer, bucket: str) -> DeltaSetup:
+        """Tables under fresh prefixes of ``bucket`` (see the module docstring)."""
+        return cls(scratch, s3=(server, bucket))
 
     def query(self, statement: str) -> list[tuple[Any, ...]]:
         """``statement``'s rows, read by the setup's DuckDB."""
@@ -73,21 +99,42 @@ class DeltaSetup(SinkSetup):
     def target_options(self, **overrides: Any) -> dict[str, Any]:
         """A table created from the query's columns at the driver's first check."""
         self.scratch.mkdir(parents=True, exist_ok=True)
-        return {"table_uri": str(self.scratch / f"orders-{self.number()}"), "create": True,
-                **overrides}
+        name = f"orders-{self.number()}"
+        if self.s3 is None:
+            return {"table_uri": str(self.scratch / name), "create": True, **overrides}
+        server, bucket = self.s3
+        return {"table_uri": f"s3://{bucket}/{name}", "create": True,
+                "storage_options": s3_storage_options(server), **overrides}
 
     def visible(self, target: Target) -> list[int]:
-        root = Path(target.options["table_uri"])
+        root = self.readable(target)
         if not (root / "_delta_log").is_dir():
             return []
         return [int(row[0]) for row in self.query(f"SELECT event_id FROM {delta_scan(root)}")]
 
     def in_doubt(self, target: Target) -> list[Any]:
         """Parquet files in the data area that DuckDB's reader does not read (unreferenced:
-        no OPTIMIZE runs in the suites, so every committed file is live)."""
-        root = Path(target.options["table_uri"])
+        no OPTIMIZE runs in the suites, so every committed file is live), and intents left."""
+        root = self.readable(target)
         if not (root / "_delta_log").is_dir():
-            return sorted(data_files(root)) if root.is_dir() else []
+            return sorted(data_files(root) | intents_left(root)) if root.is_dir() else []
         live = {Path(str(row[0])).resolve().relative_to(root.resolve()).as_posix()
                 for row in self.query(f"SELECT DISTINCT filename FROM {delta_scan(root)}")}
-        return sorted(data_files(root) - live)
+        return sorted((data_files(root) - live) | intents_left(root))
+
+    def readable(self, target: Target) -> Path:
+        """The table as a local directory: its own, or a fresh copy of its S3 objects."""
+        uri = str(target.options["table_uri"])
+        if self.s3 is None:
+            return Path(uri)
+        server, bucket = self.s3
+        prefix = uri.removeprefix(f"s3://{bucket}/").rstrip("/") + "/"
+        copy = self.scratch / "copies" / f"{prefix.strip('/')}-{self.number()}"
+        client = server.client()
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket,
+                                                                        Prefix=prefix):
+            for item in page.get("Contents", ()):
+                path = copy / item["Key"][len(prefix):]
+                path.parent.mkdir(parents=True, exist_ok=True)
+                client.download_file(bucket, item["Key"], str(path))
+        return copy

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from setups import SETUPS, HttpSetup, MySQLSetup, PostgresSetup, S3Setup, SinkSetup
+from setups import SETUPS, DeltaSetup, HttpSetup, MySQLSetup, PostgresSetup, S3Setup, SinkSetup
 from setups.kafka import SecuredKafkaSetup
 from setups.least_privilege import LeastPrivileged
 from setups.servers.http_receiver import ReceiverProcess
@@ -85,6 +85,12 @@ def least_privileged_postgres_setup(secured_postgres_setup: PostgresSetup) -> Le
 def s3_secured_setup(moto_secured: MotoServer, tmp_path: Path) -> S3Setup:
     """S3 over HTTPS (the run's CA, verified), each sink as a least-privilege IAM user."""
     return S3Setup.secured(tmp_path, moto_secured, moto_secured.new_bucket())
+
+
+@pytest.fixture
+def delta_s3_setup(moto_server: MotoServer, s3_bucket: str, tmp_path: Path) -> DeltaSetup:
+    """Delta tables under fresh prefixes of the S3 lab's bucket (conditional puts)."""
+    return DeltaSetup.on_s3(tmp_path / "delta", moto_server, s3_bucket)
 
 
 @pytest.fixture

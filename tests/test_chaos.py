@@ -11,7 +11,9 @@ Then sink groups: MariaDB then Kafka (the outbox) with a member's server killed 
 to a member cut, and (``-m long``) Kafka down for longer than a batch: no batch decided while
 it is down, the table not ahead of what was decided as it went down; every round ends with
 every row once in both members and no event seen in the topic (read_committed) before its row
-in the table.
+in the table. Under ``-m long`` (a round takes minutes) a Delta table between them (MariaDB,
+Delta, Kafka): the lake's faults, driver kills (between two members' commits too) and a zombie
+driver; every row once in each of the three, no split batch.
 """
 
 from __future__ import annotations
@@ -171,4 +173,19 @@ def test_no_batch_is_decided_while_a_member_is_down(tmp_path: Path) -> None:
                        fault_delay_s=PROMPT, down_s=DOWN_S, strike="kafka").play()
     assert result.faults == {MEMBER_DOWN: 1} and result.checks_while_down >= 3, result
     assert result.ahead_while_down == 0, result
+    assert result.exactly_once, result
+
+
+@pytest.mark.spark
+@pytest.mark.crash
+@pytest.mark.long  # minutes: the full run is scripts/chaos --sinks mysql+delta+kafka
+def test_a_group_round_with_a_delta_table_between_its_members(tmp_path: Path) -> None:
+    """The lake between the table and the topic: a Delta table has no server, so its faults
+    are the driver's (killed at any point of a group, a zombie thawed beside its successor)."""
+    with SYSTEMS["mysql+delta+kafka"](tmp_path).running() as system:
+        result = Round(system, tmp_path / "round", random.Random("mysql+delta+kafka"),
+                       batches=6, rows_per_batch=100, budget=3, kinds=(DRIVER_KILL, ZOMBIE),
+                       fault_delay_s=PROMPT).play()
+    assert result.crash_runs >= 2 and set(result.faults) <= {DRIVER_KILL, ZOMBIE}, result
+    assert result.before_their_row == result.split_batches == 0, result
     assert result.exactly_once, result

@@ -10,11 +10,14 @@ import datetime as dt
 import json
 import math
 import re
+import subprocess
+import sys
 import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,13 +28,16 @@ from deltalake import DeltaTable
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from setups.delta import DeltaSetup, data_files, delta_scan, reader
+from setups.delta import DeltaSetup, data_files, delta_scan, reader, s3_storage_options
+from setups.s3 import MOTO_HEAD_BUCKET
+from setups.servers.moto import MotoServer
 from setups.sqlite import SQLiteSetup
 from sinks.delta import DeltaSink
-from sinks.delta.errors import classify
+from sinks.delta.errors import classify, iam_policy
 from sinks.delta.schema import RETENTION_PROPERTY
 from sinks.delta.snapshot import app_id_of
 from sinks.delta.stats import FileStats
+from tests.test_cleanup import running_query
 from twophase import (
     AbortOutcome,
     Column,
@@ -44,12 +50,14 @@ from twophase import (
     RetryPolicy,
     SchemaMismatchError,
     TransactionLostError,
+    cleanup,
 )
 from twophase._coordinator import Coordinator
-from twophase._state import StateStore
+from twophase._state import Decision, StateStore
 from twophase.testing import GroupTarget
 from twophase.testing.contract import (
     NAMESPACE,
+    OPENED_AT,
     ORDER_COLUMNS,
     QUERY_ID,
     SinkContract,
@@ -57,8 +65,9 @@ from twophase.testing.contract import (
     prepare,
 )
 
-#: Racing committers: trials in CI, and how often a committer retries a lost race.
-RACE_TRIALS = 20
+#: Racing committers: trials in CI (on S3: fewer), under -m long, and how often a committer
+#: retries a lost race.
+RACE_TRIALS, RACE_TRIALS_S3, RACE_TRIALS_LONG = 20, 10, 100
 RACE_ATTEMPTS = 5
 STATS_EXAMPLES = 40
 FAST_RETRY = RetryPolicy(max_attempts=3, initial_backoff_s=0.01, max_backoff_s=0.02)
@@ -69,10 +78,17 @@ class TestDeltaContract(SinkContract):
     purges_commit_records = False  # the proof is the table's own log
 
 
+class TestDeltaOnS3Contract(TestDeltaContract):
+    """The table under an S3 prefix (moto, conditional puts): the data files and the intents
+    through twophase's S3 client, the log through deltalake's."""
+
+    setup_fixture = "delta_s3_setup"
+
+
 # -- helpers -------------------------------------------------------------------------------------
 
 def table_version(sink: DeltaSink) -> int:
-    return int(DeltaTable(sink.table_uri).version())
+    return int(DeltaTable(sink.table_uri, storage_options=sink.storage_options or None).version())
 
 
 def commit_batch(sink: DeltaSink, handles: Sequence[Handle], *,
@@ -219,11 +235,21 @@ def test_a_transaction_id_used_twice_never_overwrites_the_committed_file(
 
 # -- racing committers, checkpoint resets ---------------------------------------------------------
 
+@pytest.mark.parametrize(("where", "trials"), [
+    ("delta_setup", RACE_TRIALS), ("delta_s3_setup", RACE_TRIALS_S3),
+    pytest.param("delta_setup", RACE_TRIALS_LONG, marks=pytest.mark.long),
+    pytest.param("delta_s3_setup", RACE_TRIALS_LONG, marks=pytest.mark.long)])
 def test_two_committers_racing_on_one_decided_batch_land_one_commit(
-        sink: DeltaSink, target_of: Callable[[DeltaSink], list[int]]) -> None:
+        where: str, trials: int, request: pytest.FixtureRequest) -> None:
+    """Two drivers (a zombie and its successor) commit the same decided batch at once."""
+    setup: DeltaSetup = request.getfixturevalue(where)
+    target = setup.new_target()
+    sink = target.build()
+    assert isinstance(sink, DeltaSink)
+    sink.check_schema(ORDER_COLUMNS)
     expected: list[int] = []
     lost_races: list[RetryableError] = []
-    for batch in range(RACE_TRIALS):
+    for batch in range(trials):
         handles = [prepare(sink, orders(100 * batch + 10 * p, 2), batch=batch, partition=p)
                    for p in range(2)]
         before, start = table_version(sink), threading.Barrier(2)
@@ -239,9 +265,11 @@ def test_two_committers_racing_on_one_decided_batch_land_one_commit(
         assert table_version(sink) == before + 1, f"batch {batch}: not one commit"
         assert sorted(o.value for outcome in outcomes for o in outcome).count("committed") == 2
         expected += [100 * batch + 10 * p + i for p in range(2) for i in range(2)]
-        assert target_of(sink) == sorted(expected)
+    assert sorted(setup.visible(target)) == sorted(expected)
+    assert setup.in_doubt(target) == []
     assert lost_races, "the committers never raced"
-    assert all("Concurrent transaction" in str(race) for race in lost_races)
+    assert all("Concurrent transaction" in str(race) or "already exists" in str(race)
+               for race in lost_races)
 
 
 def test_a_checkpoint_reset_gets_a_new_app_id_and_its_batch_0_lands(
@@ -258,6 +286,37 @@ def test_a_checkpoint_reset_gets_a_new_app_id_and_its_batch_0_lands(
 
 
 # -- files, partitions, refusals -----------------------------------------------------------------
+
+def test_a_checkpoint_reset_under_an_explicit_app_id_is_refused_naming_the_fix(
+        delta_setup: DeltaSetup) -> None:
+    """Delta's own trap, with app_id= given: the reset query's batch 0 would be dropped as one
+    the table holds; it is refused before it is decided, and a new app id delivers it."""
+    target = delta_setup.new_target(app_id="orders-job")
+    sink = target.build()
+    assert isinstance(sink, DeltaSink)
+    sink.check_schema(ORDER_COLUMNS)
+    old = prepare(sink, orders(0, 2), batch=5)
+    with sink.committer() as committer:
+        committer.check_committable([old])
+        commit_batch(sink, [old], committer=committer)
+    reset = prepare(sink, orders(2, 2), batch=0, query_id=str(uuid.uuid4()))
+    with sink.committer() as committer, pytest.raises(
+            ConfigurationError, match=r"holds app id 'orders-job' at version 5.*Fix: give this "
+                                      r"checkpoint a new app_id="):
+        committer.check_committable([reset])
+    renamed = DeltaSink(sink.table_uri, app_id="orders-job-2")
+    renamed.check_schema(ORDER_COLUMNS)
+    with renamed.committer() as committer:
+        committer.check_committable([reset])
+        assert commit_batch(renamed, [reset], committer=committer) == [CommitOutcome.COMMITTED]
+    assert sorted(delta_setup.visible(target)) == [0, 1, 2, 3]
+    assert DeltaTable(sink.table_uri).transaction_version("orders-job-2") == 0
+
+
+def test_an_empty_app_id_is_refused() -> None:
+    with pytest.raises(ConfigurationError, match=r"app_id=.*non-empty"):
+        DeltaSink("/tmp/never", app_id=" ")
+
 
 def test_a_partitioned_table_gets_its_files_in_partition_directories_and_duckdb_prunes(
         delta_setup: DeltaSetup) -> None:
@@ -449,3 +508,100 @@ def test_through_the_coordinator_each_batch_is_one_commit_and_orphans_are_swept(
     assert state is not None and [record.already_committed for record in state.history] == [
         0, 0, 0]
     assert sink.list_in_doubt(NAMESPACE) == []
+
+
+# -- operable: cleanup and status ----------------------------------------------------------------
+
+@pytest.mark.parametrize("where", ["delta_setup", "delta_s3_setup"])
+def test_cleanup_and_status_know_delta_handles_and_settle_leaves_nothing_in_doubt(
+        where: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    """The cron commands against a table: a decided batch rolled forward (after an OPTIMIZE of
+    the batches before it), an orphan of an earlier run aborted, then ``--settle`` aborts the
+    crashed current run's undecided transaction; every committed row stays, once."""
+    setup: DeltaSetup = request.getfixturevalue(where)
+    target = setup.new_target()
+    sink = target.build()
+    assert isinstance(sink, DeltaSink)
+    sink.check_schema(ORDER_COLUMNS)
+    store = running_query(tmp_path, epoch_bumps=2)
+    for batch in range(3):  # committed batches, then compacted
+        commit_batch(sink, [prepare(sink, orders(10 * batch, 2), epoch=2, batch=batch)])
+    DeltaTable(sink.table_uri, storage_options=sink.storage_options or None).optimize.compact()
+    decided = prepare(sink, orders(30, 3), epoch=2, batch=3)
+    store.update(lambda s: replace(s, last_done_batch=2,
+                                   pending=(Decision(3, 2, OPENED_AT, (decided,)),)), epoch=None)
+    orphan = prepare(sink, orders(40, 1), epoch=1, batch=7)
+    undecided = prepare(sink, orders(50, 1), epoch=2, batch=4)
+    argv = ["--sink", "sinks.delta:DeltaSink", "--options",
+            json.dumps({key: value for key, value in target.options.items()
+                        if key != "create"}), "--state", str(store.location)]
+
+    status = subprocess.run([sys.executable, "-m", "twophase.status", str(store.location),
+                             *argv[:4]],
+                            capture_output=True, text=True, check=True)
+    assert f"{decided.txn_id} (delta, 3 rows)" in status.stdout
+    assert f"undecided  {undecided.txn_id}" in status.stdout
+
+    assert cleanup.main(argv) in (cleanup.EXIT_OK, cleanup.EXIT_ATTENTION)
+    assert {str(h.txn_id) for h in sink.list_in_doubt(NAMESPACE)} == {str(undecided.txn_id)}
+    assert cleanup.main([*argv, "--settle"]) == cleanup.EXIT_OK
+
+    assert sink.list_in_doubt(NAMESPACE) == []
+    assert sorted(setup.visible(target)) == [0, 1, 10, 11, 20, 21, 30, 31, 32]
+    compacted = DeltaTable(sink.table_uri, storage_options=sink.storage_options or None).vacuum(
+        retention_hours=0, dry_run=True, enforce_retention_duration=False)
+    assert len(compacted) == 3, "the OPTIMIZE's tombstones: VACUUM's, not cleanup's"
+    assert setup.in_doubt(target) == sorted(compacted)  # no orphan's file, no intent left
+    assert str(orphan.txn_id) not in " ".join(compacted)
+
+
+# -- S3 grants -----------------------------------------------------------------------------------
+
+MOTO_DELETE_OBJECTS = "s3:DeleteObject"
+
+def least_privileged_sink(server: MotoServer, *, without: str | None = None
+                          ) -> tuple[DeltaSink, str]:
+    """A sink on a fresh table of ``server``, as a user holding the README's policy (less the
+    action ``without``), and the table's bucket."""
+    bucket = server.new_bucket("lake")
+    policy = iam_policy(bucket, "orders")
+    # moto's names: HeadBucket's action, and DeleteObjects authorised on the bucket (AWS
+    # authorises each key's s3:DeleteObject on the object).
+    policy["Statement"][0]["Action"] += [MOTO_HEAD_BUCKET, MOTO_DELETE_OBJECTS]
+    for statement in policy["Statement"]:
+        statement["Action"] = [action for action in statement["Action"] if action != without]
+    key_id, secret = server.add_user_with_policy(f"delta-{bucket}", policy)
+    options = {**s3_storage_options(server), "AWS_ACCESS_KEY_ID": key_id,
+               "AWS_SECRET_ACCESS_KEY": secret}
+    return DeltaSink(f"s3://{bucket}/orders", storage_options=options, create=True), bucket
+
+
+def test_the_readme_policy_is_enough_for_every_call_of_the_sink(
+        moto_checking_credentials: MotoServer) -> None:
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    section = readme.split("### Delta Lake", 1)[1].split("\n### ", 1)[0]
+    assert json.loads(section.split("```json", 1)[1].split("```", 1)[0]) == iam_policy(
+        "my-bucket", "lake/orders")
+    sink, _ = least_privileged_sink(moto_checking_credentials)
+    sink.check_schema(ORDER_COLUMNS)
+    committed = prepare(sink, orders(0, 3), batch=0)
+    orphan = prepare(sink, orders(3, 1), batch=0, attempt=1)
+    assert commit_batch(sink, [committed]) == [CommitOutcome.COMMITTED]
+    with sink.committer() as committer:
+        assert [h.txn_id for h in committer.list_in_doubt(NAMESPACE)] == [orphan.txn_id]
+        assert committer.abort(orphan) == AbortOutcome.ABORTED
+        assert committer.list_in_doubt(NAMESPACE) == []
+    table = DeltaTable(sink.table_uri, storage_options=sink.storage_options)
+    assert sorted(table.to_pyarrow_table().column("event_id").to_pylist()) == [0, 1, 2]
+
+
+def test_a_policy_without_delete_fails_the_abort_naming_the_permission(
+        moto_checking_credentials: MotoServer) -> None:
+    sink, _ = least_privileged_sink(moto_checking_credentials, without="s3:DeleteObject")
+    sink.check_schema(ORDER_COLUMNS)
+    orphan = prepare(sink, orders(0, 1))
+    with sink.committer() as committer, pytest.raises(
+            ConfigurationError,
+            match=r"DeleteObjects of s3://.*AccessDenied.*Fix: DeleteObjects needs "
+                  r"s3:DeleteObject"):
+        committer.abort(orphan)

@@ -5,8 +5,10 @@ S3 listing, the receiver's store) and every member's server checked for what it 
 
 The groups: MySQL XA then Kafka (the outbox: the table commits before the topic, which takes
 some of the columns; also on the standalone cluster, ``-m long``), PostgreSQL then S3 and SQLite
-then the HTTP receiver (``-m long``: CI time), and two SQLite tables over Spark Connect
-(``-m long``). Each member
+then the HTTP receiver (``-m long``: CI time), two SQLite tables over Spark Connect
+(``-m long``), and MySQL XA, then a Delta table, then Kafka (a table, the lake, a change feed:
+in CI either side of the decision and between two members' commits, ``-m long`` every point).
+Each member
 keeps the options its setup gives; its namespace is the group's plus its name, so the
 members' are distinct. The group of SQLite and a directory of JSON-lines files: tests/test_group.py.
 """
@@ -15,12 +17,20 @@ from __future__ import annotations
 
 import pytest
 
-from setups import HttpSetup, KafkaSetup, MySQLSetup, PostgresSetup, S3Setup, SQLiteSetup
+from setups import (
+    DeltaSetup,
+    HttpSetup,
+    KafkaSetup,
+    MySQLSetup,
+    PostgresSetup,
+    S3Setup,
+    SQLiteSetup,
+)
 from tests.test_cluster import OnCluster
 from tests.test_connect import ConnectCrashSuite
-from twophase._crash import GROUP_CRASH_POINTS
+from twophase._crash import BETWEEN_MEMBERS, GROUP_CRASH_POINTS
 from twophase.testing import GroupTarget
-from twophase.testing.crash import CrashSuite
+from twophase.testing.crash import DECISION_POINTS, CrashSuite
 
 pytestmark = [pytest.mark.spark, pytest.mark.crash]
 
@@ -87,3 +97,32 @@ class TestSQLiteHttpGroupCrashes(CrashSuite):
     def target(self, sqlite_setup: SQLiteSetup, http_setup: HttpSetup) -> GroupTarget:
         return GroupTarget.of({"orders": sqlite_setup.new_target(),
                                "hooks": http_setup.new_target()})
+
+
+class OnTableLakeAndFeed(CrashSuite):
+    """MySQL XA, then a Delta table, then Kafka: the lake never shows a row the table lacks
+    nor the topic (read_committed) an event the lake lacks; at the end each holds every row
+    once, no Parquet file is left unreferenced in the lake and no XA branch prepared."""
+
+    @pytest.fixture
+    def target(self, mysql_setup: MySQLSetup, delta_setup: DeltaSetup,
+               kafka_setup: KafkaSetup) -> GroupTarget:
+        return GroupTarget.of({"orders": mysql_setup.new_target(),
+                               "lake": delta_setup.new_target(),
+                               "changes": kafka_setup.new_target()},
+                              commit_order=["orders", "lake", "changes"],
+                              columns={"changes": EVENT_COLUMNS})
+
+
+class TestMySQLDeltaKafkaGroupCrashes(OnTableLakeAndFeed):
+    """CI: either side of the decision, and between two members' commits (the table's
+    committed, the lake's and the topic's not)."""
+
+    crash_points = (*DECISION_POINTS, BETWEEN_MEMBERS)
+
+
+@pytest.mark.long
+class TestMySQLDeltaKafkaGroupEveryPoint(OnTableLakeAndFeed):
+    """Every point of a group's driver, between members included."""
+
+    crash_points = GROUP_CRASH_POINTS

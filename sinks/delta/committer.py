@@ -26,23 +26,28 @@ re-adding a committed file whose tombstone expired would resurrect rows an OPTIM
 rewrote): else the handle is lost, :class:`~twophase.TransactionLostError` naming the batch
 and the file, and nothing of the batch is added.
 
-**Abort** deletes the transaction's files, unless the snapshot references them (a committed
-transaction: then nothing is deleted, NOT_FOUND with a warning).
+**Abort** deletes the transaction's files (those its handle lists and those its intent names,
+:mod:`~sinks.delta.intents`), then its intent, unless the snapshot references them (a
+committed transaction: then nothing is deleted, NOT_FOUND with a warning).
 
-**In doubt** (:meth:`DeltaCommitter.list_in_doubt`): every file in the data area named by a
-transaction of the namespace, grouped by transaction, that no commit references: a
-transaction whose batch is above its query's ``transaction_version`` was never committed (no
-log read at all); for the others, the snapshot's referenced paths decide (live files and
-tombstones: an OPTIMIZE's rewritten files stay referenced until their tombstones expire, so
-the sweep that runs every batch never deletes committed data). A committed file whose
-tombstone has expired is referenced by no version a reader may still open: it is listed, and
-deleting it is what VACUUM would do. Cost: one listing of the data area (the listing VACUUM
-makes), one snapshot load (bounded by Delta's checkpoints), one ``transaction_version`` per
-query, and the snapshot's live files and tombstones (its in-memory state); never a commit
-file, never a walk of the table's history. It grows with the files present in the data area,
-not with the commits: measured on this machine (2 files per batch, no OPTIMIZE) 5.0 ms at 10
-batches, 57.5 ms at 1,000 (the proof's ``transaction_version``: 0.29 and 0.21 ms; the snapshot
-load apart: 2.7 and 7.7 ms). An OPTIMIZE then VACUUM brings it back down.
+**In doubt** (:meth:`DeltaCommitter.list_in_doubt`): the transactions of the namespace with an
+intent, i.e. with files no commit was proven to reference. One whose batch is above its app
+id's ``transaction_version`` was never committed (no file list read); for the others, the
+snapshot's referenced paths decide (live files and tombstones: an OPTIMIZE's rewritten files
+stay referenced until their tombstones expire, so the sweep that runs every batch never
+deletes committed data); a transaction proven committed has its intent deleted on sight (a
+crash came between its commit and ``finish_batch``). Cost: one listing of the namespace's
+intents and one read per intent (the transactions not yet settled: a batch's, normally), the
+commits made since the committer last read the table (:meth:`DeltaCommitter._latest`) and one
+``transaction_version`` per query; never a listing of the data area, never a walk of the
+table's history.
+It does not grow with the table's age: measured in docs/PERFORMANCE.md ("Delta: the proof and
+the listing in doubt over 1,000 batches").
+
+**Explicit app id** (``DeltaSink(app_id=...)``): before the first batch it decides,
+``check_committable`` refuses a table that holds the app id at a version at or above the batch
+without the batch's files (a new checkpoint, whose batch ids start again, given an app id a
+former query used: Delta's own trap, where the batch would be dropped silently).
 """
 
 from __future__ import annotations
@@ -54,23 +59,30 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
-from sinks.delta.errors import ERRORS_CAUGHT, classify, lost
-from sinks.delta.files import DataFile, delete, files_of, found_file, relative
-from sinks.delta.snapshot import Snapshot, app_id_of
-from twophase import AbortOutcome, CommitOutcome, CommitStage, Committer, Handle, TxnId
+from sinks.delta import intents
+from sinks.delta.errors import classify, lost
+from sinks.delta.files import DataFile
+from sinks.delta.snapshot import Snapshot
+from twophase import (
+    AbortOutcome,
+    CommitOutcome,
+    CommitStage,
+    Committer,
+    ConfigurationError,
+    Handle,
+    TxnId,
+)
 from twophase.kit import classified
 
 if TYPE_CHECKING:
+    from deltalake import DeltaTable
+
     from sinks.delta.sink import DeltaSink
 
 log = logging.getLogger(__name__)
 
 #: A query's batch: the app id and the batch id.
 BatchKey = tuple[str, int]
-
-
-def batch_key(txn_id: TxnId) -> BatchKey:
-    return app_id_of(txn_id), txn_id.batch
 
 
 def files_in(handle: Handle) -> list[DataFile]:
@@ -90,6 +102,34 @@ class DeltaCommitter(Committer):
         self._batch_locks: dict[BatchKey, threading.Lock] = {}
         self._settled: dict[TxnId, CommitOutcome] = {}
         self._retention_s: float | None = None
+        self._app_id_checked = False
+        #: The table as this committer last read it (see :meth:`_latest`).
+        self._table_lock = threading.RLock()
+        self._table: DeltaTable | None = None
+        self._holding_table = False
+
+    def batch_key(self, txn_id: TxnId) -> BatchKey:
+        return self.sink.app_id_of(txn_id), txn_id.batch
+
+    @contextlib.contextmanager
+    def _latest(self) -> Iterator[Snapshot]:
+        """The table's latest version, held (one user at a time): loaded at the committer's
+        first use, then brought up to date by reading only the commits made since
+        (``update_incremental``), so that a batch's proof costs the same at batch 10 and at
+        batch 1,000; a full load costs what the table's live files do."""
+        with self._table_lock:
+            if self._table is None:
+                self._table = self.sink.snapshot().table
+            elif not self._holding_table:
+                self._table.update_incremental()
+            # Inside a use (the commit's checks), the version stays the one checked: a commit
+            # built on a table brought up to date after its check would pass Delta's conflict
+            # check with a stale proof.
+            outer, self._holding_table = self._holding_table, True
+            try:
+                yield Snapshot(self._table)
+            finally:
+                self._holding_table = outer
 
     # -- a batch, one commit ---------------------------------------------------------------------
 
@@ -99,7 +139,7 @@ class DeltaCommitter(Committer):
         return super().commit_stages(handles)
 
     def commit(self, handle: Handle) -> CommitOutcome:
-        key = batch_key(handle.txn_id)
+        key = self.batch_key(handle.txn_id)
         with self._holding(key):
             if handle.txn_id not in self._settled:
                 batch = self._batches.get(key, ())
@@ -108,18 +148,23 @@ class DeltaCommitter(Committer):
             return self._settled[handle.txn_id]
 
     def finish_batch(self, namespace: str, batch: int, handles: Sequence[Handle]) -> None:
-        """Commit what of the batch is not settled yet (nothing after its commits)."""
+        """Commit what of the batch is not settled yet (nothing after its commits), then
+        forget the intents of its transactions."""
         self._announce(handles)
-        for key in {batch_key(handle.txn_id) for handle in handles}:
+        for key in {self.batch_key(handle.txn_id) for handle in handles}:
             with self._holding(key):
                 if rest := [handle for handle in self._batches[key]
                             if handle.txn_id not in self._settled]:
                     self._settle(tuple(rest))
+        with classified(classify, f"deleting the intents of batch {batch} in "
+                        f"{self.sink.where}", self.sink.errors_caught):
+            intents.forget(self.sink.storage, [handle.txn_id for handle in handles
+                                               if files_in(handle)])
 
     def _announce(self, handles: Sequence[Handle]) -> None:
         by_key: dict[BatchKey, list[Handle]] = {}
         for handle in handles:
-            by_key.setdefault(batch_key(handle.txn_id), []).append(handle)
+            by_key.setdefault(self.batch_key(handle.txn_id), []).append(handle)
         with self._lock:
             self._batches.update({key: tuple(found) for key, found in by_key.items()})
 
@@ -132,16 +177,16 @@ class DeltaCommitter(Committer):
 
     def _settle(self, handles: tuple[Handle, ...]) -> None:
         """Prove or commit ``handles`` (one query's batch) in one commit on one snapshot."""
-        first = handles[0].txn_id
-        app_id, batch = batch_key(first)
+        app_id, batch = self.batch_key(handles[0].txn_id)
         with classified(classify, f"commit of batch {batch} ({len(handles)} transactions) "
-                        f"to {self.sink.where}", ERRORS_CAUGHT):
-            snapshot = self.sink.snapshot()
+                        f"to {self.sink.where}", self.sink.errors_caught), \
+                self._latest() as snapshot:
             last = snapshot.batch_of(app_id)
             proven = [handle for handle in handles
                       if self._proven(handle, snapshot, committed=last >= batch)]
             pending = [handle for handle in handles if handle not in proven]
-            files = [data_file for handle in pending for data_file in self._addable(handle)]
+            files = [data_file for handle in pending
+                     for data_file in self._addable(handle, snapshot.retention_s())]
             if files:
                 snapshot.commit(files, app_id=app_id, batch=max(last, batch),
                                 transactions=[handle.txn_id for handle in pending])
@@ -156,11 +201,11 @@ class DeltaCommitter(Committer):
         return not files or (committed and all(data_file.path in snapshot.referenced()
                                                for data_file in files))
 
-    def _addable(self, handle: Handle) -> list[DataFile]:
+    def _addable(self, handle: Handle, retention_s: float) -> list[DataFile]:
         """The handle's files, each checked: still there, and within VACUUM's retention."""
-        files, oldest = files_in(handle), time.time() - self.retention_s()
+        files, oldest = files_in(handle), time.time() - retention_s
         for data_file in files:
-            if not data_file.local(self.sink.root).exists():
+            if self.sink.storage.stat(data_file.path) is None:
                 raise lost(handle, where=self.sink.where, why=(
                     f"its file {data_file.path} is gone from the table's data area (deleted by "
                     "a VACUUM or by hand) and no commit references it; nothing of batch "
@@ -173,40 +218,72 @@ class DeltaCommitter(Committer):
                     f"batch {handle.txn_id.batch} was added"))
         return files
 
+    # -- before a decision: an explicit app id -----------------------------------------------------
+
+    def check_committable(self, handles: Sequence[Handle]) -> None:
+        """With an explicit app id, once: refuse a table that holds it at or above the first
+        batch without the batch's files (module docstring)."""
+        if self.sink.app_id is None or self._app_id_checked or not handles:
+            return
+        with classified(classify, f"checking app id {self.sink.app_id!r} in {self.sink.where}",
+                        self.sink.errors_caught), self._latest() as snapshot:
+            last = snapshot.batch_of(self.sink.app_id)
+            batch = min(handle.txn_id.batch for handle in handles)
+            if last >= batch and not all(self._proven(handle, snapshot, committed=True)
+                                         for handle in handles):
+                raise ConfigurationError(
+                    f"{self.sink.where} holds app id {self.sink.app_id!r} at version {last}, "
+                    f"at or above this query's batch {batch}: a former query committed with "
+                    "this app id, and Delta would take this batch for one of its own (a new "
+                    "checkpoint's batch ids start again at 0).",
+                    fix="give this checkpoint a new app_id=, or drop app_id= and let DeltaSink "
+                        "derive one from the query (a new one per checkpoint)")
+        self._app_id_checked = True
+
     # -- abort, in doubt, deadlines --------------------------------------------------------------
 
     def abort(self, handle: Handle) -> AbortOutcome:
-        app_id, batch = batch_key(handle.txn_id)
+        storage = self.sink.storage
+        app_id, batch = self.batch_key(handle.txn_id)
         with classified(classify, f"abort of transaction {handle.txn_id} in {self.sink.where}",
-                        ERRORS_CAUGHT):
-            snapshot = self.sink.snapshot()
-            if snapshot.batch_of(app_id) >= batch and any(
-                    data_file.path in snapshot.referenced() for data_file in files_in(handle)):
+                        self.sink.errors_caught):
+            paths = {data_file.path for data_file in files_in(handle)}
+            paths.update(intents.files_named(storage, handle.txn_id))
+            with self._latest() as snapshot:
+                committed = snapshot.batch_of(app_id) >= batch and bool(
+                    paths & snapshot.referenced())
+            if committed:
                 log.warning("abort of %s: it is committed already, nothing to delete",
                             handle.txn_id)
+                intents.forget(storage, [handle.txn_id])
                 return AbortOutcome.NOT_FOUND
-            deleted = delete([data_file.local(self.sink.root) for data_file in files_in(handle)])
-        return AbortOutcome.ABORTED if deleted else AbortOutcome.NOT_FOUND
+            existing = [path for path in sorted(paths) if storage.stat(path) is not None]
+            storage.delete(existing)
+            intents.forget(storage, [handle.txn_id])
+        return AbortOutcome.ABORTED if existing else AbortOutcome.NOT_FOUND
 
     def list_in_doubt(self, namespace: str) -> list[Handle]:
-        """Transactions of ``namespace`` with files no commit references (module docstring)."""
-        root = self.sink.root
+        """Transactions of ``namespace`` with an intent and no proven commit (module
+        docstring)."""
+        storage = self.sink.storage
         with classified(classify, f"listing in-doubt transactions of namespace {namespace!r} "
-                        f"in {self.sink.where}", ERRORS_CAUGHT):
-            found = files_of(root, namespace)
+                        f"in {self.sink.where}", self.sink.errors_caught):
+            found = intents.pending(storage, namespace)
             if not found:
                 return []
-            snapshot = self.sink.snapshot()
-            last = {app_id: snapshot.batch_of(app_id)
-                    for app_id in {app_id_of(txn_id) for txn_id in found}}
-            in_doubt = []
-            for txn_id, paths in sorted(found.items()):
-                if last[app_id_of(txn_id)] >= txn_id.batch and any(
-                        relative(root, path) in snapshot.referenced() for path in paths):
-                    continue
-                in_doubt.append(self.sink.handle(txn_id, rows=0, files=[
-                    found_file(root, path).to_json() for path in paths]))
-        return in_doubt
+            with self._latest() as snapshot:
+                last = {app_id: snapshot.batch_of(app_id)
+                        for app_id in {self.sink.app_id_of(txn_id) for txn_id in found}}
+                committed = [txn_id for txn_id, paths in found.items()
+                             if paths and last[self.sink.app_id_of(txn_id)] >= txn_id.batch
+                             and set(paths) <= snapshot.referenced()]
+            if committed:
+                log.info("forgetting the intents of %d committed transactions",
+                         len(committed))
+                intents.forget(storage, committed)
+        return [self.sink.handle(txn_id, rows=0, files=[
+                    DataFile.unsealed(path).to_json() for path in paths])
+                for txn_id, paths in sorted(found.items()) if txn_id not in committed]
 
     def commit_deadline(self, handle: Handle) -> float | None:
         """When VACUUM may delete the handle's oldest file (its creation + the table's
@@ -216,9 +293,8 @@ class DeltaCommitter(Committer):
 
     def retention_s(self) -> float:
         """The table's ``delta.deletedFileRetentionDuration``, read once per committer."""
-        with self._lock:
-            if self._retention_s is None:
-                with classified(classify, f"reading the properties of {self.sink.where}",
-                                ERRORS_CAUGHT):
-                    self._retention_s = self.sink.snapshot().retention_s()
-            return self._retention_s
+        if self._retention_s is None:
+            with classified(classify, f"reading the properties of {self.sink.where}",
+                            self.sink.errors_caught), self._latest() as snapshot:
+                self._retention_s = snapshot.retention_s()
+        return self._retention_s

@@ -25,6 +25,8 @@ what went wrong                                 what the sink raises
                                                 :class:`ConfigurationError`
 ``ArrowInvalid`` / ``ArrowTypeError``           :class:`SchemaMismatchError` (a value the
                                                 table's type cannot hold)
+a boto3 error (a table on S3: the data files    twophase's one S3 table (``S3Errors``): a
+and the intents)                                refused request names :data:`S3_PERMISSIONS`
 ==============================================  =============================================
 
 A decided transaction whose file is gone, or whose commit cannot be proven, is
@@ -32,6 +34,8 @@ A decided transaction whose file is gone, or whose commit cannot be proven, is
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import deltalake.exceptions
 import pyarrow as pa
@@ -45,13 +49,31 @@ from twophase import (
     TransactionLostError,
     TwoPhaseError,
 )
-from twophase.kit import Condition, ErrorTable, transaction_lost
+from twophase.kit import Condition, ErrorTable, S3Errors, transaction_lost
 
 SYSTEM = "DeltaSink"
 
 #: What the sink catches around deltalake and pyarrow calls and hands to :func:`classify`.
 ERRORS_CAUGHT: tuple[type[BaseException], ...] = (
     deltalake.exceptions.DeltaError, OSError, pa.ArrowException)
+
+#: What the sink's credentials need on a table on S3 (a refused request names them; the
+#: README's policy, :func:`iam_policy`): the bucket's listing, and the objects under the
+#: table's prefix (the data files, the intents and deltalake's log).
+BUCKET_PERMISSIONS = ("s3:ListBucket",)
+OBJECT_PERMISSIONS = ("s3:GetObject", "s3:PutObject", "s3:DeleteObject")
+S3_PERMISSIONS = BUCKET_PERMISSIONS + OBJECT_PERMISSIONS
+S3_ERRORS = S3Errors(S3_PERMISSIONS)
+POLICY_VERSION = "2012-10-17"
+
+
+def iam_policy(bucket: str, prefix: str) -> dict[str, Any]:
+    """The least-privilege IAM policy of a sink appending to the table ``s3://bucket/prefix``."""
+    return {"Version": POLICY_VERSION, "Statement": [
+        {"Sid": "TableBucket", "Effect": "Allow", "Action": list(BUCKET_PERMISSIONS),
+         "Resource": f"arn:aws:s3:::{bucket}"},
+        {"Sid": "TableObjects", "Effect": "Allow", "Action": list(OBJECT_PERMISSIONS),
+         "Resource": f"arn:aws:s3:::{bucket}/{prefix.strip('/')}/*"}]}
 
 FIX_RETRY = "retried automatically; if it persists, check the table's storage"
 FIX_RACE = ("retried automatically: another committer of the table committed first; the "
@@ -97,7 +119,9 @@ ERRORS = ErrorTable(
 
 
 def classify(exc: BaseException, what: str) -> TwoPhaseError:
-    """A deltalake, pyarrow or OS error as a twophase error naming the step (``what``)."""
+    """A deltalake, pyarrow, OS or S3 error as a twophase error naming the step (``what``)."""
+    if type(exc).__module__.startswith("botocore"):
+        return S3_ERRORS.classify(exc, what)
     code = _code(exc)
     message = str(exc).strip() or type(exc).__name__
     return ERRORS.error(code, what, f"[{code}] {message}")

@@ -1,80 +1,52 @@
-"""The table's data files: named by their transaction, written as Parquet, listed, deleted.
+"""The table's data files: named by their transaction, written as Parquet, deleted.
 
 A transaction's files go where the table's own writers put theirs, in the ordinary data area:
 the table's root, or its partition directories (``status=paid/``), never a ``_``-prefixed
 folder (VACUUM ignores those, so a file there is never cleaned up). Each is named
-``part-<txn id>-<n>.parquet`` (``n``: 00000, 00001, ... per transaction), so the transaction
-of any file found in the data area is read back from its name (:func:`txn_of`) without
-opening it. A file is created exclusively: a transaction id used twice never overwrites the
-first use's file (a committed one), it fails.
+``part-<txn id>-<n>.parquet`` (``n``: 00000, 00001, ... per transaction), and listed by the
+transaction's intent (:mod:`~sinks.delta.intents`) before it is created. A file is created
+exclusively (:class:`~sinks.delta.storage.Storage`): a transaction id used twice never
+overwrites the first use's file (a committed one), it fails.
 
 Files are bounded: a writer rolls to a new file once its file reaches ``max_file_bytes``,
 writing one row group per chunk of rows (memory: a chunk, and the open row group of each
-partition value a partition's rows hit).
-
-Local paths only in this milestone (``/path`` or ``file:///path``): S3 comes with the next.
+partition value a partition's rows hit; on S3 the whole open file, sent by one conditional
+put when it is sealed).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import IO, Any
-from urllib.parse import quote, unquote, urlparse
+from typing import Any
+from urllib.parse import quote
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 from deltalake.transaction import AddAction
 
-from sinks.delta.errors import SYSTEM
+from sinks.delta import intents
 from sinks.delta.schema import Layout
 from sinks.delta.stats import FileStats
-from twophase import ConfigurationError, SchemaMismatchError, TxnId
+from sinks.delta.storage import Output, Storage
+from twophase import SchemaMismatchError, TwoPhaseError, TxnId
 
 log = logging.getLogger(__name__)
 
-FILE_NAME = re.compile(r"^part-(?P<txn>[A-Za-z0-9_.-]+)-(?P<number>\d{5})\.parquet$")
-#: Folders no writer's data lives in: ``_delta_log``, ``_change_data``, hidden files.
-HIDDEN_PREFIXES = ("_", ".")
 #: Hive's directory name of a NULL partition value.
 NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
 #: Characters kept beyond letters, digits and "_.-~" in a partition directory's name (none: the
 #: rest are %-escaped, as delta-rs names them).
 SAFE_IN_DIRECTORY = ""
-MS_PER_S = 1000
 DEFAULT_MAX_FILE_BYTES = 128 * 1024 * 1024
 
 PartitionKey = tuple[str | None, ...]
 
 
-def local_root(table_uri: str) -> Path:
-    """The directory of a table on a local path (``/path`` or ``file:///path``)."""
-    parsed = urlparse(table_uri)
-    if parsed.scheme not in ("", "file"):
-        raise ConfigurationError(
-            f"{SYSTEM}: table_uri {table_uri!r}: this version writes tables on a local path "
-            "only.", fix="give a local path (or file:///path); object stores come later")
-    return Path(unquote(parsed.path) if parsed.scheme else table_uri)
-
-
 def file_name(txn_id: TxnId, number: int) -> str:
     return f"part-{txn_id}-{number:05d}.parquet"
-
-
-def txn_of(name: str) -> TxnId | None:
-    """The transaction a data file's name names, or None for any other file."""
-    match = FILE_NAME.fullmatch(name)
-    if match is None:
-        return None
-    try:
-        return TxnId.parse(match.group("txn"))
-    except ValueError:
-        return None
 
 
 @dataclass(frozen=True)
@@ -98,29 +70,28 @@ class DataFile:
         return cls(data["path"], int(data["size"]), dict(data["partition_values"]),
                    int(data["modification_time"]), data["stats"])
 
+    @classmethod
+    def unsealed(cls, path: str) -> DataFile:
+        """A file an intent names, as an abort needs it: its path alone."""
+        return cls(path, 0, {}, 0, "")
+
     def action(self) -> AddAction:
         return AddAction(self.path, self.size, dict(self.partition_values),
                          self.modification_time, True, self.stats)
-
-    def local(self, root: Path) -> Path:
-        return root / self.path
 
 
 class _OpenFile:
     """One Parquet file being written."""
 
-    def __init__(self, root: Path, relative: str, schema: pa.Schema,
+    def __init__(self, output: Output, relative: str, schema: pa.Schema,
                  partition_values: Mapping[str, str | None]) -> None:
-        self.relative, self.partition_values = relative, partition_values
-        self.path = root / relative
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.stream: IO[bytes] = open(self.path, "xb")  # noqa: SIM115 - closed in close()
-        self.writer = pq.ParquetWriter(self.stream, schema)
+        self.output, self.relative, self.partition_values = output, relative, partition_values
+        self.writer = pq.ParquetWriter(output.stream, schema)
         self.stats = FileStats(schema)
 
     @property
     def size(self) -> int:
-        return self.stream.tell()
+        return self.output.stream.tell()
 
     def write(self, table: pa.Table) -> None:
         for batch in table.to_batches():
@@ -129,56 +100,66 @@ class _OpenFile:
 
     def close(self) -> DataFile:
         self.writer.close()
-        self.stream.flush()
-        os.fsync(self.stream.fileno())
-        self.stream.close()
-        stat = self.path.stat()
-        return DataFile(self.relative, stat.st_size, dict(self.partition_values),
-                        int(stat.st_mtime * MS_PER_S), self.stats.to_json())
+        stat = self.output.seal()
+        return DataFile(self.relative, stat.size, dict(self.partition_values),
+                        stat.modification_time, self.stats.to_json())
 
     def abandon(self) -> None:
         with contextlib.suppress(Exception):
             self.writer.close()
-        with contextlib.suppress(OSError):
-            self.stream.close()
+        self.output.abandon()
 
 
 @dataclass
 class TransactionFiles:
     """The files of one transaction: one open file per partition value, rolled at
-    ``max_file_bytes``; closed by :meth:`close`, deleted by :meth:`delete`."""
+    ``max_file_bytes``, each named by the transaction's intent before it is created; closed
+    by :meth:`close`, deleted with the intent by :meth:`delete`."""
 
-    root: Path
+    storage: Storage
     layout: Layout
     txn_id: TxnId
     max_file_bytes: int
     rows: int = 0
     closed: list[DataFile] = field(default_factory=list)
     _open: dict[PartitionKey, _OpenFile] = field(default_factory=dict)
-    _created: list[Path] = field(default_factory=list)
+    _created: list[str] = field(default_factory=list)
 
     def write(self, table: pa.Table) -> None:
         """Rows of the table's columns (partition columns included)."""
         for key, part in self._by_partition(table):
             self._file_of(key).write(part)
             if self._open[key].size >= self.max_file_bytes:
-                self.closed.append(self._open.pop(key).close())
+                self._seal(self._open.pop(key))
         self.rows += table.num_rows
 
     def close(self) -> list[DataFile]:
         """Close every open file: the transaction's files, durable."""
-        self.closed.extend(opened.close() for opened in self._open.values())
-        self._open.clear()
+        while self._open:
+            self._seal(self._open.pop(next(iter(self._open))))
         return self.closed
 
+    def _seal(self, opened: _OpenFile) -> None:
+        try:
+            self.closed.append(opened.close())
+        except FileExistsError:
+            self._created.remove(opened.relative)  # another's file (on S3, found at the put)
+            raise
+
     def delete(self) -> None:
-        """Delete every file this transaction created (a discarded transaction); never raises."""
+        """Delete every file this transaction created, then its intent (a discarded
+        transaction); never raises: what is left is the sweep's."""
         for opened in self._open.values():
             opened.abandon()
         self._open.clear()
-        for path in self._created:
-            with contextlib.suppress(OSError):
-                path.unlink()
+        if not self._created:
+            return
+        caught: tuple[type[BaseException], ...] = (*self.storage.errors, TwoPhaseError)
+        try:
+            self.storage.delete(self._created)
+            intents.forget(self.storage, [self.txn_id])
+        except caught as exc:
+            log.warning("discarding %s: %s (the sweep deletes what is left)", self.txn_id, exc)
 
     def _file_of(self, key: PartitionKey) -> _OpenFile:
         if key not in self._open:
@@ -186,8 +167,10 @@ class TransactionFiles:
             relative = "/".join([*(partition_directory(name, value)
                                    for name, value in values.items()),
                                  file_name(self.txn_id, len(self._created))])
-            self._open[key] = _OpenFile(self.root, relative, self.layout.file_schema, values)
-            self._created.append(self._open[key].path)
+            intents.record(self.storage, self.txn_id, [*self._created, relative])
+            output = self.storage.create(relative)
+            self._created.append(relative)
+            self._open[key] = _OpenFile(output, relative, self.layout.file_schema, values)
         return self._open[key]
 
     def _by_partition(self, table: pa.Table) -> Iterator[tuple[PartitionKey, pa.Table]]:
@@ -236,56 +219,3 @@ def conform(table: pa.Table, layout: Layout, where: str) -> pa.Table:
                 "row(s) hold NULL there.", fix="filter or fill the NULLs in the query")
         columns.append(column)
     return pa.Table.from_arrays(columns, schema=layout.table_schema)
-
-
-def files_of(root: Path, namespace: str) -> dict[TxnId, list[Path]]:
-    """Every data file of the namespace's transactions in the data area, by transaction: one
-    listing of the root and of its partition directories (``_``- and ``.``-prefixed folders
-    skipped), no file opened."""
-    found: dict[TxnId, list[Path]] = {}
-    for path in _data_area(root):
-        txn_id = txn_of(path.name)
-        if txn_id is not None and txn_id.namespace == namespace:
-            found.setdefault(txn_id, []).append(path)
-    return found
-
-
-def _data_area(directory: Path) -> Iterator[Path]:
-    try:
-        entries = list(os.scandir(directory))
-    except FileNotFoundError:
-        return
-    for entry in entries:
-        if entry.name.startswith(HIDDEN_PREFIXES):
-            continue
-        if entry.is_dir(follow_symlinks=False):
-            yield from _data_area(Path(entry.path))
-        else:
-            yield Path(entry.path)
-
-
-def relative(root: Path, path: Path) -> str:
-    """A file found under ``root`` as a :class:`DataFile` names it."""
-    return path.relative_to(root).as_posix()
-
-
-def found_file(root: Path, path: Path) -> DataFile:
-    """A file found in the data area as a handle lists it (for its abort): its partition
-    values read back from its directories; no statistics."""
-    stat = path.stat()
-    values: dict[str, str | None] = {}
-    for directory in path.relative_to(root).parent.parts:
-        name, _, value = directory.partition("=")
-        values[unquote(name)] = None if value == NULL_PARTITION else unquote(value)
-    return DataFile(relative(root, path), stat.st_size, values, int(stat.st_mtime * MS_PER_S),
-                    "")
-
-
-def delete(paths: Sequence[Path]) -> int:
-    """Delete the files that exist; how many were deleted."""
-    deleted = 0
-    for path in paths:
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
-            deleted += 1
-    return deleted

@@ -3,11 +3,12 @@
 Every partition's slice of a micro-batch is written by pyarrow as Parquet files into the
 table's data area (:mod:`~sinks.delta.files`: named by the transaction id, in the partition
 directories of a partitioned table, a new file every ``max_file_bytes``), each with its exact
-statistics (:mod:`~sinks.delta.stats`). A file no commit references is invisible to every
-reader. The handle lists the files as their ``AddAction`` needs them (path, size, partition
-values, modification time, statistics); the driver's committer
-(:mod:`~sinks.delta.committer`) adds every file of the batch in one Delta commit carrying
-``Transaction(app_id, batch)`` (:mod:`~sinks.delta.snapshot`).
+statistics (:mod:`~sinks.delta.stats`), on a local path or S3 (:mod:`~sinks.delta.storage`),
+each named by the transaction's intent before it is created (:mod:`~sinks.delta.intents`). A
+file no commit references is invisible to every reader. The handle lists the files as their
+``AddAction`` needs them (path, size, partition values, modification time, statistics); the
+driver's committer (:mod:`~sinks.delta.committer`) adds every file of the batch in one Delta
+commit carrying ``Transaction(app_id, batch)`` (:mod:`~sinks.delta.snapshot`).
 
 What a crash leaves behind, phase by phase (a file is durable once written and fsynced):
 
@@ -17,12 +18,12 @@ phase        calls                 a crash here leaves   resolved by            
 begin        the table's layout    nothing               (nothing to resolve)   ConfigurationError
              (read on the driver                                                (no table, a
              by ``check_schema``)                                               feature refused)
-write        Parquet files         partial or whole      listed by              SchemaMismatchError
-             created exclusively   files named by the    ``list_in_doubt``      (a value the
-             (``part-<txn>-<n>``   transaction, which    (name -> txn id, no    column cannot
-             ``.parquet``), a row  no commit references  commit references      hold, a NULL in
-             group per chunk       (invisible)           them), deleted by the  a NOT NULL
-                                                         driver's sweep or      column),
+write        the intent, then      partial or whole      listed by              SchemaMismatchError
+             Parquet files         files named by the    ``list_in_doubt``      (a value the
+             created exclusively   transaction and its   (its intents, no       column cannot
+             (``part-<txn>-<n>``   intent, which no      commit proven),        hold, a NULL in
+             ``.parquet``), a row  commit references     deleted by the         a NOT NULL
+             group per chunk       (invisible)           driver's sweep or      column),
                                                          cleanup                FatalError (the
                                                                                 id was used: its
                                                                                 file exists)
@@ -38,11 +39,13 @@ commit       the batch's first     before the Delta      recovery commits       
              batch)                and batch             ALREADY_COMMITTED      racing commit:
                                                                                 concurrent
                                                                                 transaction)
-finish       commits what of the   as commit             as commit              as commit
-batch        batch is unsettled
-             (nothing, normally)
-abort        delete the files      some files deleted    repeat it: no file is  RetryableError
-             unless a commit                             NOT_FOUND
+finish       commits what of the   as commit; the        as commit; an intent   as commit
+batch        batch is unsettled    intents maybe left    of a committed
+             (nothing, normally),                        transaction is
+             deletes its intents                         deleted on sight
+abort        delete the files,     some files deleted,   repeat it: no file is  RetryableError
+             then the intent,      the intent left       NOT_FOUND
+             unless a commit
              references them
 ===========  ====================  ====================  =====================  ===================
 
@@ -75,14 +78,10 @@ from deltalake import DeltaTable
 from sinks.delta import schema
 from sinks.delta.committer import DeltaCommitter
 from sinks.delta.errors import ERRORS_CAUGHT, SYSTEM, classify
-from sinks.delta.files import (
-    DEFAULT_MAX_FILE_BYTES,
-    TransactionFiles,
-    conform,
-    local_root,
-)
+from sinks.delta.files import DEFAULT_MAX_FILE_BYTES, TransactionFiles, conform
 from sinks.delta.schema import Layout
-from sinks.delta.snapshot import Snapshot
+from sinks.delta.snapshot import Snapshot, app_id_of
+from sinks.delta.storage import storage_for
 from twophase import (
     Column,
     ConfigurationError,
@@ -91,6 +90,7 @@ from twophase import (
     SchemaMismatchError,
     TransactionContext,
     TwoPhaseCommitSink,
+    TxnId,
 )
 from twophase.kit import (
     DEFAULT_CHUNK_SIZE,
@@ -116,14 +116,18 @@ class DeltaTransaction:
 
 
 class DeltaSink(TwoPhaseCommitSink[DeltaTransaction]):
-    """Exactly-once appends to the Delta table at ``table_uri`` (a local path).
+    """Exactly-once appends to the Delta table at ``table_uri`` (a local path, ``file://`` or
+    ``s3://bucket/path``).
 
     ``create=True``: create the table from the query's columns when it does not exist
     (partitioned by ``partition_by``, with the table properties ``configuration``); an
     existing table keeps its own partitioning (a different ``partition_by`` is refused).
     ``chunk_size``: rows per Parquet row group on the rows path; ``max_file_bytes``: a
     transaction's file is closed, and the next one begun, once it reaches this size.
-    ``storage_options``: deltalake's, for the table's log.
+    ``storage_options``: deltalake's (for the table's log); on S3 the sink's own client takes
+    its credentials, region and endpoint from them too (:mod:`~sinks.delta.storage`).
+    ``app_id``: the Delta app id the batches commit under (default: derived from the query, a
+    new one per checkpoint; see :mod:`~sinks.delta.committer`).
     """
 
     kind: ClassVar[str] = "delta"
@@ -138,10 +142,15 @@ class DeltaSink(TwoPhaseCommitSink[DeltaTransaction]):
         configuration: Mapping[str, str] | None = None,
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+        app_id: str | None = None,
     ) -> None:
         self.table_uri = str(table_uri)
-        self.root = local_root(self.table_uri)
         self.storage_options = dict(storage_options or {})
+        self.storage = storage_for(self.table_uri, self.storage_options)
+        if app_id is not None and (not isinstance(app_id, str) or not app_id.strip()):
+            raise ConfigurationError(f"{SYSTEM}: app_id={app_id!r} must be a non-empty string.",
+                                     fix="drop app_id= (derived from the query) or name one")
+        self.app_id = app_id
         self.partition_by = tuple(partition_by)
         self.create = create
         self.configuration = dict(configuration or {})
@@ -164,7 +173,16 @@ class DeltaSink(TwoPhaseCommitSink[DeltaTransaction]):
 
     def default_namespace(self) -> str:
         """The table directory's name, reduced to ``[A-Za-z0-9_-]`` and 24 characters."""
-        return namespace_from(self.root.name, self.kind)
+        return namespace_from(self.table_uri.rstrip("/").rsplit("/", 1)[-1], self.kind)
+
+    @property
+    def errors_caught(self) -> tuple[type[BaseException], ...]:
+        """What the sink catches around deltalake, pyarrow and storage calls."""
+        return (*ERRORS_CAUGHT, *self.storage.errors)
+
+    def app_id_of(self, txn_id: TxnId) -> str:
+        """The app id a transaction's batch commits under: ``app_id=`` or the query's own."""
+        return self.app_id if self.app_id is not None else app_id_of(txn_id)
 
     def snapshot(self) -> Snapshot:
         """The table's latest version, loaded now (errors: the caller classifies them)."""
@@ -174,7 +192,7 @@ class DeltaSink(TwoPhaseCommitSink[DeltaTransaction]):
 
     def check_schema(self, columns: Sequence[Column]) -> None:
         """The table (created if asked), its features, its columns; then its layout."""
-        with classified(classify, f"checking {self.where}", ERRORS_CAUGHT):
+        with classified(classify, f"checking {self.where}", self.errors_caught):
             table = self._table_for(columns)
             schema.check_features(table, self.where)
             schema.check_partitioning(table, self.where)
@@ -202,9 +220,10 @@ class DeltaSink(TwoPhaseCommitSink[DeltaTransaction]):
     def begin_transaction(self, ctx: TransactionContext) -> DeltaTransaction:
         layout = self.layout
         if layout is None:
-            with classified(classify, f"reading the layout of {self.where}", ERRORS_CAUGHT):
+            with classified(classify, f"reading the layout of {self.where}",
+                            self.errors_caught):
                 layout = Layout.of(self.snapshot().table)
-        return DeltaTransaction(ctx, TransactionFiles(self.root, layout, ctx.txn_id,
+        return DeltaTransaction(ctx, TransactionFiles(self.storage, layout, ctx.txn_id,
                                                       self.max_file_bytes))
 
     def write(self, txn: DeltaTransaction, rows: Iterable[Sequence[Any]]) -> None:
@@ -217,19 +236,18 @@ class DeltaSink(TwoPhaseCommitSink[DeltaTransaction]):
                     f"{SYSTEM}: a row has {misfit} values for the {len(schema_of_rows)} "
                     f"columns {txn.ctx.column_names}.",
                     fix="write rows of the columns the transaction's context names")
-            with self._writing(txn):
+            with self._writing(txn, f"writing {txn.ctx.txn_id} into {self.where}"):
                 columns = [pa.array(values, type=field.type) for values, field in
                            zip(zip(*chunk, strict=True), schema_of_rows, strict=True)]
                 self._append(txn, pa.Table.from_arrays(columns, schema=schema_of_rows))
 
     def write_arrow(self, txn: DeltaTransaction, batches: Iterable[pa.RecordBatch]) -> None:
         for batch in batches:
-            with self._writing(txn):
+            with self._writing(txn, f"writing {txn.ctx.txn_id} into {self.where}"):
                 self._append(txn, pa.Table.from_batches([batch]))
 
     def pre_commit(self, txn: DeltaTransaction) -> Handle:
-        with classified(classify, f"closing the files of {txn.ctx.txn_id}", ERRORS_CAUGHT,
-                        on_error=lambda: self.discard(txn)):
+        with self._writing(txn, f"closing the files of {txn.ctx.txn_id}"):
             files = txn.files.close()
         log.debug("pre-committed %s: %d rows in %d files", txn.ctx.txn_id, txn.files.rows,
                   len(files))
@@ -241,11 +259,10 @@ class DeltaSink(TwoPhaseCommitSink[DeltaTransaction]):
         txn.files.delete()
 
     @contextlib.contextmanager
-    def _writing(self, txn: DeltaTransaction) -> Iterator[None]:
+    def _writing(self, txn: DeltaTransaction, what: str) -> Iterator[None]:
         """Any failure discards the transaction's files and is classified; a file that exists
         already is a transaction id used twice."""
-        with classified(classify, f"writing {txn.ctx.txn_id} into {self.where}",
-                        ERRORS_CAUGHT, on_error=lambda: self.discard(txn)):
+        with classified(classify, what, self.errors_caught, on_error=lambda: self.discard(txn)):
             try:
                 yield
             except FileExistsError as exc:
