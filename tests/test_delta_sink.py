@@ -203,6 +203,25 @@ def test_the_commit_deadline_is_the_oldest_file_plus_the_default_seven_days(
         assert committer.commit_deadline(empty) is None
 
 
+def test_a_batch_that_could_outlive_the_vacuum_retention_is_not_decided(
+        delta_setup: DeltaSetup, tmp_path: Path) -> None:
+    """A table whose VACUUM may take an unreferenced file after 10 seconds: inside the gate's
+    margin, so the coordinator refuses to decide the batch and aborts it; nothing is added."""
+    target = delta_setup.new_target(configuration={RETENTION_PROPERTY: "interval 10 seconds"})
+    sink = target.build()
+    assert isinstance(sink, DeltaSink)
+    sink.check_schema(ORDER_COLUMNS)
+    store = StateStore(tmp_path / "state")
+    run = Coordinator(sink, store, namespace=NAMESPACE,
+                      epoch=store.start_run(NAMESPACE, {}).epoch, retry=FAST_RETRY)
+    handles = [prepare(sink, orders(10 * p, 2), batch=0, partition=p) for p in range(2)]
+    with pytest.raises(RetryableError, match="may expire"):
+        run.commit_batch(0, QUERY_ID, handles)
+    assert store.read_existing().pending == ()
+    assert delta_setup.visible(target) == []
+    assert sink.list_in_doubt(NAMESPACE) == [] and delta_setup.in_doubt(target) == []
+
+
 # -- orphans: what no commit references ----------------------------------------------------------
 
 def test_a_committed_batch_survives_an_optimize_and_the_sweeps_after_it(
