@@ -28,6 +28,7 @@ from deltalake import DeltaTable
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from bench.delta_proof import commit_decided
 from setups.delta import DeltaSetup, data_files, delta_scan, reader, s3_storage_options
 from setups.s3 import MOTO_HEAD_BUCKET
 from setups.servers.moto import MotoServer
@@ -100,10 +101,7 @@ def commit_batch(sink: DeltaSink, handles: Sequence[Handle], *,
         own = committer or stack.enter_context(sink.committer())
         for attempt in range(RACE_ATTEMPTS):
             try:
-                outcomes = [stage.committer.commit(handle)
-                            for stage in own.commit_stages(handles) for handle in stage.handles]
-                own.finish_batch(NAMESPACE, handles[0].txn_id.batch, handles)
-                return outcomes
+                return commit_decided(own, handles)
             except RetryableError as exc:
                 if attempt == RACE_ATTEMPTS - 1:
                     raise

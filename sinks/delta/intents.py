@@ -27,13 +27,10 @@ intent: it grows with the transactions not yet settled, never with the table's a
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Iterable, Sequence
 
 from sinks.delta.storage import Storage
 from twophase import TxnId
-
-log = logging.getLogger(__name__)
 
 DIRECTORY = "_twophase"
 SUFFIX = ".json"
