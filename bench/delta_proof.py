@@ -32,28 +32,22 @@ import contextlib
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from setups.delta import s3_storage_options
+from setups.lake import commit_decided
 from setups.servers.moto import private_server
 from sinks.delta import DeltaSink
-from twophase import CommitOutcome, Committer, Handle
+from twophase import CommitOutcome, Committer, Handle, TwoPhaseCommitSink
 from twophase.testing.contract import NAMESPACE, ORDER_COLUMNS, orders, prepare
 
 ROWS_PER_TRANSACTION = 10
 CHECKPOINT = 10
 
 
-def commit_decided(committer: Committer, handles: Sequence[Handle]) -> list[CommitOutcome]:
-    """As the coordinator commits a decided batch: its stages, each handle, finish_batch."""
-    outcomes = [stage.committer.commit(handle)
-                for stage in committer.commit_stages(handles) for handle in stage.handles]
-    committer.finish_batch(NAMESPACE, handles[0].txn_id.batch, handles)
-    return outcomes
-
-
-def prepared(sink: DeltaSink, batch: int, partitions: int) -> list[Handle]:
+def prepared(sink: TwoPhaseCommitSink[Any], batch: int, partitions: int) -> list[Handle]:
     return [prepare(sink, orders((batch * partitions + p) * ROWS_PER_TRANSACTION,
                                  ROWS_PER_TRANSACTION), batch=batch, partition=p)
             for p in range(partitions)]
@@ -93,8 +87,15 @@ def measure(sink: DeltaSink, committer: Committer, batch: int, partitions: int, 
     return costs
 
 
-def run(sink: DeltaSink, batches: int, partitions: int, repeats: int
-        ) -> dict[int, dict[str, float]]:
+#: What a checkpoint times: (sink, the run's committer, batch, partitions, repeats, the last
+#: committed batch's handles) -> median ms by cost.
+Measure = Callable[[Any, Committer, int, int, int, list[Handle]], dict[str, float]]
+
+
+def run(sink: TwoPhaseCommitSink[Any], batches: int, partitions: int, repeats: int,
+        measure: Measure) -> dict[int, dict[str, float]]:
+    """Commit ``batches`` batches through one committer; at batch 10 and at the last, time
+    ``measure``."""
     sink.check_schema(ORDER_COLUMNS)
     results: dict[int, dict[str, float]] = {}
     last: list[Handle] = []
@@ -128,16 +129,20 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as workdir, table(Path(workdir), args.s3) as sink:
         started = time.perf_counter()
-        results = run(sink, args.batches, args.partitions, args.repeats)
+        results = run(sink, args.batches, args.partitions, args.repeats, measure)
         elapsed = time.perf_counter() - started
-    first, last = results[CHECKPOINT], results[args.batches]
     print(f"DeltaSink on {'S3 (moto)' if args.s3 else 'a local path'}: {args.batches} batches of "
           f"{args.partitions} transactions in {elapsed:.0f} s; medians of {args.repeats}")
-    print(f"| cost | batch {CHECKPOINT} | batch {args.batches} | ratio |")
-    print("|---|---|---|---|")
-    for name in first:
-        print(f"| {name} | {first[name]:.2f} ms | {last[name]:.2f} ms | "
-              f"{last[name] / first[name]:.2f} |")
+    print(report(results, args.batches, "batch"))
+
+
+def report(results: dict[int, dict[str, float]], batches: int, unit: str) -> str:
+    """The costs at the checkpoints and their ratio, as a Markdown table."""
+    first, last = results[CHECKPOINT], results[batches]
+    lines = [f"| cost | {unit} {CHECKPOINT} | {unit} {batches} | ratio |", "|---|---|---|---|"]
+    lines += [f"| {name} | {first[name]:.2f} ms | {last[name]:.2f} ms | "
+              f"{last[name] / first[name]:.2f} |" for name in first]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -13,9 +13,11 @@ A :class:`GroupSystem` is a :class:`~twophase.SinkGroup` of two or more of them 
 the table commits before the topic): each member a :class:`System` of its own, a fresh
 :class:`~twophase.testing.GroupTarget` per round, and the faults of every member, each struck
 at one member (its server killed, the network to it cut through its proxy). A member with no
-server (``delta``: a table on a local path; ``sqlite``) adds no fault of its own: over
-``mysql+delta+kafka`` the lake sees the driver kills (between members too) and the zombie
-drivers, MariaDB and Kafka their server and network faults besides.
+server (``delta``: a table on a local path; ``iceberg``: one in a local warehouse, its SQL
+catalog an SQLite file; ``sqlite``) adds no fault of its own: over ``mysql+delta+kafka`` the
+lake sees the driver kills (between members too) and the zombie drivers, MariaDB and Kafka
+their server and network faults besides; over ``postgres+iceberg+kafka`` the same, PostgreSQL's
+server and network faults in place of MariaDB's.
 """
 
 from __future__ import annotations
@@ -118,8 +120,9 @@ class GroupSystem(System):
 
 #: Groups the chaos suite names (any ``a+b`` of SETUPS is accepted too): a table before a topic
 #: (the outbox), a table before objects, a local table before a webhook, a table before a
-#: Delta table before a topic (the lake in the middle).
-GROUPS = ("mysql+kafka", "postgres+s3", "sqlite+http", "mysql+delta+kafka")
+#: Delta table, or an Iceberg table, before a topic (the lake in the middle).
+GROUPS = ("mysql+kafka", "postgres+s3", "sqlite+http", "mysql+delta+kafka",
+          "postgres+iceberg+kafka")
 
 SYSTEMS: dict[str, Callable[[Path], System]] = {
     name: functools.partial(System, setup) for name, setup in SETUPS.items()}

@@ -18,6 +18,7 @@ from __future__ import annotations
 from setups.base import Proxy, ProxyFactory, SinkSetup, Target
 from setups.delta import DeltaSetup
 from setups.http import HttpSetup
+from setups.iceberg import IcebergSetup
 from setups.kafka import KafkaSetup
 from setups.mysql import MySQLSetup
 from setups.postgres import PostgresSetup
@@ -28,7 +29,8 @@ from setups.sqlite import SQLiteSetup
 SETUPS: dict[str, type[SinkSetup]] = {
     setup.name: setup
     for setup in (SQLiteSetup, MySQLSetup, PostgresSetup, S3Setup, KafkaSetup, HttpSetup,
-                  DeltaSetup)}
+                  DeltaSetup, IcebergSetup)}
 
-__all__ = ["SETUPS", "DeltaSetup", "HttpSetup", "KafkaSetup", "MySQLSetup", "PostgresSetup",
-           "Proxy", "ProxyFactory", "S3Setup", "SQLiteSetup", "SinkSetup", "Target"]
+__all__ = ["SETUPS", "DeltaSetup", "HttpSetup", "IcebergSetup", "KafkaSetup", "MySQLSetup",
+           "PostgresSetup", "Proxy", "ProxyFactory", "S3Setup", "SQLiteSetup", "SinkSetup",
+           "Target"]

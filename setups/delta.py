@@ -18,7 +18,7 @@ import duckdb_extension_delta
 
 from setups.base import Proxy, ProxyFactory, SinkSetup, Target
 from setups.servers.moto import REGION, MotoServer
-from sinks.delta.intents import DIRECTORY as INTENTS
+from twophase.kit import INTENTS_DIRECTORY
 
 #: Where the extension package keeps its binary: ``extensions/v<duckdb>/delta.duckdb_extension``.
 EXTENSION = (Path(duckdb_extension_delta.__file__).parent / "extensions"
@@ -49,7 +49,8 @@ def data_files(root: Path) -> set[str]:
 
 def intents_left(root: Path) -> set[str]:
     """The intents left in the table (a settled transaction leaves none)."""
-    return {path.relative_to(root).as_posix() for path in (root / INTENTS).rglob("*.json")}
+    return {path.relative_to(root).as_posix()
+            for path in (root / INTENTS_DIRECTORY).rglob("*.json")}
 
 
 def s3_storage_options(server: MotoServer) -> dict[str, str]:

@@ -12,10 +12,20 @@ from typing import Any
 
 import pytest
 
-from setups import SETUPS, DeltaSetup, HttpSetup, MySQLSetup, PostgresSetup, S3Setup, SinkSetup
+from setups import (
+    SETUPS,
+    DeltaSetup,
+    HttpSetup,
+    IcebergSetup,
+    MySQLSetup,
+    PostgresSetup,
+    S3Setup,
+    SinkSetup,
+)
 from setups.kafka import SecuredKafkaSetup
 from setups.least_privilege import LeastPrivileged
 from setups.servers.http_receiver import ReceiverProcess
+from setups.servers.iceberg_rest import IcebergRestServer
 from setups.servers.kafka import KafkaBroker
 from setups.servers.mariadb import Db, MariaDBServer
 from setups.servers.moto import MotoServer
@@ -27,7 +37,8 @@ from tests.sink_sets import fixture_of
 pytest_plugins = ["setups.servers.mariadb", "setups.servers.moto", "setups.servers.spark",
                   "setups.servers.spark_cluster", "setups.servers.connect",
                   "setups.servers.http_receiver", "setups.servers.kafka",
-                  "setups.servers.postgres", "setups.servers.prometheus", "setups.servers.tls"]
+                  "setups.servers.postgres", "setups.servers.prometheus", "setups.servers.tls",
+                  "setups.servers.iceberg_rest"]
 
 
 def setup_fixture(setup: type[SinkSetup]) -> Callable[..., Any]:
@@ -91,6 +102,24 @@ def s3_secured_setup(moto_secured: MotoServer, tmp_path: Path) -> S3Setup:
 def delta_s3_setup(moto_server: MotoServer, s3_bucket: str, tmp_path: Path) -> DeltaSetup:
     """Delta tables under fresh prefixes of the S3 lab's bucket (conditional puts)."""
     return DeltaSetup.on_s3(tmp_path / "delta", moto_server, s3_bucket)
+
+
+@pytest.fixture
+def iceberg_pg_setup(postgres: PostgresServer, tmp_path: Path) -> IcebergSetup:
+    """Iceberg tables whose SQL catalog is the private PostgreSQL server's database."""
+    return IcebergSetup.on_postgres(tmp_path / "iceberg", postgres)
+
+
+@pytest.fixture
+def iceberg_s3_setup(moto_server: MotoServer, s3_bucket: str, tmp_path: Path) -> IcebergSetup:
+    """Iceberg tables of the embedded catalog with their files on the S3 lab's bucket."""
+    return IcebergSetup.on_s3(tmp_path / "iceberg", moto_server, s3_bucket)
+
+
+@pytest.fixture
+def iceberg_rest_setup(iceberg_rest: IcebergRestServer, tmp_path: Path) -> IcebergSetup:
+    """Iceberg tables of Iceberg's own REST catalog server (its JDBC catalog behind HTTP)."""
+    return IcebergSetup.on_rest(tmp_path / "iceberg", iceberg_rest)
 
 
 @pytest.fixture

@@ -12,8 +12,9 @@ to a member cut, and (``-m long``) Kafka down for longer than a batch: no batch 
 it is down, the table not ahead of what was decided as it went down; every round ends with
 every row once in both members and no event seen in the topic (read_committed) before its row
 in the table. Under ``-m long`` (a round takes minutes) a Delta table between them (MariaDB,
-Delta, Kafka): the lake's faults, driver kills (between two members' commits too) and a zombie
-driver; every row once in each of the three, no split batch.
+Delta, Kafka), and an Iceberg table between PostgreSQL and Kafka: the lake's faults, driver
+kills (between two members' commits too) and a zombie driver; every row once in each of the
+three, no split batch.
 """
 
 from __future__ import annotations
@@ -184,6 +185,22 @@ def test_a_group_round_with_a_delta_table_between_its_members(tmp_path: Path) ->
     are the driver's (killed at any point of a group, a zombie thawed beside its successor)."""
     with SYSTEMS["mysql+delta+kafka"](tmp_path).running() as system:
         result = Round(system, tmp_path / "round", random.Random("mysql+delta+kafka"),
+                       batches=6, rows_per_batch=100, budget=3, kinds=(DRIVER_KILL, ZOMBIE),
+                       fault_delay_s=PROMPT).play()
+    assert result.crash_runs >= 2 and set(result.faults) <= {DRIVER_KILL, ZOMBIE}, result
+    assert result.before_their_row == result.split_batches == 0, result
+    assert result.exactly_once, result
+
+
+@pytest.mark.spark
+@pytest.mark.crash
+@pytest.mark.long  # minutes: the full run is scripts/chaos --sinks postgres+iceberg+kafka
+def test_a_group_round_with_an_iceberg_table_between_its_members(tmp_path: Path) -> None:
+    """An Iceberg table (the embedded SQL catalog) between PostgreSQL and the topic: it has no
+    server of its own, so its faults are the driver's (killed at any point of a group, a
+    zombie thawed beside its successor)."""
+    with SYSTEMS["postgres+iceberg+kafka"](tmp_path).running() as system:
+        result = Round(system, tmp_path / "round", random.Random("postgres+iceberg+kafka"),
                        batches=6, rows_per_batch=100, budget=3, kinds=(DRIVER_KILL, ZOMBIE),
                        fault_delay_s=PROMPT).play()
     assert result.crash_runs >= 2 and set(result.faults) <= {DRIVER_KILL, ZOMBIE}, result

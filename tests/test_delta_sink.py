@@ -28,8 +28,8 @@ from deltalake import DeltaTable
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bench.delta_proof import commit_decided
 from setups.delta import DeltaSetup, data_files, delta_scan, reader, s3_storage_options
+from setups.lake import commit_batch
 from setups.s3 import MOTO_HEAD_BUCKET
 from setups.servers.moto import MotoServer
 from setups.sqlite import SQLiteSetup
@@ -43,7 +43,6 @@ from twophase import (
     AbortOutcome,
     Column,
     CommitOutcome,
-    Committer,
     ConfigurationError,
     FatalError,
     Handle,
@@ -69,7 +68,6 @@ from twophase.testing.contract import (
 #: Racing committers: trials in CI (on S3: fewer), under -m long, and how often a committer
 #: retries a lost race.
 RACE_TRIALS, RACE_TRIALS_S3, RACE_TRIALS_LONG = 20, 10, 100
-RACE_ATTEMPTS = 5
 STATS_EXAMPLES = 40
 FAST_RETRY = RetryPolicy(max_attempts=3, initial_backoff_s=0.01, max_backoff_s=0.02)
 
@@ -90,24 +88,6 @@ class TestDeltaOnS3Contract(TestDeltaContract):
 
 def table_version(sink: DeltaSink) -> int:
     return int(DeltaTable(sink.table_uri, storage_options=sink.storage_options or None).version())
-
-
-def commit_batch(sink: DeltaSink, handles: Sequence[Handle], *,
-                 committer: Committer | None = None,
-                 retried: list[RetryableError] | None = None) -> list[CommitOutcome]:
-    """Commit a decided batch as the coordinator does: its stages, each handle, then
-    finish_batch; retryable errors retried (a racing committer), and kept in ``retried``."""
-    with contextlib.ExitStack() as stack:
-        own = committer or stack.enter_context(sink.committer())
-        for attempt in range(RACE_ATTEMPTS):
-            try:
-                return commit_decided(own, handles)
-            except RetryableError as exc:
-                if attempt == RACE_ATTEMPTS - 1:
-                    raise
-                if retried is not None:
-                    retried.append(exc)
-        raise AssertionError("unreachable")
 
 
 def files_on_disk(sink: DeltaSink) -> set[str]:

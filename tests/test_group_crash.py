@@ -7,7 +7,9 @@ The groups: MySQL XA then Kafka (the outbox: the table commits before the topic,
 some of the columns; also on the standalone cluster, ``-m long``), PostgreSQL then S3 and SQLite
 then the HTTP receiver (``-m long``: CI time), two SQLite tables over Spark Connect
 (``-m long``), and MySQL XA, then a Delta table, then Kafka (a table, the lake, a change feed:
-in CI either side of the decision and between two members' commits, ``-m long`` every point).
+in CI either side of the decision and between two members' commits, ``-m long`` every point);
+PostgreSQL, then an Iceberg table, then Kafka (the same, the lake read by DuckDB's Iceberg
+reader), and MySQL XA then an Iceberg table whose SQL catalog is PostgreSQL's (``-m long``).
 Each member
 keeps the options its setup gives; its namespace is the group's plus its name, so the
 members' are distinct. The group of SQLite and a directory of JSON-lines files: tests/test_group.py.
@@ -20,6 +22,7 @@ import pytest
 from setups import (
     DeltaSetup,
     HttpSetup,
+    IcebergSetup,
     KafkaSetup,
     MySQLSetup,
     PostgresSetup,
@@ -126,3 +129,48 @@ class TestMySQLDeltaKafkaGroupEveryPoint(OnTableLakeAndFeed):
     """Every point of a group's driver, between members included."""
 
     crash_points = GROUP_CRASH_POINTS
+
+
+class OnTableIcebergAndFeed(CrashSuite):
+    """PostgreSQL, then an Iceberg table (the embedded SQL catalog), then Kafka: the lake never
+    shows a row the table lacks nor the topic (read_committed) an event the lake lacks; at the
+    end each holds every row once, no Parquet file is left that no snapshot added, no intent
+    left in the table and no transaction prepared in PostgreSQL."""
+
+    @pytest.fixture
+    def target(self, postgres_setup: PostgresSetup, iceberg_setup: IcebergSetup,
+               kafka_setup: KafkaSetup) -> GroupTarget:
+        return GroupTarget.of({"orders": postgres_setup.new_target(),
+                               "lake": iceberg_setup.new_target(),
+                               "changes": kafka_setup.new_target()},
+                              commit_order=["orders", "lake", "changes"],
+                              columns={"changes": EVENT_COLUMNS})
+
+
+class TestPostgresIcebergKafkaGroupCrashes(OnTableIcebergAndFeed):
+    """CI: either side of the decision, and between two members' commits (the table's
+    committed, the lake's and the topic's not)."""
+
+    crash_points = (*DECISION_POINTS, BETWEEN_MEMBERS)
+
+
+@pytest.mark.long
+class TestPostgresIcebergKafkaGroupEveryPointCrashes(OnTableIcebergAndFeed):
+    """Every point of a group's driver, between members included."""
+
+    crash_points = GROUP_CRASH_POINTS
+
+
+@pytest.mark.long
+class TestMySQLIcebergGroupCrashes(CrashSuite):
+    """MySQL XA, then an Iceberg table whose SQL catalog is the private PostgreSQL's database:
+    the lake never shows a row the table lacks; at the end both hold every row once, no XA
+    branch prepared, no file no snapshot added, no intent left. Every point."""
+
+    crash_points = GROUP_CRASH_POINTS
+
+    @pytest.fixture
+    def target(self, mysql_setup: MySQLSetup, iceberg_pg_setup: IcebergSetup) -> GroupTarget:
+        return GroupTarget.of({"orders": mysql_setup.new_target(),
+                               "lake": iceberg_pg_setup.new_target()},
+                              commit_order=["orders", "lake"])

@@ -7,7 +7,8 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 
-from twophase.errors import TwoPhaseError
+from twophase._handle import Handle, TxnId
+from twophase.errors import FatalError, TransactionLostError, TwoPhaseError
 
 #: A sink's single classification function: a system error and the step it broke -> verdict.
 Classify = Callable[[BaseException, str], TwoPhaseError]
@@ -31,3 +32,25 @@ def classified(classify: Classify, what: str,
         if isinstance(exc, errors) and not isinstance(exc, TwoPhaseError):
             raise classify(exc, what) from exc
         raise
+
+
+def transaction_lost(handle: Handle, *, where: str, why: str) -> TransactionLostError:
+    """A decided transaction is neither committable nor provably committed in ``where``."""
+    txn = handle.txn_id
+    return TransactionLostError(
+        f"transaction {txn} ({handle.rows} rows of batch {txn.batch}, partition "
+        f"{txn.partition}) was decided, but {where} can neither commit it nor prove it "
+        f"committed: {why}. Its rows may be missing there.",
+        fix=f"look for the rows of batch {txn.batch} in {where}; if they are missing, "
+        "re-deliver them from the source, then run `python -m twophase.cleanup --state "
+        f"<state location> --forget-batch {txn.batch}`",
+    )
+
+
+def transaction_id_reused(txn_id: TxnId, *, where: str) -> FatalError:
+    """``pre_commit`` of an id that ``where`` has already committed once."""
+    return FatalError(
+        f"transaction id {txn_id} was already committed once in {where}; committing it again "
+        "would silently drop these rows (a state file restored from an older backup?).",
+        fix="restart the query: a new run opens its transactions under a new epoch",
+    )

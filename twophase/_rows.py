@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from itertools import islice
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -78,3 +79,13 @@ def plain_rows(rows: Iterable[Sequence[Any]], *, instants: Sequence[int],
             if values[i] is not None:
                 values[i] = values[i].asDict(recursive=True)
         yield tuple(values)
+
+
+T = TypeVar("T")
+
+
+def chunks(rows: Iterable[T], chunk_size: int) -> Iterator[list[T]]:
+    """``rows`` in lists of at most ``chunk_size``, read lazily (memory: one chunk)."""
+    iterator = iter(rows)
+    while chunk := list(islice(iterator, chunk_size)):
+        yield chunk

@@ -10,7 +10,11 @@ of member k+1, also on recovery and in ``python -m twophase.cleanup``.
 What a group promises: every batch is in all members or in none, each member eventually, in
 the declared order (a consumer of the topic always finds the row in the table committed before
 it). Not simultaneous visibility: between the first and the last member's commit, a reader of
-one system sees the batch and a reader of another does not yet.
+one system sees the batch and a reader of another does not yet. Except where consecutive members
+publish into one database (:class:`~twophase.kit.LocalCommitMember`: a PostgreSQL table staged,
+and an Iceberg table whose SQL catalog is in the same database): their commit is ONE local
+transaction of that database, so a reader of that database sees the batch in both or in
+neither (one commit stage, labelled ``"orders+lake"``; no crash point between them).
 
 ======================  =====================================================================
 phase                   what the group does, and what a crash there leaves behind
@@ -54,6 +58,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from twophase._handle import PARTS_KEY, Handle, TxnId, fitted_namespace, validate_namespace
 from twophase._loader import build_sink
+from twophase._local_commit import LocalCommitMember, LocalCommitStage, LocalPart, local_commit_of
 from twophase.errors import ConfigurationError, SchemaMismatchError, TwoPhaseError
 from twophase.sink import (
     AbortOutcome,
@@ -276,7 +281,9 @@ class GroupCommitter(Committer):
     ==========================  ==============================================================
     ``fence``                   fences every member's committer under its namespace
     ``commit_stages``           every member's stages, in commit order: its committer and its
-                                own handles (the coordinator commits stage after stage)
+                                own handles (the coordinator commits stage after stage);
+                                consecutive members of one local domain: ONE stage, settled
+                                in one local transaction (:class:`LocalCommitStage`)
     ``check_committable``       asks every member with its transactions, in commit order
     ``commit_deadline``         the earliest of the member transactions' deadlines
     ``finish_batch``            every member's, in commit order, with its own handles
@@ -310,10 +317,40 @@ class GroupCommitter(Committer):
         transaction of that member), committed through the member's committer (the one this
         committer fenced), labelled with the member's name. Asking the member lets it learn
         the batch before its first commit (a Delta member commits the batch as one)."""
-        return [CommitStage(_Naming(name, stage.committer), stage.handles, stage.parallelism,
-                            label=name)
-                for name, transactions in self.sink.by_member(handles).items() if transactions
-                for stage in self.member(name).commit_stages(transactions)]
+        stages = []
+        for run in self._runs(handles):
+            if len(run) > 1:
+                local = LocalCommitStage(run)
+                stages.append(CommitStage(_Naming(local.label, local), local.handles, 1,
+                                          label=local.label))
+                continue
+            name, transactions = run[0].name, list(run[0].handles)
+            stages.extend(CommitStage(_Naming(name, stage.committer), stage.handles,
+                                      stage.parallelism, label=name)
+                          for stage in self.member(name).commit_stages(transactions))
+        return stages
+
+    def _runs(self, handles: Sequence[Handle]) -> list[list[LocalPart]]:
+        """The members with transactions among ``handles``, in commit order, in runs: a run
+        of several is consecutive members whose committers publish into the same database
+        (:class:`~twophase.kit.LocalCommitMember`, the same ``local_domain()``), settled in ONE
+        local transaction; any other member is a run of its own."""
+        runs: list[list[LocalPart]] = []
+        domain_of_last: str | None = None
+        for name, transactions in self.sink.by_member(handles).items():
+            if not transactions:
+                continue
+            committer = self.member(name)
+            with naming(name):
+                local = local_commit_of(committer)
+                domain = local.local_domain() if local is not None else None
+            part = LocalPart(name, committer, local or _NO_LOCAL, tuple(transactions))
+            if domain is not None and domain == domain_of_last:
+                runs[-1].append(part)
+            else:
+                runs.append([part])
+            domain_of_last = domain
+        return runs
 
     def check_committable(self, handles: Sequence[Handle]) -> None:
         for name, transactions in self.sink.by_member(handles).items():
@@ -344,7 +381,14 @@ class GroupCommitter(Committer):
         return [self.sink.partition_handle(txn_id, members) for txn_id, members in held.items()]
 
     def commit(self, handle: Handle) -> CommitOutcome:
-        outcomes = self._each_member(handle, lambda member, txn: member.commit(txn))
+        """A partition handle's member transactions, in commit order: members that share a
+        database in one local transaction (as :meth:`commit_stages` orders them)."""
+        handles = [handle]
+        if any(len(run) > 1 for run in self._runs(handles)):
+            outcomes = [stage.committer.commit(member) for stage in self.commit_stages(handles)
+                        for member in stage.handles]
+        else:
+            outcomes = self._each_member(handle, lambda member, txn: member.commit(txn))
         committed = CommitOutcome.COMMITTED in outcomes
         return CommitOutcome.COMMITTED if committed else CommitOutcome.ALREADY_COMMITTED
 
@@ -375,6 +419,23 @@ class GroupCommitter(Committer):
             committers, self._committers = list(self._committers.values()), {}
         for committer in committers:
             committer.close()
+
+
+class _NoLocalCommit:
+    """The capability of a member that has none (never asked: it runs alone)."""
+
+    def local_domain(self) -> str | None:
+        return None
+
+    def local_transaction(self) -> contextlib.AbstractContextManager[Any]:
+        raise NotImplementedError
+
+    def settle_in(self, connection: Any, handles: Sequence[Handle]
+                  ) -> Mapping[TxnId, CommitOutcome]:
+        raise NotImplementedError
+
+
+_NO_LOCAL: LocalCommitMember = _NoLocalCommit()
 
 
 class _Naming(Committer):

@@ -32,6 +32,30 @@ piece                          what it does
                                permissions), and the codes a caller steers by
 :func:`boto_errors`            the botocore errors to catch around boto3 calls
 :func:`split_s3_location`      the bucket and the key or prefix of ``s3://bucket/...``
+:class:`LakeStorage`           a lake table's files (data, intents) under a local directory or
+                               an S3 prefix, created exclusively (:func:`lake_storage` picks
+                               one by location; :class:`LakeOutput`, :class:`LakeFileStat`)
+:class:`LakeIntents`           each transaction's record of its files, until it is settled:
+                               what is in doubt, listed without walking the data area
+                               (under :data:`INTENTS_DIRECTORY`)
+:class:`LakeFiles`             a transaction's data files: one per partition key, rolled at
+                               ``max_file_bytes`` (:data:`DEFAULT_MAX_FILE_BYTES`), each
+                               named by its intent first; the format's :class:`LakeFileWriter`
+:class:`WholeBatchCommitter`   a committer that makes a decided batch visible in ONE commit of
+                               its target, while the driver commits its handles one by one
+:class:`LocalCommitMember`     a committer's capability (its ``local_commit()``) to publish a
+                               batch inside a local transaction it shares with other members of
+                               a sink group (the same database): one instant for all of them
+:class:`LakeSink`              a lake sink's executor side: rows or Arrow batches conformed to the
+                               table's schema, written by its :class:`LakeFiles`, listed in the
+                               handle (:class:`LakeTransaction`, :class:`LakeFileRecord`,
+                               :func:`validate_max_file_bytes`)
+:class:`LakeCommitter`         a lake sink's driver side: one commit per batch, abort and the
+                               listing in doubt by intents; the format gives its proof
+:func:`conform_table`          Arrow rows in a table's column order and types, NOT NULL checked
+:func:`lake_iam_policy`        the least-privilege S3 policy of a lake table's prefix
+                               (:data:`LAKE_S3_PERMISSIONS`)
+:func:`lake_deadline`          the oldest file's creation + the table cleanup's retention
 :class:`Secret`                a secret option by reference (``env=`` / ``file=``): what is
                                pickled, logged and shown; :func:`reveal` reads it where used
 :func:`scrubbed`               an error table whose errors never show a given secret
@@ -39,7 +63,7 @@ piece                          what it does
 
 ``__all__`` is the kit's public API (the README's kit table lists exactly it; see "Versioning
 and deprecations" there and ``CHANGELOG.md``). :class:`CommitsViaCommitter` is a deprecated
-shim, kept out of ``__all__``, removed in 0.4.0.
+shim, kept out of ``__all__``, removed in 0.5.0.
 """
 
 from __future__ import annotations
@@ -49,22 +73,42 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from itertools import islice
 from typing import Any, Generic, Literal, TypeVar
 
-from twophase._classify import Classify, classified
+from twophase._classify import Classify, classified, transaction_id_reused, transaction_lost
 from twophase._handle import (
     NAMESPACE_MAX_LENGTH,
     UNSAFE_IN_NAMESPACE,
-    Handle,
-    TxnId,
     query_key,
     validate_namespace,
 )
-from twophase._rows import INSTANT_TYPE, rows_of
+from twophase._lake import (
+    DEFAULT_MAX_FILE_BYTES,
+    INTENTS_DIRECTORY,
+    LAKE_S3_PERMISSIONS,
+    LakeFiles,
+    LakeFileStat,
+    LakeFileWriter,
+    LakeIntents,
+    LakeOutput,
+    LakeStorage,
+    conform_table,
+    lake_deadline,
+    lake_iam_policy,
+    lake_storage,
+)
+from twophase._lake_sink import (
+    LakeCommitter,
+    LakeFileRecord,
+    LakeSink,
+    LakeTransaction,
+    validate_max_file_bytes,
+)
+from twophase._local_commit import LocalCommitMember
+from twophase._rows import INSTANT_TYPE, chunks, rows_of
 from twophase._s3 import (
     DEFAULT_S3_MAX_ATTEMPTS,
     S3_OPTIONS,
@@ -75,11 +119,11 @@ from twophase._s3 import (
     split_s3_location,
 )
 from twophase._secrets import Secret, SecretOption, reveal, scrubbed
+from twophase._whole_batch import WholeBatchCommitter
 from twophase.errors import (
     ConfigurationError,
     FatalError,
     SchemaMismatchError,
-    TransactionLostError,
     TwoPhaseError,
 )
 from twophase.sink import (
@@ -91,13 +135,27 @@ from twophase.sink import (
 __all__ = [
     "DEFAULT_CHUNK_SIZE",
     "DEFAULT_COMMIT_PARALLELISM",
+    "DEFAULT_MAX_FILE_BYTES",
     "DEFAULT_S3_MAX_ATTEMPTS",
     "INSTANT_TYPE",
+    "INTENTS_DIRECTORY",
+    "LAKE_S3_PERMISSIONS",
     "MODES",
     "S3_OPTIONS",
     "Condition",
     "ConnectionPool",
     "ErrorTable",
+    "LakeCommitter",
+    "LakeFileRecord",
+    "LakeFileStat",
+    "LakeFileWriter",
+    "LakeFiles",
+    "LakeIntents",
+    "LakeOutput",
+    "LakeSink",
+    "LakeStorage",
+    "LakeTransaction",
+    "LocalCommitMember",
     "Mode",
     "PooledCommitter",
     "S3Checksums",
@@ -106,11 +164,16 @@ __all__ = [
     "Secret",
     "SecretOption",
     "TableColumn",
+    "WholeBatchCommitter",
     "as_utc",
     "boto_errors",
     "check_columns",
     "chunks",
     "classified",
+    "conform_table",
+    "lake_deadline",
+    "lake_iam_policy",
+    "lake_storage",
     "namespace_from",
     "query_key",
     "reveal",
@@ -120,6 +183,7 @@ __all__ = [
     "transaction_id_reused",
     "transaction_lost",
     "validate_chunk_size",
+    "validate_max_file_bytes",
     "validate_mode",
     "validate_namespace",
 ]
@@ -137,13 +201,6 @@ _FIX_UNCLASSIFIED = "fix the cause named above, then restart the query"
 
 #: What an error table maps a code to: the kind of error and the fix an operator can act on.
 Verdict = tuple[type[TwoPhaseError], str]
-
-
-def chunks(rows: Iterable[T], chunk_size: int) -> Iterator[list[T]]:
-    """``rows`` in lists of at most ``chunk_size``, read lazily (memory: one chunk)."""
-    iterator = iter(rows)
-    while chunk := list(islice(iterator, chunk_size)):
-        yield chunk
 
 
 def validate_chunk_size(sink: str, chunk_size: int) -> int:
@@ -218,6 +275,21 @@ class ErrorTable:
             return self.classes[max(prefixes, key=len)]
         return self.default
 
+    def class_code(self, exc: BaseException) -> str:
+        """The most specific class name of ``exc`` (along its MRO) that the table has a rule
+        or a condition for; else its own class name. For systems whose errors are classes."""
+        for kind in type(exc).__mro__:
+            if kind.__name__ in self.rules or kind.__name__ in self.conditions:
+                return kind.__name__
+        return type(exc).__name__
+
+    def error_of(self, exc: BaseException, what: str) -> TwoPhaseError:
+        """:meth:`error` for an exception classified by its class (:meth:`class_code`), its
+        message's first line as the detail."""
+        code = self.class_code(exc)
+        message = (str(exc).strip() or type(exc).__name__).splitlines()[0]
+        return self.error(code, what, f"[{code}] {message}")
+
     def error(self, code: Hashable, what: str, detail: str) -> TwoPhaseError:
         """The verdict for ``code`` (conditions read in ``detail``) as an error naming the
         system, the step that failed and the system's own message."""
@@ -232,28 +304,6 @@ def _sentence(detail: str) -> str:
     if not text or "\n" in text:
         return text or "(no message)."
     return text if text.endswith((".", "!", "?")) else f"{text}."
-
-
-def transaction_lost(handle: Handle, *, where: str, why: str) -> TransactionLostError:
-    """A decided transaction is neither committable nor provably committed in ``where``."""
-    txn = handle.txn_id
-    return TransactionLostError(
-        f"transaction {txn} ({handle.rows} rows of batch {txn.batch}, partition "
-        f"{txn.partition}) was decided, but {where} can neither commit it nor prove it "
-        f"committed: {why}. Its rows may be missing there.",
-        fix=f"look for the rows of batch {txn.batch} in {where}; if they are missing, "
-        "re-deliver them from the source, then run `python -m twophase.cleanup --state "
-        f"<state location> --forget-batch {txn.batch}`",
-    )
-
-
-def transaction_id_reused(txn_id: TxnId, *, where: str) -> FatalError:
-    """``pre_commit`` of an id that ``where`` has already committed once."""
-    return FatalError(
-        f"transaction id {txn_id} was already committed once in {where}; committing it again "
-        "would silently drop these rows (a state file restored from an older backup?).",
-        fix="restart the query: a new run opens its transactions under a new epoch",
-    )
 
 
 def as_utc(moment: datetime) -> datetime:
@@ -442,11 +492,11 @@ def _check_upsert_key(where: str, written: Sequence[str], upsert_key: Sequence[s
         fix="write the key columns, create a unique index on the key, or use mode='insert'")
 
 
-# -- deprecated: removed in 0.4.0 (see CHANGELOG.md) ------------------------------------------
+# -- deprecated: removed in 0.5.0 (see CHANGELOG.md) ------------------------------------------
 
 #: What the shim says when a class lists it among its bases.
 COMMITS_VIA_COMMITTER_DEPRECATED = (
-    "twophase.kit.CommitsViaCommitter is deprecated since 0.2.0 and is removed in 0.4.0: "
+    "twophase.kit.CommitsViaCommitter is deprecated since 0.2.0 and is removed in 0.5.0: "
     "remove it from {name}'s bases; nothing replaces it. TwoPhaseCommitSink itself now runs "
     "sink.commit(handle) and sink.abort(handle) through the Committer your committer() "
     "returns (keep commit/abort in that Committer, off the sink)."
@@ -454,7 +504,7 @@ COMMITS_VIA_COMMITTER_DEPRECATED = (
 
 
 class CommitsViaCommitter:
-    """Deprecated (0.1.0's base for a sink whose committer does the work); removed in 0.4.0.
+    """Deprecated (0.1.0's base for a sink whose committer does the work); removed in 0.5.0.
 
     Since 0.2.0 :class:`~twophase.TwoPhaseCommitSink` itself runs ``sink.commit(handle)`` and
     ``sink.abort(handle)`` through the :class:`~twophase.Committer` that ``committer()``

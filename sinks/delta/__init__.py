@@ -16,8 +16,7 @@ module          role
 ``committer``   the driver's side: one commit per batch, the proof, abort, in doubt, deadlines
 ``snapshot``    the Delta log: app ids, the proof on one loaded version, the commit
 ``files``       Parquet files named by transaction id in the data area, written, deleted
-``intents``     each transaction's record of its files, until it is settled: what is in doubt
-``storage``     a local directory or an S3 prefix (conditional puts), behind one interface
+``storage``     the kit's lake storage (a local directory or an S3 prefix) from the options
 ``stats``       exact file statistics (``numRecords``, ``nullCount``, min/max where exact)
 ``schema``      Spark types against the table's, refused features, creating the table
 ``errors``      every deltalake, pyarrow and file system error, classified once

@@ -1,19 +1,9 @@
 """The driver's side of :class:`~sinks.delta.DeltaSink`: one Delta commit per batch, proven.
 
-**A batch, one commit.** The driver commits a decision's handles one by one
-(``commit(handle)``, from several threads), then calls ``finish_batch`` once. This committer
-learns the decision's handles first: ``commit_stages(handles)`` (called by the coordinator,
-and for a group member by the group's committer, before any commit of the batch) announces
-them. The first ``commit`` of any handle of an announced batch then commits *every* handle of
-the batch in ONE Delta commit (under the batch's lock; the other threads wait and find their
-handle settled): a reader sees the batch whole or not at all, and in a group the table becomes
-visible at its place in the commit order, not after the last member. ``finish_batch``
-announces the batch again and commits whatever of it is not settled yet (nothing, on the
-driver's path; everything for a caller that never announced it): idempotent, as the proof
-below makes every step.
-
-A handle committed on its own (``sink.commit(handle)``, the contract suite: no announcement)
-is a batch of one: its own commit. Every commit carries ``Transaction(app_id, batch)``.
+**A batch, one commit** (:class:`~twophase.kit.WholeBatchCommitter`): the first commit of
+an announced batch commits every handle of the batch in ONE Delta commit; ``finish_batch``
+commits what is not settled yet and deletes the batch's intents. A handle committed on its own
+(the contract suite) is a batch of one. Every commit carries ``Transaction(app_id, batch)``.
 
 **COMMITTED or ALREADY_COMMITTED.** On one loaded snapshot (:mod:`~sinks.delta.snapshot`):
 if ``transaction_version(app_id) >= batch`` and a handle's files are referenced by the
@@ -27,7 +17,7 @@ rewrote): else the handle is lost, :class:`~twophase.TransactionLostError` namin
 and the file, and nothing of the batch is added.
 
 **Abort** deletes the transaction's files (those its handle lists and those its intent names,
-:mod:`~sinks.delta.intents`), then its intent, unless the snapshot references them (a
+:class:`~twophase.kit.LakeIntents`), then its intent, unless the snapshot references them (a
 committed transaction: then nothing is deleted, NOT_FOUND with a warning).
 
 **In doubt** (:meth:`DeltaCommitter.list_in_doubt`): the transactions of the namespace with an
@@ -56,23 +46,19 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from sinks.delta import intents
 from sinks.delta.errors import classify, lost
 from sinks.delta.files import DataFile
 from sinks.delta.snapshot import Snapshot
 from twophase import (
-    AbortOutcome,
     CommitOutcome,
-    CommitStage,
-    Committer,
     ConfigurationError,
     Handle,
     TxnId,
 )
-from twophase.kit import classified
+from twophase.kit import LakeCommitter, classified, lake_deadline
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable
@@ -85,11 +71,7 @@ log = logging.getLogger(__name__)
 BatchKey = tuple[str, int]
 
 
-def files_in(handle: Handle) -> list[DataFile]:
-    return [DataFile.from_json(data) for data in handle.data.get("files", ())]
-
-
-class DeltaCommitter(Committer):
+class DeltaCommitter(LakeCommitter):
     """Commits, proves and aborts :class:`~sinks.delta.DeltaSink` transactions in one
     process (see the module docstring)."""
 
@@ -97,10 +79,6 @@ class DeltaCommitter(Committer):
 
     def __init__(self, sink: DeltaSink) -> None:
         super().__init__(sink)
-        self._lock = threading.Lock()
-        self._batches: dict[BatchKey, tuple[Handle, ...]] = {}
-        self._batch_locks: dict[BatchKey, threading.Lock] = {}
-        self._settled: dict[TxnId, CommitOutcome] = {}
         self._retention_s: float | None = None
         self._app_id_checked = False
         #: The table as this committer last read it (see :meth:`_latest`).
@@ -133,49 +111,7 @@ class DeltaCommitter(Committer):
 
     # -- a batch, one commit ---------------------------------------------------------------------
 
-    def commit_stages(self, handles: Sequence[Handle]) -> list[CommitStage]:
-        """The decision's handles, announced: the first commit of a batch commits it whole."""
-        self._announce(handles)
-        return super().commit_stages(handles)
-
-    def commit(self, handle: Handle) -> CommitOutcome:
-        key = self.batch_key(handle.txn_id)
-        with self._holding(key):
-            if handle.txn_id not in self._settled:
-                batch = self._batches.get(key, ())
-                announced = any(other.txn_id == handle.txn_id for other in batch)
-                self._settle(batch if announced else (handle,))
-            return self._settled[handle.txn_id]
-
-    def finish_batch(self, namespace: str, batch: int, handles: Sequence[Handle]) -> None:
-        """Commit what of the batch is not settled yet (nothing after its commits), then
-        forget the intents of its transactions."""
-        self._announce(handles)
-        for key in {self.batch_key(handle.txn_id) for handle in handles}:
-            with self._holding(key):
-                if rest := [handle for handle in self._batches[key]
-                            if handle.txn_id not in self._settled]:
-                    self._settle(tuple(rest))
-        with classified(classify, f"deleting the intents of batch {batch} in "
-                        f"{self.sink.where}", self.sink.errors_caught):
-            intents.forget(self.sink.storage, [handle.txn_id for handle in handles
-                                               if files_in(handle)])
-
-    def _announce(self, handles: Sequence[Handle]) -> None:
-        by_key: dict[BatchKey, list[Handle]] = {}
-        for handle in handles:
-            by_key.setdefault(self.batch_key(handle.txn_id), []).append(handle)
-        with self._lock:
-            self._batches.update({key: tuple(found) for key, found in by_key.items()})
-
-    @contextlib.contextmanager
-    def _holding(self, key: BatchKey) -> Iterator[None]:
-        with self._lock:
-            lock = self._batch_locks.setdefault(key, threading.Lock())
-        with lock:
-            yield
-
-    def _settle(self, handles: tuple[Handle, ...]) -> None:
+    def settle(self, handles: tuple[Handle, ...]) -> dict[TxnId, CommitOutcome]:
         """Prove or commit ``handles`` (one query's batch) in one commit on one snapshot."""
         app_id, batch = self.batch_key(handles[0].txn_id)
         with classified(classify, f"commit of batch {batch} ({len(handles)} transactions) "
@@ -190,20 +126,19 @@ class DeltaCommitter(Committer):
             if files:
                 snapshot.commit(files, app_id=app_id, batch=max(last, batch),
                                 transactions=[handle.txn_id for handle in pending])
-        self._settled.update({handle.txn_id: CommitOutcome.ALREADY_COMMITTED
-                              for handle in proven})
-        self._settled.update({handle.txn_id: CommitOutcome.COMMITTED for handle in pending})
+        outcomes = {handle.txn_id: CommitOutcome.ALREADY_COMMITTED for handle in proven}
+        outcomes.update({handle.txn_id: CommitOutcome.COMMITTED for handle in pending})
+        return outcomes
 
-    @staticmethod
-    def _proven(handle: Handle, snapshot: Snapshot, *, committed: bool) -> bool:
+    def _proven(self, handle: Handle, snapshot: Snapshot, *, committed: bool) -> bool:
         """Whether the handle's rows are in the table already (an empty one: always)."""
-        files = files_in(handle)
+        files = self.sink.files_in(handle)
         return not files or (committed and all(data_file.path in snapshot.referenced()
                                                for data_file in files))
 
     def _addable(self, handle: Handle, retention_s: float) -> list[DataFile]:
         """The handle's files, each checked: still there, and within VACUUM's retention."""
-        files, oldest = files_in(handle), time.time() - retention_s
+        files, oldest = self.sink.files_in(handle), time.time() - retention_s
         for data_file in files:
             if self.sink.storage.stat(data_file.path) is None:
                 raise lost(handle, where=self.sink.where, why=(
@@ -242,54 +177,21 @@ class DeltaCommitter(Committer):
 
     # -- abort, in doubt, deadlines --------------------------------------------------------------
 
-    def abort(self, handle: Handle) -> AbortOutcome:
-        storage = self.sink.storage
-        app_id, batch = self.batch_key(handle.txn_id)
-        with classified(classify, f"abort of transaction {handle.txn_id} in {self.sink.where}",
-                        self.sink.errors_caught):
-            paths = {data_file.path for data_file in files_in(handle)}
-            paths.update(intents.files_named(storage, handle.txn_id))
-            with self._latest() as snapshot:
-                committed = snapshot.batch_of(app_id) >= batch and bool(
-                    paths & snapshot.referenced())
-            if committed:
-                log.warning("abort of %s: it is committed already, nothing to delete",
-                            handle.txn_id)
-                intents.forget(storage, [handle.txn_id])
-                return AbortOutcome.NOT_FOUND
-            existing = [path for path in sorted(paths) if storage.stat(path) is not None]
-            storage.delete(existing)
-            intents.forget(storage, [handle.txn_id])
-        return AbortOutcome.ABORTED if existing else AbortOutcome.NOT_FOUND
-
-    def list_in_doubt(self, namespace: str) -> list[Handle]:
-        """Transactions of ``namespace`` with an intent and no proven commit (module
-        docstring)."""
-        storage = self.sink.storage
-        with classified(classify, f"listing in-doubt transactions of namespace {namespace!r} "
-                        f"in {self.sink.where}", self.sink.errors_caught):
-            found = intents.pending(storage, namespace)
-            if not found:
-                return []
-            with self._latest() as snapshot:
-                last = {app_id: snapshot.batch_of(app_id)
-                        for app_id in {self.sink.app_id_of(txn_id) for txn_id in found}}
-                committed = [txn_id for txn_id, paths in found.items()
-                             if paths and last[self.sink.app_id_of(txn_id)] >= txn_id.batch
-                             and set(paths) <= snapshot.referenced()]
-            if committed:
-                log.info("forgetting the intents of %d committed transactions",
-                         len(committed))
-                intents.forget(storage, committed)
-        return [self.sink.handle(txn_id, rows=0, files=[
-                    DataFile.unsealed(path).to_json() for path in paths])
-                for txn_id, paths in sorted(found.items()) if txn_id not in committed]
+    def committed_among(self, found: Mapping[TxnId, Sequence[str]]) -> set[TxnId]:
+        """Those of ``found`` whose app id's transaction version reached their batch and whose
+        files the snapshot references (live or tombstoned), on one snapshot."""
+        with self._latest() as snapshot:
+            last = {app_id: snapshot.batch_of(app_id)
+                    for app_id in {self.sink.app_id_of(txn_id) for txn_id in found}}
+            return {txn_id for txn_id, paths in found.items()
+                    if last[self.sink.app_id_of(txn_id)] >= txn_id.batch
+                    and set(paths) <= snapshot.referenced()}
 
     def commit_deadline(self, handle: Handle) -> float | None:
         """When VACUUM may delete the handle's oldest file (its creation + the table's
         ``delta.deletedFileRetentionDuration``); None for an empty partition."""
-        created = [data_file.modification_time / 1000 for data_file in files_in(handle)]
-        return min(created) + self.retention_s() if created else None
+        created = (data_file.modification_time for data_file in self.sink.files_in(handle))
+        return lake_deadline(created, self.retention_s())
 
     def retention_s(self) -> float:
         """The table's ``delta.deletedFileRetentionDuration``, read once per committer."""

@@ -35,8 +35,6 @@ A decided transaction whose file is gone, or whose commit cannot be proven, is
 
 from __future__ import annotations
 
-from typing import Any
-
 import deltalake.exceptions
 import pyarrow as pa
 
@@ -49,7 +47,14 @@ from twophase import (
     TransactionLostError,
     TwoPhaseError,
 )
-from twophase.kit import Condition, ErrorTable, S3Errors, transaction_lost
+from twophase.kit import (
+    LAKE_S3_PERMISSIONS,
+    Condition,
+    ErrorTable,
+    S3Errors,
+    lake_iam_policy,
+    transaction_lost,
+)
 
 SYSTEM = "DeltaSink"
 
@@ -60,20 +65,10 @@ ERRORS_CAUGHT: tuple[type[BaseException], ...] = (
 #: What the sink's credentials need on a table on S3 (a refused request names them; the
 #: README's policy, :func:`iam_policy`): the bucket's listing, and the objects under the
 #: table's prefix (the data files, the intents and deltalake's log).
-BUCKET_PERMISSIONS = ("s3:ListBucket",)
-OBJECT_PERMISSIONS = ("s3:GetObject", "s3:PutObject", "s3:DeleteObject")
-S3_PERMISSIONS = BUCKET_PERMISSIONS + OBJECT_PERMISSIONS
+S3_PERMISSIONS = LAKE_S3_PERMISSIONS
 S3_ERRORS = S3Errors(S3_PERMISSIONS)
-POLICY_VERSION = "2012-10-17"
-
-
-def iam_policy(bucket: str, prefix: str) -> dict[str, Any]:
-    """The least-privilege IAM policy of a sink appending to the table ``s3://bucket/prefix``."""
-    return {"Version": POLICY_VERSION, "Statement": [
-        {"Sid": "TableBucket", "Effect": "Allow", "Action": list(BUCKET_PERMISSIONS),
-         "Resource": f"arn:aws:s3:::{bucket}"},
-        {"Sid": "TableObjects", "Effect": "Allow", "Action": list(OBJECT_PERMISSIONS),
-         "Resource": f"arn:aws:s3:::{bucket}/{prefix.strip('/')}/*"}]}
+#: The least-privilege IAM policy of a sink appending to a table at ``s3://bucket/prefix``.
+iam_policy = lake_iam_policy
 
 FIX_RETRY = "retried automatically; if it persists, check the table's storage"
 FIX_RACE = ("retried automatically: another committer of the table committed first; the "
@@ -122,17 +117,7 @@ def classify(exc: BaseException, what: str) -> TwoPhaseError:
     """A deltalake, pyarrow, OS or S3 error as a twophase error naming the step (``what``)."""
     if type(exc).__module__.startswith("botocore"):
         return S3_ERRORS.classify(exc, what)
-    code = _code(exc)
-    message = str(exc).strip() or type(exc).__name__
-    return ERRORS.error(code, what, f"[{code}] {message}")
-
-
-def _code(exc: BaseException) -> str:
-    """The most specific class name of ``exc`` that :data:`ERRORS` knows."""
-    for kind in type(exc).__mro__:
-        if kind.__name__ in ERRORS.rules or kind.__name__ in ERRORS.conditions:
-            return kind.__name__
-    return type(exc).__name__
+    return ERRORS.error_of(exc, what)
 
 
 def lost(handle: Handle, *, where: str, why: str) -> TransactionLostError:

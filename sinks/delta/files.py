@@ -4,8 +4,8 @@ A transaction's files go where the table's own writers put theirs, in the ordina
 the table's root, or its partition directories (``status=paid/``), never a ``_``-prefixed
 folder (VACUUM ignores those, so a file there is never cleaned up). Each is named
 ``part-<txn id>-<n>.parquet`` (``n``: 00000, 00001, ... per transaction), and listed by the
-transaction's intent (:mod:`~sinks.delta.intents`) before it is created. A file is created
-exclusively (:class:`~sinks.delta.storage.Storage`): a transaction id used twice never
+transaction's intent (:class:`~twophase.kit.LakeIntents`) before it is created. A file is created
+exclusively (:class:`~twophase.kit.LakeStorage`): a transaction id used twice never
 overwrites the first use's file (a committed one), it fails.
 
 Files are bounded: a writer rolls to a new file once its file reaches ``max_file_bytes``,
@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
@@ -27,11 +27,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from deltalake.transaction import AddAction
 
-from sinks.delta import intents
 from sinks.delta.schema import Layout
 from sinks.delta.stats import FileStats
-from sinks.delta.storage import Output, Storage
-from twophase import SchemaMismatchError, TwoPhaseError, TxnId
+from twophase import TxnId
+from twophase.kit import LakeFiles, LakeOutput, LakeStorage
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +39,6 @@ NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
 #: Characters kept beyond letters, digits and "_.-~" in a partition directory's name (none: the
 #: rest are %-escaped, as delta-rs names them).
 SAFE_IN_DIRECTORY = ""
-DEFAULT_MAX_FILE_BYTES = 128 * 1024 * 1024
 
 PartitionKey = tuple[str | None, ...]
 
@@ -83,9 +81,9 @@ class DataFile:
 class _OpenFile:
     """One Parquet file being written."""
 
-    def __init__(self, output: Output, relative: str, schema: pa.Schema,
+    def __init__(self, output: LakeOutput, path: str, schema: pa.Schema,
                  partition_values: Mapping[str, str | None]) -> None:
-        self.output, self.relative, self.partition_values = output, relative, partition_values
+        self.output, self.path, self.partition_values = output, path, partition_values
         self.writer = pq.ParquetWriter(output.stream, schema)
         self.stats = FileStats(schema)
 
@@ -101,7 +99,7 @@ class _OpenFile:
     def close(self) -> DataFile:
         self.writer.close()
         stat = self.output.seal()
-        return DataFile(self.relative, stat.size, dict(self.partition_values),
+        return DataFile(self.path, stat.size, dict(self.partition_values),
                         stat.modification_time, self.stats.to_json())
 
     def abandon(self) -> None:
@@ -110,82 +108,38 @@ class _OpenFile:
         self.output.abandon()
 
 
-@dataclass
-class TransactionFiles:
-    """The files of one transaction: one open file per partition value, rolled at
-    ``max_file_bytes``, each named by the transaction's intent before it is created; closed
-    by :meth:`close`, deleted with the intent by :meth:`delete`."""
+def transaction_files(storage: LakeStorage, layout: Layout, txn_id: TxnId,
+                      max_file_bytes: int) -> LakeFiles[PartitionKey, DataFile]:
+    """The files of one transaction (:class:`~twophase.kit.LakeFiles`): one open file per
+    partition value of the table, in its partition directories."""
 
-    storage: Storage
-    layout: Layout
-    txn_id: TxnId
-    max_file_bytes: int
-    rows: int = 0
-    closed: list[DataFile] = field(default_factory=list)
-    _open: dict[PartitionKey, _OpenFile] = field(default_factory=dict)
-    _created: list[str] = field(default_factory=list)
+    def path_of(key: PartitionKey, number: int) -> str:
+        return "/".join([*(partition_directory(name, value) for name, value in
+                           zip(layout.partition_by, key, strict=True)),
+                         file_name(txn_id, number)])
 
-    def write(self, table: pa.Table) -> None:
-        """Rows of the table's columns (partition columns included)."""
-        for key, part in self._by_partition(table):
-            self._file_of(key).write(part)
-            if self._open[key].size >= self.max_file_bytes:
-                self._seal(self._open.pop(key))
-        self.rows += table.num_rows
+    def open_file(output: LakeOutput, relative: str, key: PartitionKey) -> _OpenFile:
+        return _OpenFile(output, relative, layout.file_schema,
+                         dict(zip(layout.partition_by, key, strict=True)))
 
-    def close(self) -> list[DataFile]:
-        """Close every open file: the transaction's files, durable."""
-        while self._open:
-            self._seal(self._open.pop(next(iter(self._open))))
-        return self.closed
+    return LakeFiles(storage, txn_id, max_file_bytes,
+                     partitions=lambda table: by_partition(table, layout.partition_by),
+                     path_of=path_of, open_file=open_file)
 
-    def _seal(self, opened: _OpenFile) -> None:
-        try:
-            self.closed.append(opened.close())
-        except FileExistsError:
-            self._created.remove(opened.relative)  # another's file (on S3, found at the put)
-            raise
 
-    def delete(self) -> None:
-        """Delete every file this transaction created, then its intent (a discarded
-        transaction); never raises: what is left is the sweep's."""
-        for opened in self._open.values():
-            opened.abandon()
-        self._open.clear()
-        if not self._created:
-            return
-        caught: tuple[type[BaseException], ...] = (*self.storage.errors, TwoPhaseError)
-        try:
-            self.storage.delete(self._created)
-            intents.forget(self.storage, [self.txn_id])
-        except caught as exc:
-            log.warning("discarding %s: %s (the sweep deletes what is left)", self.txn_id, exc)
-
-    def _file_of(self, key: PartitionKey) -> _OpenFile:
-        if key not in self._open:
-            values = dict(zip(self.layout.partition_by, key, strict=True))
-            relative = "/".join([*(partition_directory(name, value)
-                                   for name, value in values.items()),
-                                 file_name(self.txn_id, len(self._created))])
-            intents.record(self.storage, self.txn_id, [*self._created, relative])
-            output = self.storage.create(relative)
-            self._created.append(relative)
-            self._open[key] = _OpenFile(output, relative, self.layout.file_schema, values)
-        return self._open[key]
-
-    def _by_partition(self, table: pa.Table) -> Iterator[tuple[PartitionKey, pa.Table]]:
-        partition_by = self.layout.partition_by
-        if not partition_by:
-            yield (), table
-            return
-        keys = list(zip(*(table.column(name).to_pylist() for name in partition_by),
-                        strict=True))
-        rows: dict[PartitionKey, list[int]] = {}
-        for index, key in enumerate(keys):
-            rows.setdefault(tuple(partition_value(value) for value in key), []).append(index)
-        data = table.drop_columns(list(partition_by))
-        for key, indices in rows.items():
-            yield key, data.take(indices)
+def by_partition(table: pa.Table, partition_by: tuple[str, ...]
+                 ) -> Iterator[tuple[PartitionKey, pa.Table]]:
+    """The rows of each partition value, without the partition columns."""
+    if not partition_by:
+        yield (), table
+        return
+    keys = list(zip(*(table.column(name).to_pylist() for name in partition_by), strict=True))
+    rows: dict[PartitionKey, list[int]] = {}
+    for index, key in enumerate(keys):
+        rows.setdefault(tuple(partition_value(value) for value in key), []).append(index)
+    data = table.drop_columns(list(partition_by))
+    for key, indices in rows.items():
+        yield key, data.take(indices)
 
 
 def partition_value(value: Any) -> str | None:
@@ -202,20 +156,3 @@ def partition_directory(name: str, value: str | None) -> str:
     """``name=value``, Hive-escaped, as Spark names partition directories."""
     text = NULL_PARTITION if value is None else quote(value, safe=SAFE_IN_DIRECTORY)
     return f"{quote(name, safe=SAFE_IN_DIRECTORY)}={text}"
-
-
-def conform(table: pa.Table, layout: Layout, where: str) -> pa.Table:
-    """``table`` with the table's columns in its order and types (a column the rows lack:
-    nulls); a NULL in a NOT NULL column is refused."""
-    columns = []
-    for column_field in layout.table_schema:
-        if column_field.name in table.column_names:
-            column = table.column(column_field.name).cast(column_field.type)
-        else:
-            column = pa.nulls(table.num_rows, column_field.type)
-        if not column_field.nullable and column.null_count:
-            raise SchemaMismatchError(
-                f"{where}: column {column_field.name!r} is NOT NULL, but {column.null_count} "
-                "row(s) hold NULL there.", fix="filter or fill the NULLs in the query")
-        columns.append(column)
-    return pa.Table.from_arrays(columns, schema=layout.table_schema)

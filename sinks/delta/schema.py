@@ -42,6 +42,8 @@ from deltalake.schema import PrimitiveType
 
 from sinks.delta.errors import SYSTEM
 from twophase import Column, ConfigurationError, SchemaMismatchError
+from twophase.kit import TableColumn
+from twophase.kit import check_columns as kit_check_columns
 
 #: Spark's simple type names and the Delta primitive type of each.
 SPARK_TO_DELTA: Mapping[str, str] = {
@@ -101,15 +103,11 @@ def delta_type_of(column: Column) -> str:
 
 
 def check_columns(table: DeltaTable, columns: Sequence[Column], where: str) -> None:
-    """Every written column exists with its exact type; every column the rows lack is
-    nullable."""
+    """The kit's column checks (every written column exists, every NOT NULL one is written),
+    then each written column's exact type."""
     fields = {field.name: field for field in table.schema().fields}
-    if missing := [column.name for column in columns if column.name not in fields]:
-        raise SchemaMismatchError(
-            f"{where} has no column {', '.join(map(repr, missing))} (its columns: "
-            f"{', '.join(fields)}).",
-            fix="add the column to the table (ALTER TABLE ... ADD COLUMNS), or select/rename "
-            "it in the DataFrame")
+    kit_check_columns(where, [TableColumn(field.name, required=not field.nullable)
+                              for field in table.schema().fields], columns)
     for column in columns:
         wanted, actual = delta_type_of(column), _delta_type(fields[column.name])
         if wanted != actual:
@@ -118,12 +116,6 @@ def check_columns(table: DeltaTable, columns: Sequence[Column], where: str) -> N
                 f"{column.type} ({wanted}).",
                 fix=f"cast {column.name!r} in the query to the table's type ({actual}), or "
                 "change the table's column")
-    written = {column.name for column in columns}
-    if required := [name for name, field in fields.items()
-                    if name not in written and not field.nullable]:
-        raise SchemaMismatchError(
-            f"{where} requires column {', '.join(map(repr, required))} (NOT NULL), which the "
-            "rows do not have.", fix="add the column to the DataFrame")
 
 
 def check_partitioning(table: DeltaTable, where: str) -> None:

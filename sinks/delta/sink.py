@@ -4,7 +4,7 @@ Every partition's slice of a micro-batch is written by pyarrow as Parquet files 
 table's data area (:mod:`~sinks.delta.files`: named by the transaction id, in the partition
 directories of a partitioned table, a new file every ``max_file_bytes``), each with its exact
 statistics (:mod:`~sinks.delta.stats`), on a local path or S3 (:mod:`~sinks.delta.storage`),
-each named by the transaction's intent before it is created (:mod:`~sinks.delta.intents`). A
+each named by the transaction's intent before it is created (:class:`~twophase.kit.LakeIntents`). A
 file no commit references is invisible to every reader. The handle lists the files as their
 ``AddAction`` needs them (path, size, partition values, modification time, statistics); the
 driver's committer (:mod:`~sinks.delta.committer`) adds every file of the batch in one Delta
@@ -65,11 +65,9 @@ these batches; other writers (OPTIMIZE, VACUUM, other jobs) may run alongside.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, ClassVar
 
 import deltalake.exceptions
 import pyarrow as pa
@@ -78,27 +76,27 @@ from deltalake import DeltaTable
 from sinks.delta import schema
 from sinks.delta.committer import DeltaCommitter
 from sinks.delta.errors import ERRORS_CAUGHT, SYSTEM, classify
-from sinks.delta.files import DEFAULT_MAX_FILE_BYTES, TransactionFiles, conform
+from sinks.delta.files import DataFile, PartitionKey, transaction_files
 from sinks.delta.schema import Layout
 from sinks.delta.snapshot import Snapshot, app_id_of
 from sinks.delta.storage import storage_for
 from twophase import (
     Column,
     ConfigurationError,
-    FatalError,
-    Handle,
-    SchemaMismatchError,
     TransactionContext,
-    TwoPhaseCommitSink,
+    TwoPhaseError,
     TxnId,
 )
 from twophase.kit import (
     DEFAULT_CHUNK_SIZE,
-    chunks,
+    DEFAULT_MAX_FILE_BYTES,
+    LakeFiles,
+    LakeSink,
+    LakeStorage,
     classified,
     namespace_from,
-    transaction_id_reused,
     validate_chunk_size,
+    validate_max_file_bytes,
 )
 
 if TYPE_CHECKING:
@@ -107,15 +105,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class DeltaTransaction:
-    """One partition's files (live on the executor between begin and pre-commit)."""
-
-    ctx: TransactionContext
-    files: TransactionFiles
-
-
-class DeltaSink(TwoPhaseCommitSink[DeltaTransaction]):
+class DeltaSink(LakeSink[DataFile]):
     """Exactly-once appends to the Delta table at ``table_uri`` (a local path, ``file://`` or
     ``s3://bucket/path``).
 
@@ -131,6 +121,7 @@ class DeltaSink(TwoPhaseCommitSink[DeltaTransaction]):
     """
 
     kind: ClassVar[str] = "delta"
+    file_record = DataFile
 
     def __init__(
         self,
@@ -146,7 +137,7 @@ class DeltaSink(TwoPhaseCommitSink[DeltaTransaction]):
     ) -> None:
         self.table_uri = str(table_uri)
         self.storage_options = dict(storage_options or {})
-        self.storage = storage_for(self.table_uri, self.storage_options)
+        self._storage = storage_for(self.table_uri, self.storage_options)
         if app_id is not None and (not isinstance(app_id, str) or not app_id.strip()):
             raise ConfigurationError(f"{SYSTEM}: app_id={app_id!r} must be a non-empty string.",
                                      fix="drop app_id= (derived from the query) or name one")
@@ -155,17 +146,18 @@ class DeltaSink(TwoPhaseCommitSink[DeltaTransaction]):
         self.create = create
         self.configuration = dict(configuration or {})
         self.chunk_size = validate_chunk_size(SYSTEM, chunk_size)
-        if not isinstance(max_file_bytes, int) or max_file_bytes < 1:
-            raise ConfigurationError(
-                f"{SYSTEM}: max_file_bytes={max_file_bytes!r} must be a positive integer.",
-                fix=f"leave it at {DEFAULT_MAX_FILE_BYTES} or pass a positive int")
-        self.max_file_bytes = max_file_bytes
+        self.max_file_bytes = validate_max_file_bytes(SYSTEM, max_file_bytes,
+                                                      DEFAULT_MAX_FILE_BYTES)
         #: The table's layout, read by ``check_schema`` on the driver and pickled with the
         #: sink to the executors (a writer without it reads it itself).
         self.layout: Layout | None = None
 
     def __repr__(self) -> str:
         return f"DeltaSink({self.table_uri!r}, partition_by={list(self.partition_by)!r})"
+
+    @property
+    def storage(self) -> LakeStorage:
+        return self._storage
 
     @property
     def where(self) -> str:
@@ -215,78 +207,22 @@ class DeltaSink(TwoPhaseCommitSink[DeltaTransaction]):
                                    storage_options=self.storage_options,
                                    configuration=self.configuration)
 
-    # -- executor: begin, write, pre-commit ----------------------------------------------------
+    # -- executor: begin (the rest is the kit's LakeSink) ----------------------------------------
 
-    def begin_transaction(self, ctx: TransactionContext) -> DeltaTransaction:
+    def open_files(self, ctx: TransactionContext
+                   ) -> tuple[pa.Schema, LakeFiles[PartitionKey, DataFile]]:
         layout = self.layout
         if layout is None:
             with classified(classify, f"reading the layout of {self.where}",
                             self.errors_caught):
                 layout = Layout.of(self.snapshot().table)
-        return DeltaTransaction(ctx, TransactionFiles(self.storage, layout, ctx.txn_id,
-                                                      self.max_file_bytes))
+        return layout.table_schema, transaction_files(self.storage, layout, ctx.txn_id,
+                                                      self.max_file_bytes)
 
-    def write(self, txn: DeltaTransaction, rows: Iterable[Sequence[Any]]) -> None:
-        schema_of_rows = self._row_schema(txn)
-        for chunk in chunks(rows, self.chunk_size):
-            if misfit := next((len(row) for row in chunk
-                               if len(row) != len(schema_of_rows)), None):
-                self.discard(txn)
-                raise SchemaMismatchError(
-                    f"{SYSTEM}: a row has {misfit} values for the {len(schema_of_rows)} "
-                    f"columns {txn.ctx.column_names}.",
-                    fix="write rows of the columns the transaction's context names")
-            with self._writing(txn, f"writing {txn.ctx.txn_id} into {self.where}"):
-                columns = [pa.array(values, type=field.type) for values, field in
-                           zip(zip(*chunk, strict=True), schema_of_rows, strict=True)]
-                self._append(txn, pa.Table.from_arrays(columns, schema=schema_of_rows))
-
-    def write_arrow(self, txn: DeltaTransaction, batches: Iterable[pa.RecordBatch]) -> None:
-        for batch in batches:
-            with self._writing(txn, f"writing {txn.ctx.txn_id} into {self.where}"):
-                self._append(txn, pa.Table.from_batches([batch]))
-
-    def pre_commit(self, txn: DeltaTransaction) -> Handle:
-        with self._writing(txn, f"closing the files of {txn.ctx.txn_id}"):
-            files = txn.files.close()
-        log.debug("pre-committed %s: %d rows in %d files", txn.ctx.txn_id, txn.files.rows,
-                  len(files))
-        return self.handle(txn.ctx.txn_id, rows=txn.files.rows,
-                           files=[data_file.to_json() for data_file in files])
-
-    def discard(self, txn: DeltaTransaction) -> None:
-        """Delete the files written so far. Never raises."""
-        txn.files.delete()
-
-    @contextlib.contextmanager
-    def _writing(self, txn: DeltaTransaction, what: str) -> Iterator[None]:
-        """Any failure discards the transaction's files and is classified; a file that exists
-        already is a transaction id used twice."""
-        with classified(classify, what, self.errors_caught, on_error=lambda: self.discard(txn)):
-            try:
-                yield
-            except FileExistsError as exc:
-                raise transaction_id_reused(txn.ctx.txn_id, where=self.where) from exc
-
-    def _append(self, txn: DeltaTransaction, table: pa.Table) -> None:
-        txn.files.write(conform(table, txn.files.layout, self.where))
-
-    def _row_schema(self, txn: DeltaTransaction) -> pa.Schema:
-        table_schema = txn.files.layout.table_schema
-        unknown = [name for name in txn.ctx.column_names if name not in table_schema.names]
-        if unknown:
-            raise FatalError(f"{self.where} has no column {unknown}.",
-                             fix="run check_schema (the driver does) before writing")
-        return pa.schema([table_schema.field(name).with_nullable(True)
-                          for name in txn.ctx.column_names])
+    def classify(self, exc: BaseException, what: str) -> TwoPhaseError:
+        return classify(exc, what)
 
     # -- driver ---------------------------------------------------------------------------------
 
     def committer(self) -> Committer:
         return DeltaCommitter(self)
-
-    def list_in_doubt(self, namespace: str) -> list[Handle]:
-        """The namespace's files no commit references, by transaction (see
-        :mod:`~sinks.delta.committer`)."""
-        with self.committer() as committer:
-            return committer.list_in_doubt(namespace)

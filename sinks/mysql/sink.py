@@ -369,10 +369,10 @@ class MySQLXASink(TwoPhaseCommitSink[MySQLBranch]):
         return MySQLCommitter(self)
 
     def fence(self, namespace: str, query_id: str, epoch: int) -> None:
-        """Deprecated (until 0.4.0): fence through ``sink.committer()``, which keeps the claim
+        """Deprecated (until 0.5.0): fence through ``sink.committer()``, which keeps the claim
         for its commits. This claims ``epoch`` through a committer of its own, as 0.2.0 did;
         the framework never calls it."""
-        warnings.warn("MySQLXASink.fence is deprecated and goes in 0.4.0: fence through "
+        warnings.warn("MySQLXASink.fence is deprecated and goes in 0.5.0: fence through "
                       "sink.committer() (committer.fence(...)), which keeps the claim for its "
                       "commits", DeprecationWarning, stacklevel=2)
         with self.committer() as committer:

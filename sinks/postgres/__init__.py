@@ -16,6 +16,8 @@ module              role
 ``committer``       the driver's commits and aborts through pooled sessions; why no fence
 ``prepared``        gids, ``PREPARE TRANSACTION`` / ``COMMIT PREPARED``, ``pg_prepared_xacts``
 ``markers``         the marker row that proves a commit, its commit time and its purge
+``staging``         the staged mode: rows staged per transaction, published in ONE local
+                    transaction (shared with an Iceberg catalog in the same database)
 ``bulk``            ``COPY`` (CSV from Arrow, or rows) and ``INSERT ... ON CONFLICT``
 ``errors``          every SQLSTATE and how it is classified: the one place
 ``schema``          identifiers, the marker table's DDL, the checks before a start

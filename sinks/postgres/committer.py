@@ -6,6 +6,12 @@ PREPARED``; an unknown gid (42704) is ALREADY_COMMITTED if the marker row is vis
 transaction is lost; either way the marker is stamped with the commit time. Abort: ``ROLLBACK
 PREPARED``; an unknown gid is NOT_FOUND.
 
+Staged (``publish="staged"``): commit publishes the handle's staged rows in one local
+transaction (:class:`~sinks.postgres.staging.StagedPublisher`, whose proof is the marker it
+writes); abort deletes them. ``local_commit()`` offers that publisher to a sink group
+(:class:`twophase.kit.LocalCommitMember`): members of the same database then share ONE local
+transaction per batch. In the prepared mode it offers nothing (None).
+
 No fence: ``fence`` keeps the default (nothing). ``COMMIT PREPARED`` cannot be made
 conditional on a row, and it need not be: a run commits only handles of decisions it wrote to
 the state file under its epoch (a compare-and-swap that refuses a zombie), decisions are never
@@ -25,6 +31,7 @@ import psycopg
 from sinks.postgres.connection import Connection
 from sinks.postgres.errors import classify, lost
 from sinks.postgres.prepared import gid_of_handle, resolve
+from sinks.postgres.staging import StagedPublisher, delete_staged
 from twophase import AbortOutcome, CommitOutcome, Handle
 from twophase.kit import PooledCommitter
 
@@ -43,7 +50,15 @@ class PostgresCommitter(PooledCommitter[Connection]):
         super().__init__(sink, sink.server.pool(sink.commit_parallelism), classify,
                          psycopg.Error, sink.server.on)
 
+    def local_commit(self) -> StagedPublisher | None:
+        """The staged mode's publisher (a :class:`twophase.kit.LocalCommitMember`); None in
+        the prepared mode (``COMMIT PREPARED`` cannot join another transaction)."""
+        return StagedPublisher(self) if self.sink.publish == "staged" else None
+
     def commit(self, handle: Handle) -> CommitOutcome:
+        if (publisher := self.local_commit()) is not None:
+            with publisher.local_transaction() as conn:
+                return publisher.settle_in(conn, [handle])[handle.txn_id]
         gid = gid_of_handle(handle)
         with self.session(f"commit of transaction {handle.txn_id} (gid {gid})") as conn:
             outcome = CommitOutcome.COMMITTED
@@ -56,11 +71,22 @@ class PostgresCommitter(PooledCommitter[Connection]):
             return outcome
 
     def abort(self, handle: Handle) -> AbortOutcome:
+        if self.sink.publish == "staged":
+            return self._abort_staged(handle)
         gid = gid_of_handle(handle)
         with self.session(f"abort of transaction {handle.txn_id} (gid {gid})") as conn:
             if resolve(conn, "ROLLBACK", gid):
                 return AbortOutcome.ABORTED
             if self.sink.markers.visible(conn, handle.txn_id):
                 log.warning("abort of %s: it is committed already, nothing to roll back",
+                            handle.txn_id)
+            return AbortOutcome.NOT_FOUND
+
+    def _abort_staged(self, handle: Handle) -> AbortOutcome:
+        with self.session(f"abort of staged transaction {handle.txn_id}") as conn:
+            if delete_staged(conn, self.sink.staging, handle.txn_id):
+                return AbortOutcome.ABORTED
+            if self.sink.markers.visible(conn, handle.txn_id):
+                log.warning("abort of %s: it is published already, nothing to delete",
                             handle.txn_id)
             return AbortOutcome.NOT_FOUND

@@ -208,3 +208,12 @@ def lost(handle: Handle, gid: str, *, where: str, markers: str) -> TransactionLo
         "another job's cleanup): then its rows are NOT in the table; or its marker was purged "
         "after it committed (purge only long after any recovery could still run): then they "
         "are"))
+
+
+def lost_staged(handle: Handle, found: int, *, where: str, staging: str) -> TransactionLostError:
+    """A decided staged transaction whose staged rows are not all there and whose marker is
+    not written (kit wording)."""
+    return transaction_lost(handle, where=where, why=(
+        f"{staging} holds {found} of its {handle.rows} staged rows and its marker row is not "
+        "written: the staged rows were deleted outside this commit (an abort by another job's "
+        "cleanup, or by hand); nothing of its batch was published by this commit"))

@@ -36,12 +36,15 @@ class Markers:
     table: Table
 
     def insert(self, conn: Connection, txn_id: TxnId, *, target: Table, rows: int,
-               where: str) -> None:
-        """Write the transaction's marker (inside it); refuses an id used once before."""
+               where: str, committed: bool = False) -> None:
+        """Write the transaction's marker (inside it); refuses an id used once before.
+        ``committed``: written by the transaction that publishes it (the staged mode), so
+        stamped committed at once."""
         created = dt.datetime.fromtimestamp(txn_id.created, dt.UTC)
         try:
             conn.execute(self._sql("INSERT INTO {} (txn_id, namespace, target_table, row_count, "
-                                   "created_at) VALUES (%s, %s, %s, %s, %s)"),
+                                   "created_at, committed_at) VALUES (%s, %s, %s, %s, %s, "
+                                   + ("now()" if committed else "NULL") + ")"),
                          (str(txn_id), txn_id.namespace, str(target), rows, created))
         except psycopg.Error as exc:
             error = marker_error(exc, txn_id, where=where, markers=str(self.table))
@@ -66,6 +69,10 @@ class Markers:
                                         "target_table = %s AND committed_at < %s"),
                               (namespace, str(target), as_utc(older_than)))
         return cursor.rowcount
+
+    def statement(self, statement: str) -> psycopg.sql.Composed:
+        """``statement`` with ``{}`` the marker table."""
+        return self._sql(statement)
 
     def _sql(self, statement: str) -> psycopg.sql.Composed:
         return psycopg.sql.SQL(statement).format(self.table.ident)

@@ -48,6 +48,11 @@ named by id (``application_name`` holds 63 bytes, an id up to 92) and it ends wi
 session, so the server rolls it back when the writer dies or disconnects, and after
 ``WRITER_IDLE_TIMEOUT_S`` idle if the writer's host vanished (half-open connection).
 
+Staged (``publish="staged"``, :mod:`~sinks.postgres.staging`): the partitions COPY into a
+staging table and commit (durable, invisible); the driver publishes a batch in ONE local
+transaction (rows moved, markers written), which an Iceberg table's catalog swap in the same
+database can share (a sink group: both visible in the same instant). No prepared transaction.
+
 Fencing: none beyond the state file's epoch, for the reason given in
 :mod:`~sinks.postgres.committer`. Privileges: INSERT (+SELECT, UPDATE for upsert) on the table;
 SELECT, INSERT, UPDATE, DELETE on the marker table (CREATE once, or create it from
@@ -83,6 +88,14 @@ from sinks.postgres.errors import SYSTEM, classify_unprepared, wrong_width
 from sinks.postgres.markers import DEFAULT_MARKER_TABLE, Markers
 from sinks.postgres.prepared import gid_of, prepare, prepared_in
 from sinks.postgres.schema import Table
+from sinks.postgres.staging import (
+    Publish,
+    begin_staging,
+    create_missing_staging,
+    staged_in,
+    staging_table_of,
+    validate_publish,
+)
 from twophase import (
     Column,
     ConfigurationError,
@@ -101,6 +114,7 @@ from twophase.kit import (
     classified,
     namespace_from,
     rows_of,
+    transaction_id_reused,
     validate_chunk_size,
     validate_mode,
     validate_namespace,
@@ -133,6 +147,9 @@ class PostgresSink(TwoPhaseCommitSink[PostgresTransaction]):
     ``table`` (in ``schema``): the target; it must exist. ``mode``: ``"insert"`` (COPY; a
     repeated key is an error) or ``"upsert"`` (``INSERT ... ON CONFLICT (key) DO UPDATE``;
     ``key`` must be a unique key of the table). ``chunk_size``: rows per statement.
+    ``publish``: ``"prepared"`` (one prepared transaction per partition) or ``"staged"``
+    (rows staged in ``staging_table``, default ``_twophase_staged_<table>``, published by the
+    driver in one local transaction: see :mod:`sinks.postgres.staging`; insert mode only).
     ``sslmode``: ``"verify-full"`` (the default: the certificate must come from a CA of
     ``ca_bundle``, libpq's ``sslrootcert``, and name ``host``), ``"verify-ca"``, ``"require"``
     (encrypted, not verified) or ``"disable"``; libpq's ``prefer``/``allow`` (a silent fall back
@@ -162,8 +179,11 @@ class PostgresSink(TwoPhaseCommitSink[PostgresTransaction]):
         connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
         lock_timeout_s: float | None = None,
         connect_args: Mapping[str, Any] | None = None,
+        publish: Publish = "prepared",
+        staging_table: str | None = None,
     ) -> None:
         self.mode = validate_mode(SYSTEM, mode, key)
+        self.publish = validate_publish(SYSTEM, publish, self.mode)
         self.key = tuple(key)
         self.chunk_size = validate_chunk_size(SYSTEM, chunk_size)
         if reserved := sorted(RESERVED_CONNECT_ARGS & set(connect_args or {})):
@@ -176,6 +196,8 @@ class PostgresSink(TwoPhaseCommitSink[PostgresTransaction]):
         self.table = table
         self.target = Table(schema, table)
         self.markers = Markers(Table(schema, marker_table))
+        self.staging = (Table(schema, staging_table) if staging_table
+                        else staging_table_of(self.target))
 
     def __repr__(self) -> str:
         server = self.server
@@ -199,9 +221,12 @@ class PostgresSink(TwoPhaseCommitSink[PostgresTransaction]):
         """Check the server, the table, its columns, key and privileges; create the marker
         table if missing (see :mod:`sinks.postgres.schema`)."""
         with self.server.session(f"checking {self.target}") as conn:
-            schema.check_prepared_transactions(conn, self.server.address)
+            if self.publish == "prepared":
+                schema.check_prepared_transactions(conn, self.server.address)
             schema.check_table(conn, self.target, self.where)
             schema.create_missing_markers(conn, self.markers.table)
+            if self.publish == "staged":
+                create_missing_staging(conn, self.staging, self.target)
             # before the columns: a user without privileges on the table sees none of them
             schema.check_privileges(conn, self.target, self.markers.table,
                                     upsert=self.mode == "upsert", user=self.server.user)
@@ -213,7 +238,16 @@ class PostgresSink(TwoPhaseCommitSink[PostgresTransaction]):
 
     def begin_transaction(self, ctx: TransactionContext) -> PostgresTransaction:
         conn = self.server.connect(autocommit=False, writer=True)
-        return PostgresTransaction(ctx.txn_id, ctx.column_names, conn)
+        txn = PostgresTransaction(ctx.txn_id, ctx.column_names, conn)
+        if self.publish == "staged":
+            with self._guard(txn, "beginning"):
+                begin_staging(conn, ctx.txn_id)
+        return txn
+
+    @property
+    def written(self) -> Table:
+        """Where the executors write: the target, or (staged) the staging table."""
+        return self.staging if self.publish == "staged" else self.target
 
     def write(self, txn: PostgresTransaction, rows: Iterable[Sequence[Any]]) -> None:
         conn = self._open(txn)
@@ -225,7 +259,7 @@ class PostgresSink(TwoPhaseCommitSink[PostgresTransaction]):
                 if self.mode == "upsert":
                     upsert_rows(conn, self.target, txn.columns, self.key, chunk)
                 else:
-                    copy_rows(conn, self.target, txn.columns, chunk)
+                    copy_rows(conn, self.written, txn.columns, chunk)
                 txn.rows += len(chunk)
 
     def write_arrow(self, txn: PostgresTransaction, batches: Iterable[pa.RecordBatch]) -> None:
@@ -236,9 +270,11 @@ class PostgresSink(TwoPhaseCommitSink[PostgresTransaction]):
             return
         conn = self._open(txn)
         with self._guard(txn, "writing"):
-            txn.rows += copy_batches(conn, self.target, txn.columns, batches)
+            txn.rows += copy_batches(conn, self.written, txn.columns, batches)
 
     def pre_commit(self, txn: PostgresTransaction) -> Handle:
+        if self.publish == "staged":
+            return self._stage(txn)
         conn = self._open(txn)
         gid = gid_of(txn.txn_id)
         with self._guard(txn, "preparing (it may be prepared: then cleanup aborts it)"):
@@ -248,6 +284,18 @@ class PostgresSink(TwoPhaseCommitSink[PostgresTransaction]):
         self._close(txn)
         log.debug("prepared %s: %d rows, gid %s", txn.txn_id, txn.rows, gid)
         return self.handle(txn.txn_id, rows=txn.rows, gid=gid)
+
+    def _stage(self, txn: PostgresTransaction) -> Handle:
+        """Staged: commit the staged rows (durable, invisible), unless the id was committed
+        once."""
+        conn = self._open(txn)
+        with self._guard(txn, "staging"):
+            if self.markers.visible(conn, txn.txn_id):
+                raise transaction_id_reused(txn.txn_id, where=self.where)
+            conn.commit()
+        self._close(txn)
+        log.debug("staged %s: %d rows in %s", txn.txn_id, txn.rows, self.staging)
+        return self.handle(txn.txn_id, rows=txn.rows, columns=list(txn.columns))
 
     def discard(self, txn: PostgresTransaction) -> None:
         """Close the session: the server rolls the unprepared transaction back. Never raises."""
@@ -280,6 +328,11 @@ class PostgresSink(TwoPhaseCommitSink[PostgresTransaction]):
     def list_in_doubt(self, namespace: str) -> list[Handle]:
         """The namespace's prepared transactions in this database (see the module docstring
         for why unprepared ones are never listed)."""
+        if self.publish == "staged":
+            with self.server.session(f"listing staged transactions of namespace {namespace!r}"
+                                     ) as conn:
+                staged = staged_in(conn, self.staging, namespace)
+            return [self.handle(txn_id, rows=0, columns=[]) for txn_id in staged]
         with self.server.session(f"listing prepared transactions of namespace {namespace!r}"
                                  ) as conn:
             txn_ids = prepared_in(conn, namespace)
@@ -296,6 +349,8 @@ class PostgresSink(TwoPhaseCommitSink[PostgresTransaction]):
         return purged
 
     def create_tables(self) -> None:
-        """Create the marker table unless it exists."""
+        """Create the marker table (and, staged, the staging table) unless it exists."""
         with self.server.session("creating twophase's marker table") as conn:
             schema.create_missing_markers(conn, self.markers.table)
+            if self.publish == "staged":
+                create_missing_staging(conn, self.staging, self.target)

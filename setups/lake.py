@@ -1,0 +1,41 @@
+"""What the lake setups' users share: committing a decided batch as the coordinator does (its
+commit stages, each handle, then ``finish_batch``), through a given committer or a new one,
+with a racing committer's retryable errors retried (tests, benchmarks)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from typing import Any
+
+from twophase import CommitOutcome, Committer, Handle, RetryableError, TwoPhaseCommitSink
+from twophase.testing.contract import NAMESPACE
+
+#: How often a committer retries a lost race before the error stands.
+RACE_ATTEMPTS = 5
+
+
+def commit_decided(committer: Committer, handles: Sequence[Handle]) -> list[CommitOutcome]:
+    """As the coordinator commits a decided batch: its stages, each handle, finish_batch."""
+    outcomes = [stage.committer.commit(handle)
+                for stage in committer.commit_stages(handles) for handle in stage.handles]
+    committer.finish_batch(NAMESPACE, handles[0].txn_id.batch, handles)
+    return outcomes
+
+
+def commit_batch(sink: TwoPhaseCommitSink[Any], handles: Sequence[Handle], *,
+                 committer: Committer | None = None,
+                 retried: list[RetryableError] | None = None) -> list[CommitOutcome]:
+    """:func:`commit_decided`; retryable errors retried (a racing committer), and kept in
+    ``retried``."""
+    with contextlib.ExitStack() as stack:
+        own = committer or stack.enter_context(sink.committer())
+        for attempt in range(RACE_ATTEMPTS):
+            try:
+                return commit_decided(own, handles)
+            except RetryableError as exc:
+                if attempt == RACE_ATTEMPTS - 1:
+                    raise
+                if retried is not None:
+                    retried.append(exc)
+        raise AssertionError("unreachable")

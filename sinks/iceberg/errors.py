@@ -1,0 +1,136 @@
+"""Every error the Iceberg sink meets, classified once, here.
+
+pyiceberg raises its own exception classes (``pyiceberg.exceptions``); the SQL catalog's
+database raises SQLAlchemy's; the REST catalog's transport, ``requests``' (``OSError``s);
+pyarrow's file system and the local disk, ``OSError``. Each is looked up by its class name,
+then by a condition on its message:
+
+==============================================  =============================================
+what went wrong                                 what the sink raises
+==============================================  =============================================
+``CommitFailedException`` (a requirement not    :class:`RetryableError`: another committer of
+met: the table moved since it was loaded)       the table committed first; the retry loads
+                                                the table again and re-checks the proof
+``CommitStateUnknownException`` (the catalog    :class:`RetryableError`: the retry's proof
+did not say whether it committed)               finds out
+``NoSuchTableError`` / ``NoSuchNamespaceError`` :class:`ConfigurationError`: create the table
+                                                (``create=True``) or fix ``table=``
+``OperationalError`` (the catalog database:     :class:`RetryableError`; "password
+unreachable, locked, restarting)                authentication failed" / "permission denied":
+                                                :class:`ConfigurationError`
+``ProgrammingError`` / ``IntegrityError``       :class:`FatalError`
+``ServerError`` / ``ServiceUnavailableError``   :class:`RetryableError`
+/ ``TooManyRequestsError`` (REST)
+``UnauthorizedError`` / ``ForbiddenError`` /    :class:`ConfigurationError`: the catalog's
+``AuthorizationExpiredError`` / ``OAuthError``  credentials or grants
+``OSError`` (a file system, the REST            :class:`RetryableError`, but "No space left"
+catalog's connection)                           and "Permission denied":
+                                                :class:`ConfigurationError`
+``ArrowInvalid`` / ``ArrowTypeError``           :class:`SchemaMismatchError` (a value the
+                                                table's type cannot hold)
+a boto3 error (a table on S3: the data files    twophase's one S3 table (``S3Errors``): a
+and the intents)                                refused request names :data:`S3_PERMISSIONS`
+anything else pyiceberg raises                  :class:`FatalError`
+==============================================  =============================================
+
+A decided transaction whose file is gone, or that is past the orphan-file cleanup's age, is
+lost (:func:`~twophase.kit.transaction_lost`): never a snapshot of missing files, never a
+silent success.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pyarrow as pa
+import pyiceberg.exceptions
+
+from twophase import (
+    ConfigurationError,
+    FatalError,
+    RetryableError,
+    SchemaMismatchError,
+    TwoPhaseError,
+)
+from twophase.kit import LAKE_S3_PERMISSIONS, Condition, ErrorTable, S3Errors, lake_iam_policy
+
+SYSTEM = "IcebergSink"
+
+#: What the sink catches around pyiceberg, the catalog, pyarrow and storage calls.
+ERRORS_CAUGHT: tuple[type[BaseException], ...] = (
+    pyiceberg.exceptions.CommitFailedException, pyiceberg.exceptions.RESTError,
+    pyiceberg.exceptions.NoSuchTableError, pyiceberg.exceptions.NoSuchNamespaceError,
+    pyiceberg.exceptions.ValidationError, pyiceberg.exceptions.ValidationException,
+    OSError, pa.ArrowException)
+
+
+def catalog_errors() -> tuple[type[BaseException], ...]:
+    """The SQL catalog's database errors (SQLAlchemy's), once SQLAlchemy is loaded: the SQL
+    catalog loads it, and a process that never did cannot meet them (the executors, which are
+    spared its import)."""
+    module = sys.modules.get("sqlalchemy.exc")
+    return () if module is None else (module.SQLAlchemyError,)
+
+#: What the sink's S3 credentials need on a table on S3: the bucket's listing, and the
+#: objects under the table's location (data files, intents, and pyiceberg's metadata files).
+S3_PERMISSIONS = LAKE_S3_PERMISSIONS
+S3_ERRORS = S3Errors(S3_PERMISSIONS)
+#: The least-privilege IAM policy of a sink appending to a table at ``s3://bucket/prefix``.
+iam_policy = lake_iam_policy
+
+
+FIX_RETRY = "retried automatically; if it persists, check the catalog and the table's storage"
+FIX_RACE = ("retried automatically: another committer of the table committed first; the "
+            "retry loads the table again and proves or makes the commit")
+FIX_TABLE = ("create the table first, or pass create=True to create it (and its namespace) "
+             "from the query's columns, or fix table=")
+FIX_CATALOG_ACCESS = ("fix the catalog's credentials or grants (catalog=): the sink reads and "
+                      "updates the table's catalog entry")
+FIX_VALUES = "cast the column in the query to the table's type, or fix the table's schema"
+FIX_DISK = "free space on (or grant write access to) the table's storage, then restart"
+FIX_UNCLASSIFIED = "fix the cause named above, then restart the query"
+
+_RETRY: tuple[type[TwoPhaseError], str] = (RetryableError, FIX_RETRY)
+_ACCESS: tuple[type[TwoPhaseError], str] = (ConfigurationError, FIX_CATALOG_ACCESS)
+
+ERRORS = ErrorTable(
+    system=SYSTEM,
+    default=(FatalError, FIX_UNCLASSIFIED),
+    rules={
+        "CommitFailedException": (RetryableError, FIX_RACE),
+        "CommitStateUnknownException": (RetryableError, FIX_RACE),
+        "NoSuchTableError": (ConfigurationError, FIX_TABLE),
+        "NoSuchNamespaceError": (ConfigurationError, FIX_TABLE),
+        "OperationalError": _RETRY,
+        "InterfaceError": _RETRY,
+        "ServerError": _RETRY,
+        "ServiceUnavailableError": _RETRY,
+        "TooManyRequestsError": _RETRY,
+        "UnauthorizedError": _ACCESS,
+        "ForbiddenError": _ACCESS,
+        "AuthorizationExpiredError": _ACCESS,
+        "OAuthError": _ACCESS,
+        "OSError": _RETRY,
+        "ArrowInvalid": (SchemaMismatchError, FIX_VALUES),
+        "ArrowTypeError": (SchemaMismatchError, FIX_VALUES),
+        "ArrowNotImplementedError": (SchemaMismatchError, FIX_VALUES),
+    },
+    conditions={
+        "OperationalError": (
+            Condition("password authentication failed", _ACCESS),
+            Condition("permission denied", _ACCESS),
+            Condition("unable to open database file", (ConfigurationError, FIX_CATALOG_ACCESS)),
+        ),
+        "OSError": (
+            Condition("No space left", (ConfigurationError, FIX_DISK)),
+            Condition("Permission denied", (ConfigurationError, FIX_DISK)),
+        ),
+    },
+)
+
+
+def classify(exc: BaseException, what: str) -> TwoPhaseError:
+    """A pyiceberg, catalog, pyarrow, OS or S3 error as a twophase error naming the step."""
+    if type(exc).__module__.startswith("botocore"):
+        return S3_ERRORS.classify(exc, what)
+    return ERRORS.error_of(exc, what)

@@ -1,0 +1,71 @@
+"""IcebergSink under the shared crash suite: a real Spark driver SIGKILLed at crash points and
+restarted, into an Iceberg table of the embedded SQL catalog (SQLite), of PostgreSQL's, of
+Iceberg's REST catalog server, and with its files on S3, read back by DuckDB's Iceberg reader
+(every row exactly once, no file no snapshot added and no intent left: the setup's
+``in_doubt``), each batch one snapshot, no file added twice.
+
+CI: the PostgreSQL catalog at either side of the decision (the embedded catalog is crashed in
+CI as a member of the PostgreSQL -> Iceberg -> Kafka group, ``tests/test_group_crash.py``);
+``-m long``: every point, on every catalog and on S3."""
+
+from __future__ import annotations
+
+import pytest
+from pyiceberg.catalog import load_catalog
+
+from sinks.iceberg.snapshots import SUMMARY_APP, SUMMARY_BATCH
+from twophase.testing import Target
+from twophase.testing.crash import DECISION_POINTS, CrashSuite
+
+pytestmark = [pytest.mark.spark, pytest.mark.crash]
+
+
+class IcebergCrashes(CrashSuite):
+    """The data source path (Arrow batches into Parquet files)."""
+
+    def check_finished(self, target: Target) -> None:
+        """Each batch is one snapshot; no data file is added twice."""
+        options = target.options
+        table = load_catalog(options["catalog_name"], **options["catalog"]).load_table(
+            options["table"])
+        batches = [(snapshot.summary[SUMMARY_APP], snapshot.summary[SUMMARY_BATCH])
+                   for snapshot in table.metadata.snapshots
+                   if snapshot.summary and snapshot.summary[SUMMARY_BATCH] is not None]
+        assert len(batches) == len(set(batches)), f"a batch committed twice: {batches}"
+        assert batches, "no snapshot carried a batch"
+        files = [task.file.file_path for task in table.scan().plan_files()]
+        assert len(files) == len(set(files)), "a data file referenced twice"
+
+
+class TestIcebergOnPostgresCatalogCrashes(IcebergCrashes):
+    """The SQL catalog in the private PostgreSQL server's database (the catalog a team runs)."""
+
+    setup_fixture = "iceberg_pg_setup"
+    crash_points: tuple[str, ...] = DECISION_POINTS
+
+
+@pytest.mark.long
+class TestIcebergOnPostgresCatalogEveryPointCrashes(TestIcebergOnPostgresCatalogCrashes):
+    crash_points = CrashSuite.crash_points
+
+
+@pytest.mark.long
+class TestIcebergCrashes(IcebergCrashes):
+    """The embedded SQL catalog (SQLite), every point."""
+
+    setup_fixture = "iceberg_setup"
+
+
+@pytest.mark.long
+class TestIcebergOnRestCatalogCrashes(IcebergCrashes):
+    """Iceberg's own REST catalog server (a JVM: its JDBC catalog behind HTTP), every point;
+    CI runs its racing committers."""
+
+    setup_fixture = "iceberg_rest_setup"
+
+
+@pytest.mark.long
+class TestIcebergOnS3EveryPointCrashes(IcebergCrashes):
+    """The table's files on the S3 lab's bucket (moto), the embedded catalog, every point."""
+
+    setup_fixture = "iceberg_s3_setup"
