@@ -5,6 +5,7 @@ lost files, refusals. Every table is read back by DuckDB's Iceberg reader."""
 from __future__ import annotations
 
 import json
+import secrets
 import subprocess
 import sys
 import threading
@@ -19,9 +20,10 @@ from pyiceberg.schema import Schema
 from pyiceberg.types import NestedField, StringType
 
 from setups import IcebergSetup, Target
-from setups.iceberg import iceberg_scan
+from setups.iceberg import CATALOG_NAME, iceberg_scan
 from setups.lake import commit_batch
 from setups.servers.local import free_port
+from setups.servers.postgres import PostgresServer
 from sinks.iceberg import IcebergSink
 from sinks.iceberg.schema import SPARK_TO_ICEBERG
 from sinks.iceberg.snapshots import SUMMARY_BATCH, app_id_of, batch_property
@@ -370,3 +372,42 @@ def test_a_warehouse_path_with_characters_a_uri_escapes_keeps_data_and_metadata_
     assert sorted(setup.visible(target)) == [0, 1, 2]
     assert setup.in_doubt(target) == []
     assert list(root.rglob("*.parquet")), "the data files are under the warehouse as named"
+
+
+# -- grants on the catalog's database --------------------------------------------------------------
+
+CATALOG_GRANTS = ["SELECT, INSERT, UPDATE ON iceberg_tables",
+                  "SELECT, INSERT ON iceberg_namespace_properties"]
+
+
+def test_the_readme_grants_on_the_catalog_database_are_enough(
+        postgres: PostgresServer, tmp_path: Path) -> None:
+    """A role holding exactly the README's grants on the SQL catalog's tables (created once
+    by another role) creates a table, commits, lists in doubt and aborts; without UPDATE its
+    commit is refused naming the catalog's grants."""
+    admin = IcebergSetup.on_postgres(tmp_path / "admin", postgres)
+    admin.catalog().create_namespace_if_not_exists("db")  # the catalog's tables, made once
+    password = secrets.token_hex(8)
+    for name, grants in (("ice_catalog_user", CATALOG_GRANTS),
+                         ("ice_no_update", ["SELECT, INSERT ON iceberg_tables",
+                                            CATALOG_GRANTS[1]])):
+        postgres.create_user(name, password, grants)
+        params = postgres.params
+        catalog = {**admin.catalog_properties(), "uri": (
+            f"postgresql+psycopg://{name}:{password}@{params.host}:{params.port}/"
+            f"{params.database}")}
+        sink = IcebergSink(f"db.orders_{name}", catalog=catalog, catalog_name=CATALOG_NAME,
+                           create=True)
+        sink.check_schema(ORDER_COLUMNS)
+        handles = [prepare(sink, orders(10 * p, 2), partition=p) for p in range(2)]
+        if name == "ice_no_update":
+            with pytest.raises(ConfigurationError, match=r"permission denied.*Fix: .*grants"):
+                commit_batch(sink, handles[:1])
+            continue
+        commit_batch(sink, handles[:1])
+        assert [h.txn_id for h in sink.list_in_doubt(NAMESPACE)] == [handles[1].txn_id]
+        with sink.committer() as committer:
+            committer.abort(handles[1])
+        target = admin.new_target(table=f"db.orders_{name}")
+        assert sorted(admin.visible(target)) == [0, 1]
+        assert admin.in_doubt(target) == []

@@ -18,7 +18,8 @@ did not say whether it committed)               finds out
 ``OperationalError`` (the catalog database:     :class:`RetryableError`; "password
 unreachable, locked, restarting)                authentication failed" / "permission denied":
                                                 :class:`ConfigurationError`
-``ProgrammingError`` / ``IntegrityError``       :class:`FatalError`
+``ProgrammingError`` / ``IntegrityError``       :class:`FatalError`; "permission denied":
+                                                :class:`ConfigurationError` (the grants)
 ``ServerError`` / ``ServiceUnavailableError``   :class:`RetryableError`
 / ``TooManyRequestsError`` (REST)
 ``UnauthorizedError`` / ``ForbiddenError`` /    :class:`ConfigurationError`: the catalog's
@@ -120,6 +121,9 @@ ERRORS = ErrorTable(
             Condition("password authentication failed", _ACCESS),
             Condition("permission denied", _ACCESS),
             Condition("unable to open database file", (ConfigurationError, FIX_CATALOG_ACCESS)),
+        ),
+        "ProgrammingError": (
+            Condition("permission denied", _ACCESS),
         ),
         "OSError": (
             Condition("No space left", (ConfigurationError, FIX_DISK)),

@@ -208,9 +208,9 @@ class IcebergSink(LakeSink[IcebergFile]):
                             s3_settings=self._s3_settings, percent_decoded=False)
 
     def _s3_settings(self, bucket: str) -> S3Settings:
-        settings: dict[str, Any] = {field: self.catalog_properties[name]
-                    for name, field in S3_SETTINGS_OF_PROPERTIES.items()
-                    if name in self.catalog_properties}
+        settings: dict[str, Any] = {
+            field: self.catalog_properties[name]
+            for name, field in S3_SETTINGS_OF_PROPERTIES.items() if name in self.catalog_properties}
         virtual = self.catalog_properties.get(VIRTUAL_ADDRESSING, "false").lower() == "true"
         return S3Settings(bucket, path_style=not virtual, **settings)
 
