@@ -53,6 +53,9 @@ piece                          what it does
 :class:`LakeCommitter`         a lake sink's driver side: one commit per batch, abort and the
                                listing in doubt by intents; the format gives its proof
 :func:`conform_table`          Arrow rows in a table's column order and types, NOT NULL checked
+:func:`lake_classifier`        a lake sink's classifier: S3 errors by the S3 table, the rest by
+                               class (:data:`LAKE_FILE_RULES`, :data:`LAKE_FILE_CONDITIONS`:
+                               the file system's and pyarrow's verdicts every lake sink shares)
 :func:`lake_iam_policy`        the least-privilege S3 policy of a lake table's prefix
                                (:data:`LAKE_S3_PERMISSIONS`)
 :func:`lake_deadline`          the oldest file's creation + the table cleanup's retention
@@ -123,6 +126,7 @@ from twophase._whole_batch import WholeBatchCommitter
 from twophase.errors import (
     ConfigurationError,
     FatalError,
+    RetryableError,
     SchemaMismatchError,
     TwoPhaseError,
 )
@@ -137,8 +141,13 @@ __all__ = [
     "DEFAULT_COMMIT_PARALLELISM",
     "DEFAULT_MAX_FILE_BYTES",
     "DEFAULT_S3_MAX_ATTEMPTS",
+    "FIX_LAKE_DISK",
+    "FIX_LAKE_RETRY",
+    "FIX_LAKE_VALUES",
     "INSTANT_TYPE",
     "INTENTS_DIRECTORY",
+    "LAKE_FILE_CONDITIONS",
+    "LAKE_FILE_RULES",
     "LAKE_S3_PERMISSIONS",
     "MODES",
     "S3_OPTIONS",
@@ -171,6 +180,7 @@ __all__ = [
     "chunks",
     "classified",
     "conform_table",
+    "lake_classifier",
     "lake_deadline",
     "lake_iam_policy",
     "lake_storage",
@@ -490,6 +500,38 @@ def _check_upsert_key(where: str, written: Sequence[str], upsert_key: Sequence[s
         f"{where}: {problem} made of written columns; its unique keys: "
         f"{sorted(sorted(key) for key in keys) or 'none'}.",
         fix="write the key columns, create a unique index on the key, or use mode='insert'")
+
+
+#: What a lake sink's own file work raises, the same for every format: the file system (a
+#: local disk, pyarrow's) and pyarrow's value errors. A lake sink's :class:`ErrorTable` takes
+#: them with its own (``rules={**LAKE_FILE_RULES, ...}``, ``conditions={**LAKE_FILE_CONDITIONS,
+#: ...}``).
+FIX_LAKE_RETRY = "retried automatically; if it persists, check the table's storage"
+FIX_LAKE_VALUES = "cast the column in the query to the table's type, or fix the table's schema"
+FIX_LAKE_DISK = "free space on (or grant write access to) the table's storage, then restart"
+LAKE_FILE_RULES: Mapping[Hashable, Verdict] = {
+    "OSError": (RetryableError, FIX_LAKE_RETRY),
+    "FileNotFoundError": (RetryableError, FIX_LAKE_RETRY),
+    "ArrowInvalid": (SchemaMismatchError, FIX_LAKE_VALUES),
+    "ArrowTypeError": (SchemaMismatchError, FIX_LAKE_VALUES),
+    "ArrowNotImplementedError": (SchemaMismatchError, FIX_LAKE_VALUES),
+}
+LAKE_FILE_CONDITIONS: Mapping[Hashable, Sequence[Condition]] = {
+    "OSError": (Condition("No space left", (ConfigurationError, FIX_LAKE_DISK)),
+                Condition("Permission denied", (ConfigurationError, FIX_LAKE_DISK))),
+}
+
+
+def lake_classifier(errors: ErrorTable, s3_errors: S3Errors) -> Classify:
+    """A lake sink's classifier: a boto3 error (a table on S3) by the S3 table, anything else
+    by its class in ``errors`` (:meth:`ErrorTable.error_of`)."""
+
+    def classify(exc: BaseException, what: str) -> TwoPhaseError:
+        if type(exc).__module__.startswith("botocore"):
+            return s3_errors.classify(exc, what)
+        return errors.error_of(exc, what)
+
+    return classify
 
 
 # -- deprecated: removed in 0.5.0 (see CHANGELOG.md) ------------------------------------------

@@ -49,7 +49,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from sinks.delta.errors import classify, lost
+from sinks.delta.errors import classify
 from sinks.delta.files import DataFile
 from sinks.delta.snapshot import Snapshot
 from twophase import (
@@ -58,7 +58,7 @@ from twophase import (
     Handle,
     TxnId,
 )
-from twophase.kit import LakeCommitter, classified, lake_deadline
+from twophase.kit import LakeCommitter, classified, lake_deadline, transaction_lost
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable
@@ -141,12 +141,12 @@ class DeltaCommitter(LakeCommitter):
         files, oldest = self.sink.files_in(handle), time.time() - retention_s
         for data_file in files:
             if self.sink.storage.stat(data_file.path) is None:
-                raise lost(handle, where=self.sink.where, why=(
+                raise transaction_lost(handle, where=self.sink.where, why=(
                     f"its file {data_file.path} is gone from the table's data area (deleted by "
                     "a VACUUM or by hand) and no commit references it; nothing of batch "
                     f"{handle.txn_id.batch} was added"))
             if data_file.modification_time / 1000 < oldest:
-                raise lost(handle, where=self.sink.where, why=(
+                raise transaction_lost(handle, where=self.sink.where, why=(
                     f"its file {data_file.path} is older than the table's "
                     "delta.deletedFileRetentionDuration: VACUUM may delete it at any moment, "
                     "and adding it now could resurrect rows an OPTIMIZE rewrote; nothing of "

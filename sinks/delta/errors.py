@@ -30,7 +30,8 @@ and the intents)                                refused request names :data:`S3_
 ==============================================  =============================================
 
 A decided transaction whose file is gone, or whose commit cannot be proven, is
-:func:`lost` (the kit's wording): never an ``AddAction`` to nothing, never a silent success.
+lost (:func:`~twophase.kit.transaction_lost`): never an ``AddAction`` to nothing, never a
+silent success.
 """
 
 from __future__ import annotations
@@ -41,19 +42,20 @@ import pyarrow as pa
 from twophase import (
     ConfigurationError,
     FatalError,
-    Handle,
     RetryableError,
     SchemaMismatchError,
-    TransactionLostError,
     TwoPhaseError,
 )
 from twophase.kit import (
+    FIX_LAKE_VALUES,
+    LAKE_FILE_CONDITIONS,
+    LAKE_FILE_RULES,
     LAKE_S3_PERMISSIONS,
     Condition,
     ErrorTable,
     S3Errors,
+    lake_classifier,
     lake_iam_policy,
-    transaction_lost,
 )
 
 SYSTEM = "DeltaSink"
@@ -77,8 +79,6 @@ FIX_TABLE = ("create the table first, or pass create=True to create it from the 
              "columns, or fix table_uri=")
 FIX_FEATURE = ("write to a table without the feature named above (a new table, or one "
                "rewritten without it): DeltaSink appends plain Parquet files")
-FIX_VALUES = "cast the column in the query to the table's type, or fix the table's schema"
-FIX_DISK = "free space on (or grant write access to) the table's storage, then restart"
 
 _RETRY: tuple[type[TwoPhaseError], str] = (RetryableError, FIX_RETRY)
 
@@ -86,17 +86,14 @@ ERRORS = ErrorTable(
     system=SYSTEM,
     default=(FatalError, "fix the cause named above, then restart the query"),
     rules={
+        **LAKE_FILE_RULES,
         "CommitFailedError": (FatalError, "fix the cause named above, then restart the query"),
         "TableNotFoundError": (ConfigurationError, FIX_TABLE),
         "DeltaProtocolError": (ConfigurationError, FIX_FEATURE),
-        "SchemaMismatchError": (SchemaMismatchError, FIX_VALUES),
-        "OSError": _RETRY,
-        "FileNotFoundError": _RETRY,
-        "ArrowInvalid": (SchemaMismatchError, FIX_VALUES),
-        "ArrowTypeError": (SchemaMismatchError, FIX_VALUES),
-        "ArrowNotImplementedError": (SchemaMismatchError, FIX_VALUES),
+        "SchemaMismatchError": (SchemaMismatchError, FIX_LAKE_VALUES),
     },
     conditions={
+        **LAKE_FILE_CONDITIONS,
         "CommitFailedError": (
             Condition("Concurrent", (RetryableError, FIX_RACE)),
             Condition("already exists", (RetryableError, FIX_RACE)),
@@ -105,21 +102,8 @@ ERRORS = ErrorTable(
             Condition("No such file", _RETRY),
             Condition("not found", _RETRY),
         ),
-        "OSError": (
-            Condition("No space left", (ConfigurationError, FIX_DISK)),
-            Condition("Permission denied", (ConfigurationError, FIX_DISK)),
-        ),
     },
 )
 
-
-def classify(exc: BaseException, what: str) -> TwoPhaseError:
-    """A deltalake, pyarrow, OS or S3 error as a twophase error naming the step (``what``)."""
-    if type(exc).__module__.startswith("botocore"):
-        return S3_ERRORS.classify(exc, what)
-    return ERRORS.error_of(exc, what)
-
-
-def lost(handle: Handle, *, where: str, why: str) -> TransactionLostError:
-    """A decided transaction the table can neither take nor prove taken (kit wording)."""
-    return transaction_lost(handle, where=where, why=why)
+#: The sink's classifier: S3 errors by :data:`S3_ERRORS`, the rest by :data:`ERRORS`.
+classify = lake_classifier(ERRORS, S3_ERRORS)

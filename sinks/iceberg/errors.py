@@ -50,10 +50,18 @@ from twophase import (
     ConfigurationError,
     FatalError,
     RetryableError,
-    SchemaMismatchError,
     TwoPhaseError,
 )
-from twophase.kit import LAKE_S3_PERMISSIONS, Condition, ErrorTable, S3Errors, lake_iam_policy
+from twophase.kit import (
+    LAKE_FILE_CONDITIONS,
+    LAKE_FILE_RULES,
+    LAKE_S3_PERMISSIONS,
+    Condition,
+    ErrorTable,
+    S3Errors,
+    lake_classifier,
+    lake_iam_policy,
+)
 
 SYSTEM = "IcebergSink"
 
@@ -87,8 +95,6 @@ FIX_TABLE = ("create the table first, or pass create=True to create it (and its 
              "from the query's columns, or fix table=")
 FIX_CATALOG_ACCESS = ("fix the catalog's credentials or grants (catalog=): the sink reads and "
                       "updates the table's catalog entry")
-FIX_VALUES = "cast the column in the query to the table's type, or fix the table's schema"
-FIX_DISK = "free space on (or grant write access to) the table's storage, then restart"
 FIX_UNCLASSIFIED = "fix the cause named above, then restart the query"
 
 _RETRY: tuple[type[TwoPhaseError], str] = (RetryableError, FIX_RETRY)
@@ -98,6 +104,7 @@ ERRORS = ErrorTable(
     system=SYSTEM,
     default=(FatalError, FIX_UNCLASSIFIED),
     rules={
+        **LAKE_FILE_RULES,
         "CommitFailedException": (RetryableError, FIX_RACE),
         "CommitStateUnknownException": (RetryableError, FIX_RACE),
         "NoSuchTableError": (ConfigurationError, FIX_TABLE),
@@ -111,12 +118,9 @@ ERRORS = ErrorTable(
         "ForbiddenError": _ACCESS,
         "AuthorizationExpiredError": _ACCESS,
         "OAuthError": _ACCESS,
-        "OSError": _RETRY,
-        "ArrowInvalid": (SchemaMismatchError, FIX_VALUES),
-        "ArrowTypeError": (SchemaMismatchError, FIX_VALUES),
-        "ArrowNotImplementedError": (SchemaMismatchError, FIX_VALUES),
     },
     conditions={
+        **LAKE_FILE_CONDITIONS,
         "OperationalError": (
             Condition("password authentication failed", _ACCESS),
             Condition("permission denied", _ACCESS),
@@ -125,16 +129,8 @@ ERRORS = ErrorTable(
         "ProgrammingError": (
             Condition("permission denied", _ACCESS),
         ),
-        "OSError": (
-            Condition("No space left", (ConfigurationError, FIX_DISK)),
-            Condition("Permission denied", (ConfigurationError, FIX_DISK)),
-        ),
     },
 )
 
-
-def classify(exc: BaseException, what: str) -> TwoPhaseError:
-    """A pyiceberg, catalog, pyarrow, OS or S3 error as a twophase error naming the step."""
-    if type(exc).__module__.startswith("botocore"):
-        return S3_ERRORS.classify(exc, what)
-    return ERRORS.error_of(exc, what)
+#: The sink's classifier: S3 errors by :data:`S3_ERRORS`, the rest by :data:`ERRORS`.
+classify = lake_classifier(ERRORS, S3_ERRORS)
