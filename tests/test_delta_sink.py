@@ -29,7 +29,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from setups.delta import DeltaSetup, data_files, delta_scan, reader, s3_storage_options
-from setups.lake import commit_batch
+from setups.lake import YOUNG_ENOUGH, commit_batch
 from setups.s3 import MOTO_HEAD_BUCKET
 from setups.servers.moto import MotoServer
 from setups.sqlite import SQLiteSetup
@@ -531,7 +531,8 @@ def test_cleanup_and_status_know_delta_handles_and_settle_leaves_nothing_in_doub
     undecided = prepare(sink, orders(50, 1), epoch=2, batch=4)
     argv = ["--sink", "sinks.delta:DeltaSink", "--options",
             json.dumps({key: value for key, value in target.options.items()
-                        if key != "create"}), "--state", str(store.location)]
+                        if key != "create"}), "--state", str(store.location),
+            "--older-than", YOUNG_ENOUGH]
 
     status = subprocess.run([sys.executable, "-m", "twophase.status", str(store.location),
                              *argv[:4]],

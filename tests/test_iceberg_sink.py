@@ -21,7 +21,7 @@ from pyiceberg.types import NestedField, StringType
 
 from setups import IcebergSetup, Target
 from setups.iceberg import CATALOG_NAME, iceberg_scan
-from setups.lake import commit_batch
+from setups.lake import YOUNG_ENOUGH, commit_batch
 from setups.servers.local import free_port
 from setups.servers.postgres import PostgresServer
 from sinks.iceberg import IcebergSink
@@ -64,6 +64,7 @@ class TestIcebergOnPostgresCatalogContract(TestIcebergContract):
     setup_fixture = "iceberg_pg_setup"
 
 
+@pytest.mark.long
 class TestIcebergOnS3Contract(TestIcebergContract):
     """The table's files (data, intents, metadata) on the S3 lab's bucket: the data files by
     conditional put through twophase's S3 client, the metadata through pyiceberg's FileIO."""
@@ -288,7 +289,8 @@ def test_cleanup_and_status_know_iceberg_handles_and_settle_leaves_nothing_in_do
     undecided = prepare(sink, orders(50, 1), epoch=2, batch=4)
     argv = ["--sink", "sinks.iceberg:IcebergSink", "--options",
             json.dumps({key: value for key, value in target.options.items()
-                        if key != "create"}), "--state", str(store.location)]
+                        if key != "create"}), "--state", str(store.location),
+            "--older-than", YOUNG_ENOUGH]
 
     status = subprocess.run([sys.executable, "-m", "twophase.status", str(store.location),
                              *argv[:4]], capture_output=True, text=True, check=True)
