@@ -8,8 +8,9 @@ some of the columns; also on the standalone cluster, ``-m long``), PostgreSQL th
 then the HTTP receiver (``-m long``: CI time), two SQLite tables over Spark Connect
 (``-m long``), and MySQL XA, then a Delta table, then Kafka (a table, the lake, a change feed:
 in CI either side of the decision and between two members' commits, ``-m long`` every point);
-PostgreSQL, then an Iceberg table, then Kafka (the same, the lake read by DuckDB's Iceberg
-reader), and MySQL XA then an Iceberg table whose SQL catalog is PostgreSQL's (``-m long``).
+PostgreSQL, then an Iceberg table, then Kafka (the lake read by DuckDB's Iceberg reader; in
+CI either side of the decision, ``-m long`` every point), and MySQL XA then an Iceberg table
+whose SQL catalog is PostgreSQL's (``-m long``).
 Each member
 keeps the options its setup gives; its namespace is the group's plus its name, so the
 members' are distinct. The group of SQLite and a directory of JSON-lines files: tests/test_group.py.
