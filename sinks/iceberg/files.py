@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -125,7 +125,3 @@ def transaction_files(storage: LakeStorage, layout: Layout, txn_id: TxnId,
     return LakeFiles(storage, txn_id, max_file_bytes,
                      partitions=layout.partitions,
                      path_of=path_of, open_file=open_file)
-
-
-def files_in(data: Sequence[Mapping[str, Any]]) -> list[IcebergFile]:
-    return [IcebergFile.from_json(item) for item in data]

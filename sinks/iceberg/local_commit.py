@@ -55,7 +55,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 POSTGRES_PORT = 5432
-MS_PER_S = 1000
 #: SQLSTATE classes worth a retry: connection, rollback (serialization, deadlock), resources,
 #: operator intervention.
 _RETRYABLE_CLASSES = ("08", "40", "53", "57")
