@@ -12,7 +12,7 @@ which quotes identifiers with double quotes, and MariaDB rejects the INSERT), ``
 10,000 and ``isolationLevel`` READ_COMMITTED, ``mode("append")``. Each run writes a fresh
 InnoDB orders table of the setup (``target.options["table"]``; ``event_id`` the primary key),
 dropped once checked. The sink runs as a user would leave it: no fencing, the default marker
-table.
+table. ``bench/peer_mysql_tls.py`` is the same contest over verified TLS.
 """
 
 from __future__ import annotations
@@ -32,10 +32,15 @@ def jars() -> list[str]:
 
 
 def start(_spark: SparkSession, workdir: Path, stack: contextlib.ExitStack) -> Contest:
-    setup = stack.enter_context(MySQLSetup.started(workdir))
+    return contest_of(stack.enter_context(MySQLSetup.started(workdir)))
+
+
+def contest_of(setup: MySQLSetup, url_options: str = "") -> Contest:
+    """The sink against Connector/J into ``setup``'s server (``url_options`` appended to the
+    JDBC URL's, as ``&sslMode=...``)."""
     params = setup.server.params
     url = (f"jdbc:mysql://{params.host}:{params.port}/{params.database}"
-           "?permitMysqlScheme&rewriteBatchedStatements=true")
+           f"?permitMysqlScheme&rewriteBatchedStatements=true{url_options}")
     return Contest(
         sink="MySQLXASink", peer_name="Spark JDBC (Connector/J)", setup=setup,
         peer=jdbc_writer(url, "org.mariadb.jdbc.Driver", params.user, params.password),

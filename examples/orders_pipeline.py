@@ -37,6 +37,16 @@ org.apache.spark:spark-sql-kafka-0-10_2.13:<spark version>``, or ``--jars`` here
         --source-topic orders --checkpoint /data/checkpoints/orders_live \\
         --mysql-host db --mysql-user etl --mysql-database shop
 
+With ``--kafka-user`` it reads and writes Kafka over SASL_SSL (SCRAM-SHA-512), the broker's
+certificate and host name verified (against ``--kafka-ca-file``, else the system's CAs), the
+password from ``KAFKA_PASSWORD``. The user needs READ on the source topic (Spark's source
+assigns partitions itself: no consumer group) and, for a Kafka target, the sink's ACLs
+(``python -m sinks.kafka.access``, see :mod:`sinks.kafka.access`)::
+
+    KAFKA_PASSWORD=... python examples/orders_pipeline.py --bootstrap kafka:9093 \\
+        --kafka-user etl --kafka-ca-file /etc/kafka/ca.pem --source-topic orders \\
+        --target-topic orders_copy --checkpoint /data/checkpoints/orders_copy
+
 Stop it and start it again with the same ``--checkpoint``: it goes on where it stopped. Keep
 a checkpoint's targets: the group's member names and their transactions' namespaces
 (``orders_live-orders``, ``orders_live-changes``) are how recovery finds what a crash left, so
@@ -60,6 +70,10 @@ from twophase.spark import write_stream
 
 EVENT_SCHEMA = "event_id BIGINT, order_id BIGINT, status STRING, ts TIMESTAMP"
 PASSWORD_ENV = "MYSQL_PASSWORD"  # noqa: S105 - the variable's name, not a password
+KAFKA_PASSWORD_ENV = "KAFKA_PASSWORD"  # noqa: S105 - the variable's name, not a password
+KAFKA_PROTOCOL = "SASL_SSL"
+KAFKA_MECHANISM = "SCRAM-SHA-512"
+SCRAM_LOGIN = "org.apache.kafka.common.security.scram.ScramLoginModule"
 TRIGGER_INTERVAL = "10 seconds"
 #: The group's members, in the order they commit: the table before the topic of its changes.
 COMMIT_ORDER = ["orders", "changes"]
@@ -72,6 +86,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--bootstrap", required=True, help="Kafka bootstrap servers")
     parser.add_argument("--source-topic", required=True, help="the topic of order events")
     parser.add_argument("--checkpoint", required=True, help="Spark's checkpoint directory")
+    parser.add_argument("--kafka-user",
+                        help=f"read and write Kafka over {KAFKA_PROTOCOL} as this "
+                             f"{KAFKA_MECHANISM} user (password: ${KAFKA_PASSWORD_ENV})")
+    parser.add_argument("--kafka-ca-file",
+                        help="the CA of the brokers' certificates (PEM); default: the system's")
     targets = parser.add_mutually_exclusive_group()
     targets.add_argument("--target-topic", help="write to this Kafka topic instead of MySQL")
     targets.add_argument("--changes-topic",
@@ -93,17 +112,49 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def read_orders(spark: SparkSession, bootstrap: str, topic: str) -> DataFrame:
+def kafka_security(args: argparse.Namespace) -> dict[str, Any]:
+    """The KafkaSink's security options (kafka-python's names); none without ``--kafka-user``."""
+    if not args.kafka_user:
+        return {}
+    return {"security_protocol": KAFKA_PROTOCOL, "sasl_mechanism": KAFKA_MECHANISM,
+            "sasl_plain_username": args.kafka_user,
+            "sasl_plain_password": os.environ.get(KAFKA_PASSWORD_ENV, ""),
+            "ssl_cafile": args.kafka_ca_file}
+
+
+def source_security(args: argparse.Namespace) -> dict[str, str]:
+    """The same for Spark's Kafka source (the Java client's names, prefixed ``kafka.``)."""
+    security = kafka_security(args)
+    if not security:
+        return {}
+    login = (f"{SCRAM_LOGIN} required username={jaas_quoted(security['sasl_plain_username'])}"
+             f" password={jaas_quoted(security['sasl_plain_password'])};")
+    options = {"kafka.security.protocol": KAFKA_PROTOCOL, "kafka.sasl.mechanism": KAFKA_MECHANISM,
+               "kafka.sasl.jaas.config": login}
+    if args.kafka_ca_file:
+        options |= {"kafka.ssl.truststore.type": "PEM",
+                    "kafka.ssl.truststore.location": args.kafka_ca_file}
+    return options
+
+
+def jaas_quoted(text: str) -> str:
+    """``text`` as a JAAS option's value: quoted, its backslashes and quotes escaped."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def read_orders(spark: SparkSession, args: argparse.Namespace) -> DataFrame:
     """The order events as a stream, in each partition's order (no shuffle: see above)."""
-    records = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", bootstrap)
-               .option("subscribe", topic).option("startingOffsets", "earliest").load())
+    records = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", args.bootstrap)
+               .options(**source_security(args)).option("subscribe", args.source_topic)
+               .option("startingOffsets", "earliest").load())
     return records.select(from_json(col("value").cast("string"), EVENT_SCHEMA).alias("event")) \
         .select("event.*")
 
 
 def build_sink(args: argparse.Namespace) -> TwoPhaseCommitSink[Any]:
     if args.target_topic:
-        return KafkaSink(args.bootstrap, args.target_topic, key="order_id")
+        return KafkaSink(args.bootstrap, args.target_topic, key="order_id",
+                         **kafka_security(args))
     return MySQLXASink(host=args.mysql_host, port=args.mysql_port, user=args.mysql_user,
                        password=os.environ.get(PASSWORD_ENV, ""),
                        database=args.mysql_database, tls=args.mysql_tls,
@@ -113,7 +164,7 @@ def build_sink(args: argparse.Namespace) -> TwoPhaseCommitSink[Any]:
 def build_changes_sink(args: argparse.Namespace) -> KafkaSink:
     """The topic of the table's changes: key ``order_id``, value the JSON of its columns (the
     group hands it only ``CHANGE_COLUMNS``)."""
-    return KafkaSink(args.bootstrap, args.changes_topic, key="order_id")
+    return KafkaSink(args.bootstrap, args.changes_topic, key="order_id", **kafka_security(args))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -124,7 +175,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.jars:
         builder = builder.config("spark.jars", args.jars)
     spark = builder.getOrCreate()
-    orders = read_orders(spark, args.bootstrap, args.source_topic)
+    orders = read_orders(spark, args)
     trigger = {"availableNow": True} if args.available_now else {"processingTime": TRIGGER_INTERVAL}
     if args.changes_topic:
         sinks = {"orders": build_sink(args), "changes": build_changes_sink(args)}

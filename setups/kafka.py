@@ -10,7 +10,6 @@ and reads its password by reference (:func:`sink_with_password_file`)."""
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
@@ -32,7 +31,6 @@ from twophase import Secret
 HOST = "127.0.0.1"
 #: Long enough that the broker never aborts a transaction a crash test leaves for recovery.
 TRANSACTION_TIMEOUT_MS = 300_000
-OWNER_ONLY = 0o600
 
 
 def sink_with_password_file(*, sasl_password_file: str, **options: Any) -> KafkaSink:
@@ -118,11 +116,8 @@ class SecuredKafkaSetup(KafkaSetup):
             raise ValueError("SecuredKafkaSetup needs a broker started with security=")
         super().__init__(scratch, broker, reader, proxy)
         scratch.mkdir(parents=True, exist_ok=True)
-        self.password_file = scratch / f"kafka-{APP_USER}.password"
-        descriptor = os.open(self.password_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
-                             OWNER_ONLY)
-        with os.fdopen(descriptor, "w") as out:
-            out.write(broker.security.passwords[APP_USER])
+        self.password_file = broker.security.write_password(
+            APP_USER, scratch / f"kafka-{APP_USER}.password")
 
     @classmethod
     @contextlib.contextmanager

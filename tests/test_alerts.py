@@ -35,6 +35,7 @@ LOOSENED = {
     "TwoPhaseOrphansOlderThanCleanupAge": ("_seconds > twophase_cleanup", "_seconds >= 0 * "
                                            "twophase_cleanup"),
     "TwoPhaseQueryFencedRepeatedly": ("[1h]) > 1", "[1h]) > 0"),
+    "TwoPhaseCommitsFallingBehind": ("count[10m]) > 1", "count[10m]) > -1"),
     "TwoPhaseNoBatchCommitted": ("> 3600", "> -1"),
     "TwoPhaseCleanupFailing": ("exit_code > 0", "exit_code >= 0"),
 }

@@ -52,12 +52,16 @@ class OnCluster:
     """The crash suite's driver on the cluster, its checkpoint on the driver's disk."""
 
     @pytest.fixture
-    def spark_conf(self, spark_cluster: SparkCluster) -> dict[str, str]:
-        return spark_cluster.driver_conf()
+    def cluster(self, spark_cluster: SparkCluster) -> SparkCluster:
+        return spark_cluster
 
     @pytest.fixture
-    def driver_disk(self, spark_cluster: SparkCluster, tmp_path: Path) -> Path:
-        disk = spark_cluster.driver_disk / tmp_path.name
+    def spark_conf(self, cluster: SparkCluster) -> dict[str, str]:
+        return cluster.driver_conf()
+
+    @pytest.fixture
+    def driver_disk(self, cluster: SparkCluster, tmp_path: Path) -> Path:
+        disk = cluster.driver_disk / tmp_path.name
         disk.mkdir(mode=0o700)
         return disk
 

@@ -6,9 +6,15 @@ the crash suite runs with the *server* SIGKILLed at every crash point and the cl
 the query again; a client killed mid-stream, and a second client taking the query over while
 the first runs, write nothing twice and lose nothing. In CI: both adapters and the batch job
 into both sinks, the example, the checks before the takeover, the crash suite for SQLite through
-the data source with the server killed either side of the decision (CI time: every point runs
-in local mode in tests/test_sqlite_crash.py), and both takeovers for SQLite; the other crash suites
-(every point) and the MariaDB takeovers under ``-m long``.
+the data source with the server killed either side of the decision and through
+``foreachBatch`` after it (CI time: every point runs in local mode in tests/test_sqlite_crash.py),
+and both takeovers for SQLite; the other crash suites (every point) and the MariaDB takeovers
+under ``-m long``.
+
+Spark 4.3 binds ``foreachBatch``'s batch DataFrame to the query's cloned session on Connect
+(SPARK-44462); :data:`~setups.servers.connect.USE_CLONED_SESSION` = false binds it to the root
+session, as before. The ``foreachBatch`` crash suites run on a server set either way: the
+cloned session (the default) in CI and for MariaDB, the root session for SQLite under ``-m long``.
 """
 
 from __future__ import annotations
@@ -26,8 +32,8 @@ from typing import Any
 
 import pytest
 
-from setups.servers.connect import ConnectServer
-from twophase._crash import kill_session
+from setups.servers.connect import USE_CLONED_SESSION, ConnectServer
+from twophase._crash import AFTER_DECISION, kill_session
 from twophase._state import NO_BATCH
 from twophase.testing import Target
 from twophase.testing.crash import DECISION_POINTS, LOST_STATE_MESSAGE, CrashSuite
@@ -115,6 +121,21 @@ class DeliverySuite(TargetSuite):
 class TestSQLiteFromConnect(DeliverySuite):
     setup_fixture = "sqlite_setup"
 
+    @pytest.mark.long  # CI time: through foreachBatch in the example and the crash suite
+    @pytest.mark.parametrize("foreach_batch", [True], ids=["foreach_batch"])
+    def test_a_stream_through_foreach_batch_from_a_connect_client_is_delivered_exactly_once(
+        self, connect: ConnectServer, target: Target, tmp_path: Path, *, foreach_batch: bool
+    ) -> None:
+        super().test_a_stream_from_a_connect_client_is_delivered_exactly_once(
+            connect, target, tmp_path, foreach_batch=foreach_batch)
+
+    @pytest.mark.parametrize("foreach_batch", [False], ids=["data_source"])
+    def test_a_stream_from_a_connect_client_is_delivered_exactly_once(
+        self, connect: ConnectServer, target: Target, tmp_path: Path, *, foreach_batch: bool
+    ) -> None:
+        super().test_a_stream_from_a_connect_client_is_delivered_exactly_once(
+            connect, target, tmp_path, foreach_batch=foreach_batch)
+
     def test_a_trigger_the_server_cannot_parse_is_refused_before_the_takeover(
         self, connect: ConnectServer, target: Target, tmp_path: Path
     ) -> None:
@@ -177,14 +198,14 @@ class ConnectCrashSuite(CrashSuite):
     """The crash suite over Spark Connect: the *server* is the driver, so it is the server
     that runs armed and dies at each crash point (its JVM and Python workers with it); the
     client, unarmed, loses its server and is ended; the next client starts the query again
-    on a restarted server."""
+    on a restarted server. The suite's ``spark_conf`` is the server's (a client sets none)."""
 
     @pytest.fixture(autouse=True)
     def _server(self, connect_server: ConnectServer) -> None:
         self.server = connect_server
 
     def run_driver(self, spec: DriverSpec, workdir: Path, crash_at: str | None) -> RunResult:
-        self.server.ensure(crash_at)
+        self.server.ensure(crash_at, spec.spark_conf)
         client: list[int] = []
 
         def end_client_of_dead_server() -> None:
@@ -203,10 +224,31 @@ class TestSQLiteConnectCrashes(ConnectCrashSuite):
     crash_points = DECISION_POINTS
 
 
-@pytest.mark.long
-class TestSQLiteForeachBatchConnectCrashes(ConnectCrashSuite):
-    setup_fixture = "sqlite_setup"
+class ForeachBatchConnectCrashSuite(ConnectCrashSuite):
+    """Through ``foreachBatch``, its batch DataFrame in the query's cloned session (Spark
+    4.3's default) or, with ``cloned_session = False``, in the root session (as before)."""
+
     foreach_batch = True
+    cloned_session = True
+
+    @pytest.fixture
+    def spark_conf(self) -> dict[str, str]:
+        """The server's settings: none for the cloned session (the default: no restart)."""
+        return {} if self.cloned_session else {USE_CLONED_SESSION: "false"}
+
+
+class TestSQLiteForeachBatchConnectCrashes(ForeachBatchConnectCrashSuite):
+    """CI time: killed after the decision (recovery over Connect through foreachBatch); every
+    point in the root session and for MariaDB under ``-m long``."""
+
+    setup_fixture = "sqlite_setup"
+    crash_points = (AFTER_DECISION,)
+
+
+@pytest.mark.long
+class TestSQLiteForeachBatchRootSessionConnectCrashes(ForeachBatchConnectCrashSuite):
+    setup_fixture = "sqlite_setup"
+    cloned_session = False
 
 
 @pytest.mark.long
@@ -215,9 +257,8 @@ class TestMySQLConnectCrashes(ConnectCrashSuite):
 
 
 @pytest.mark.long
-class TestMySQLForeachBatchConnectCrashes(ConnectCrashSuite):
+class TestMySQLForeachBatchConnectCrashes(ForeachBatchConnectCrashSuite):
     setup_fixture = "mysql_setup"
-    foreach_batch = True
 
 
 # -- clients that die or compete -----------------------------------------------------------

@@ -17,6 +17,8 @@ import pytest
 from setups.base import Target as SetupTarget
 from setups.kafka import SecuredKafkaSetup
 from setups.servers.kafka import APP_USER
+from tests.test_sqlite_crash import PIPELINED_TRIGGER
+from twophase._crash import COMMITTING_BEHIND, CRASH_POINTS
 from twophase.testing.crash import DECISION_POINTS, CrashSuite, FeedSource
 from twophase.testing.target import Target
 
@@ -28,6 +30,15 @@ class TestKafkaCrashes(CrashSuite):
     """A crash leaves open transactions (invisible to read_committed), never a duplicate."""
 
     setup_fixture = "kafka_setup"
+
+
+@pytest.mark.long
+class TestPipelinedKafkaCrashes(TestKafkaCrashes):
+    """Batches commit behind the next one (Kafka's id pool: batch b + 2 begins only after
+    batch b is committed): killed at every point, and as a commit behind begins."""
+
+    trigger = PIPELINED_TRIGGER
+    crash_points = (*CRASH_POINTS, COMMITTING_BEHIND)
 
 
 class TestSecuredKafkaCrashes(CrashSuite):

@@ -32,6 +32,7 @@ from setups import SETUPS, SinkSetup, SQLiteSetup
 from tests.sink_sets import fixture_of
 from twophase import CommitOutcome, Handle
 from twophase._coordinator import Coordinator
+from twophase._pipeline import CommitPipeline
 from twophase._state import Decision, State, StateStore
 from twophase.testing.model import (
     PROFILE_ENV,
@@ -43,6 +44,8 @@ from twophase.testing.target import ExactlyOnceError, GroupTarget, Target
 #: Examples of the model over a sink group (two SQLite tables) in the CI profile (a sink's:
 #: its setup's ``model_ci_examples``; the long profile ignores both).
 GROUP_CI_EXAMPLES = 60
+#: Examples of the model over pipelined commits (SQLite, a sink and a group) in the CI profile.
+PIPELINED_CI_EXAMPLES = 40
 MEMORY_FS = Path("/dev/shm")
 #: The broken variants must be caught within this many examples (over SQLite), found but not
 #: shrunk (shrinking a schedule takes minutes; a real failure of the model is shrunk).
@@ -95,6 +98,19 @@ def test_model_over_every_sink(name: str, scratch: Path, request: pytest.Fixture
                           max_examples=ci_examples(registered.model_ci_examples))
     report(name, stats)
     assert stats.examples >= 1
+
+
+@pytest.mark.parametrize("group", [False, True], ids=["sink", "group"])
+def test_model_over_pipelined_commits(scratch: Path, *, group: bool) -> None:
+    """Each batch commits behind the next (twophase._pipeline): the next batch's tasks run,
+    and the driver dies or the sink fails, while the batch behind commits; still exactly
+    once, and in order (a group's members in commit order)."""
+    setup = SQLiteSetup(scratch)
+    stats = run_model(functools.partial(sqlite_group, setup) if group else setup.new_target,
+                      pipeline_class=CommitPipeline, state_root=str(scratch),
+                      max_examples=ci_examples(PIPELINED_CI_EXAMPLES))
+    report(f"pipelined {'group' if group else 'sink'}", stats)
+    assert stats.faults["driver kill"] > 0 and stats.faults["commit failure"] > 0
 
 
 def sqlite_group(setup: SQLiteSetup) -> Target:
@@ -168,6 +184,20 @@ class NeverSweepsOrphans(Coordinator):
         return None
 
 
+class CommitsAheadOfTheBatchBehind(CommitPipeline):
+    """Decides and commits the next batch without waiting for the batch committing behind."""
+
+    def wait_for_commit(self) -> bool:
+        return True
+
+
+class LeavesEarlierBatchesPending(Coordinator):
+    """Decides a batch without first committing the decided batches before it."""
+
+    def _finish_earlier(self, state: State, batch: int) -> None:
+        return None
+
+
 @pytest.mark.parametrize("variant", [
     pytest.param({"coordinator_class": CommitsBeforeTheDecisionIsDurable},
                  id="commit-before-the-decision-is-durable"),
@@ -178,6 +208,9 @@ class NeverSweepsOrphans(Coordinator):
                  id="commit-a-group-out-of-order"),
     pytest.param({"coordinator_class": DecidesWithAMemberUnprepared, "group": True},
                  id="decide-a-group-with-a-member-unprepared"),
+    pytest.param({"coordinator_class": LeavesEarlierBatchesPending,
+                  "pipeline_class": CommitsAheadOfTheBatchBehind},
+                 id="commit-ahead-of-the-batch-behind"),
 ])
 def test_the_model_catches_a_broken_protocol(scratch: Path, variant: dict[str, Any]) -> None:
     setup = SQLiteSetup(scratch)

@@ -322,7 +322,7 @@ def test_a_fence_claim_lives_in_its_committer_only(mariadb: MariaDBServer, db: D
     sink = make_sink(mariadb.params, table, fencing=True)
     sink.check_schema(COLUMNS)
     with pytest.warns(DeprecationWarning, match=r"sink.committer\(\)"):
-        sink.fence(NAMESPACE, query, 3)  # the 0.2.0 way, until 0.5.0: a committer of its own
+        sink.fence(NAMESPACE, query, 3)  # the 0.2.0 way, until 0.6.0: a committer of its own
     assert db.query("SELECT epoch FROM _twophase_xa_fence WHERE query = %s",
                     (query_key(query),)) == [(3,)]
     handle = prepare(sink, query, rows_for(0, 0, 2), epoch=3)

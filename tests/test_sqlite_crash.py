@@ -1,14 +1,19 @@
 """SQLiteSink under the shared crash suite: a real Spark driver SIGKILLed at every named crash
 point and restarted, on the data source path and (either side of the decision) through the
-foreachBatch adapter; a restart without its state is refused."""
+foreachBatch adapter; a restart without its state is refused. A stream that runs until stopped
+commits each batch behind the next: killed while a decided batch commits behind a running one."""
 
 from __future__ import annotations
 
 import pytest
 
+from twophase._crash import COMMITTING_BEHIND, CRASH_POINTS, MID_COMMIT
 from twophase.testing.crash import DECISION_POINTS, CrashSuite
 
 pytestmark = [pytest.mark.spark, pytest.mark.crash]
+
+#: A trigger that runs until stopped: its batches commit behind the next one.
+PIPELINED_TRIGGER = {"processingTime": "0 seconds"}
 
 
 class TestSQLiteCrashes(CrashSuite):
@@ -24,3 +29,22 @@ class TestForeachBatchCrashes(TestSQLiteCrashes):
     check_lost_state = False
     foreach_batch = True
     crash_points = DECISION_POINTS
+
+
+class TestPipelinedCrashes(TestSQLiteCrashes):
+    """Batches commit behind the next one (``processingTime``): the driver killed as a
+    decided batch's commit behind begins and in its middle, while Spark runs the next
+    batch (every point of a pipelined run over Kafka and through foreachBatch: ``-m long``,
+    tests/test_kafka_crash.py)."""
+
+    check_lost_state = False
+    trigger = PIPELINED_TRIGGER
+    crash_points: tuple[str, ...] = (COMMITTING_BEHIND, MID_COMMIT)
+
+
+@pytest.mark.long
+class TestPipelinedForeachBatchCrashes(TestPipelinedCrashes):
+    """The same through foreachBatch: the commit behind runs in the driver's own process."""
+
+    foreach_batch = True
+    crash_points = (*CRASH_POINTS, COMMITTING_BEHIND)

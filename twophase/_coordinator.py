@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Any, Concatenate, NamedTuple, ParamSpec, TypeVar
 
 from twophase._aborts import abort_quietly
 from twophase._crash import (
@@ -96,12 +96,23 @@ STRAGGLER_GRACE_S = 3.0
 #: a decision and the commits after it take, retries included.
 DEADLINE_MARGIN_S = 30.0
 
+#: How often a long-lived coordinator's batches sweep for orphans (see
+#: ``Coordinator._sweep_due``); its first batch, and the next after a failed one, always do.
+SWEEP_INTERVAL_S = 10.0
+
 #: What a named crash point does when the driver reaches it (``twophase._crash.crash_point``:
 #: SIGKILL the session if the environment arms it there; the model springs its traps instead).
 CrashPoint = Callable[[str, int], None]
 
 
 Step = Callable[Concatenate["Coordinator", P], R]
+
+
+class Decided(NamedTuple):
+    """A batch decided (durably) and not yet committed; how long the decision's write took."""
+
+    decision: Decision
+    decision_ms: float
 
 
 def _step(step: Step[P, R]) -> Step[P, R]:
@@ -134,6 +145,7 @@ class Coordinator:
         crash_point: CrashPoint = crash_point,
         straggler_grace_s: float = STRAGGLER_GRACE_S,
         deadline_margin_s: float = DEADLINE_MARGIN_S,
+        sweep_interval_s: float = SWEEP_INTERVAL_S,
     ) -> None:
         self.sink = sink
         self.store = store
@@ -143,6 +155,8 @@ class Coordinator:
         self.crash_point = crash_point
         self.straggler_grace_s = straggler_grace_s
         self.deadline_margin_s = deadline_margin_s
+        self.sweep_interval_s = sweep_interval_s
+        self._swept_at: float | None = None  # when this coordinator's batches last swept
         self._committer: Committer | None = None  # opened on first use, closed by close()
         self._claimed: str | None = None  # the query the committer is fenced for
         #: Counts of this process not written yet (see twophase._metrics).
@@ -171,18 +185,39 @@ class Coordinator:
     @_step
     def commit_batch(self, batch: int, query_id: str, handles: Sequence[Handle]) -> None:
         """Decide ``batch`` with ``handles`` and make it visible (see the module docstring)."""
+        decided = self._decide_batch(batch, query_id, handles)
+        if decided is not None:
+            self._finish(decided.decision, decision_ms=decided.decision_ms)
+
+    @_step
+    def decide_batch(self, batch: int, query_id: str, handles: Sequence[Handle]) -> Decided | None:
+        """Steps 1 to 4 of :meth:`commit_batch`: the decision of ``batch``, durable, for
+        :meth:`finish_decided` to commit (None: a replay, finished here)."""
+        return self._decide_batch(batch, query_id, handles)
+
+    @_step
+    def finish_decided(self, decided: Decided) -> None:
+        """Step 5 of :meth:`commit_batch`: commit a batch :meth:`decide_batch` decided."""
+        self._finish(decided.decision, decision_ms=decided.decision_ms)
+
+    def sweep_next_batch(self) -> None:
+        """Sweep at the next decision whatever the interval says (a batch failed, so
+        something may be in doubt)."""
+        self._swept_at = None
+
+    def _decide_batch(self, batch: int, query_id: str,
+                      handles: Sequence[Handle]) -> Decided | None:
         state = self._owned_state(query_id)
         self._claim(query_id)
-        for decision in _oldest_first(state.pending):
-            if decision.batch < batch:
-                self._finish(decision)
+        self._finish_earlier(state, batch)
         if state.is_decided(batch):
             self._finish_replay(state, batch, handles)
-            return
+            return None
         if batch <= state.aborted_batch:
             raise FatalError(f"batch {batch} was given up by this run and cannot be decided.",
                              fix="restart the query; it replays the batch")
-        self._sweep(state, query_id, up_to_batch=batch, keep=handles)
+        if self._sweep_due():
+            self._sweep(state, query_id, up_to_batch=batch, keep=handles)
         self._refuse_uncommittable(batch, handles)
         self._refuse_expiring(batch, handles)
         self.crash_point(BEFORE_DECISION, batch)
@@ -190,7 +225,26 @@ class Coordinator:
         decision = self._decide(batch, query_id, handles)
         decision_ms = (time.monotonic() - started) * 1000
         self.crash_point(AFTER_DECISION, batch)
-        self._finish(decision, decision_ms=decision_ms)
+        return Decided(decision, decision_ms)
+
+    def _finish_earlier(self, state: State, batch: int) -> None:
+        """Commit the decided batches before ``batch`` that are not done, oldest first:
+        batches become visible in order."""
+        for decision in _oldest_first(state.pending):
+            if decision.batch < batch:
+                self._finish(decision)
+
+    def _sweep_due(self) -> bool:
+        """Is a batch's sweep due? Always for a coordinator's first batch (or after a failed
+        one); then once per ``sweep_interval_s``: in a run whose batches succeed, nothing of
+        its own is left in doubt (a retried task aborts its failed attempts itself), so a
+        long-lived coordinator asks the systems for their in-doubt transactions only as often
+        as a zombie's or a straggler's could appear."""
+        now = time.monotonic()
+        if self._swept_at is not None and now - self._swept_at < self.sweep_interval_s:
+            return False
+        self._swept_at = now
+        return True
 
     @_step
     def abort_batch(self, batch: int, query_id: str | None, handles: Sequence[Handle]) -> None:
@@ -206,6 +260,7 @@ class Coordinator:
             log.warning("batch %d is decided: not aborting it; the next run finishes it", batch)
             return
         self._abort_all(handles)
+        self.sweep_next_batch()
         if state is None or state.epoch != self.epoch or query_id is None:
             return  # fenced or never started: sweeping is the owner's job
         try:

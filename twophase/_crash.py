@@ -44,15 +44,20 @@ CRASH_POINTS = (AFTER_PRE_COMMIT, BEFORE_DECISION, AFTER_DECISION, MID_COMMIT, B
 BETWEEN_MEMBERS = "between_members"
 #: The points a sink group's driver passes, in protocol order.
 GROUP_CRASH_POINTS = (*CRASH_POINTS[:-1], BETWEEN_MEMBERS, BEFORE_DONE)
+#: A commit behind the next batch (``twophase._pipeline``): the batch decided, its callback
+#: returned to Spark (which runs the next batch), its commit not begun.
+COMMITTING_BEHIND = "committing_behind"
+#: Every point a driver can be armed at.
+KNOWN_POINTS = (*GROUP_CRASH_POINTS, COMMITTING_BEHIND)
 
 
 def _parse(spec: str | None) -> tuple[str, int | None] | None:
     if not spec:
         return None
     point, _, batch = spec.partition("@")
-    if point not in GROUP_CRASH_POINTS:
+    if point not in KNOWN_POINTS:
         raise ValueError(f"{CRASH_ENV}={spec!r}: unknown point; known: "
-                         f"{', '.join(GROUP_CRASH_POINTS)}")
+                         f"{', '.join(KNOWN_POINTS)}")
     return point, int(batch) if batch else None
 
 

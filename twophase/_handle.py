@@ -37,6 +37,16 @@ HANDLE_FORMAT_VERSION = 1
 #: epoch (6), batch (10), partition (6), attempt (12) and creation time (12), dot-separated.
 TXN_ID_MAX_LENGTH = NAMESPACE_MAX_LENGTH + QUERY_DIGITS + 6 + 10 + 6 + 12 + 12 + 6
 
+#: The query id of preflight probe transactions (``python -m twophase.check``): the nil UUID,
+#: which Spark never gives a query (its ids are random, version 4) and which
+#: :func:`query_key` refuses, so that no run, recovery or cleanup ever takes a probe for one
+#: of its query's transactions, and none is ever decided (a decision names a query's ids only).
+PROBE_QUERY_ID = "00000000-0000-0000-0000-000000000000"
+PROBE_QUERY_KEY = "0" * QUERY_DIGITS
+#: A probe's partition: the widest the id holds, so that what a sink derives from it (Kafka's
+#: pooled transactional ids) is apart from every real partition's.
+PROBE_PARTITION = 999_999
+
 #: Hex digits of the hash that keeps a shortened derived namespace distinct.
 FITTED_HASH_DIGITS = 8
 
@@ -81,6 +91,8 @@ def query_key(query_id: str) -> str:
     digits = query_id.replace("-", "").lower()
     if len(digits) < QUERY_DIGITS or not re.fullmatch(r"[0-9a-f]+", digits):
         raise ValueError(f"query id {query_id!r} is not a UUID")
+    if digits[:QUERY_DIGITS] == PROBE_QUERY_KEY:
+        raise ValueError(f"query id {query_id!r} is reserved for preflight probes")
     return digits[:QUERY_DIGITS]
 
 
@@ -118,6 +130,18 @@ class TxnId:
             attempt,
             int(clock()),
         )
+
+    @classmethod
+    def probe(cls, namespace: str, *, clock: Callable[[], float] = time.time) -> TxnId:
+        """The id of a preflight probe transaction of ``namespace``, opened now (see
+        :data:`PROBE_QUERY_ID`): epoch 0, which no run holds, batch 0, the probe partition."""
+        return cls(validate_namespace(namespace), PROBE_QUERY_KEY, 0, 0, PROBE_PARTITION, 0,
+                   int(clock()))
+
+    @property
+    def is_probe(self) -> bool:
+        """Whether this is a preflight probe's id (never a query's)."""
+        return self.query == PROBE_QUERY_KEY
 
     @classmethod
     def parse(cls, text: str) -> TxnId:

@@ -45,7 +45,10 @@ MEMBERS_LOST = "members_lost"
 #: The histograms, in seconds.
 DECISION_SECONDS = "decision_seconds"
 COMMIT_SECONDS = "commit_seconds"
-#: Bucket bounds of both: a decision write takes milliseconds (local) to a second (S3), a
+#: How long a batch's callback waited for the batch before it to be committed behind it (the
+#: back-pressure of ``twophase._pipeline``): near zero while commits keep up with batches.
+COMMIT_WAIT_SECONDS = "commit_wait_seconds"
+#: Bucket bounds of all three: a decision write takes milliseconds (local) to a second (S3), a
 #: commit fan-out up to the retry policy's patience.
 BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 INF = "+Inf"

@@ -35,9 +35,12 @@ Callers read :meth:`S3Errors.code` / :meth:`S3Errors.status` only to steer (``No
 
 TLS: boto3 verifies the store's certificate and host name by default, against certifi's CAs
 (or ``AWS_CA_BUNDLE``); ``ca_bundle=`` names the CA file of a private store, and only
-``verify=False`` turns the check off. Secrets (``secret_access_key``, ``session_token``) take a
-:class:`~twophase.Secret` reference, revealed only when a client is made: the pickled settings
-and the key of the client cache hold the reference, never the clear text.
+``verify=False`` turns the check off. Credentials (``access_key_id``, ``secret_access_key``,
+``session_token``) take a :class:`~twophase.Secret` reference, revealed only when a client is
+made: the pickled settings and the key of the client cache hold the reference, never the clear
+text. Should the store refuse them once their ``Secret`` changed (rotated keys),
+:meth:`S3Settings.retried_if_rotated` makes the client again with the new ones
+(:class:`twophase.kit.ClientCache`).
 """
 
 from __future__ import annotations
@@ -47,12 +50,14 @@ import importlib
 import logging
 import os
 import re
-import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
-from twophase._secrets import REDACTED, Secret, SecretOption, reveal
+from twophase._secrets import REDACTED, ClientCache, Secret, SecretOption, reveal
 from twophase.errors import ConfigurationError, FatalError, RetryableError, TwoPhaseError
+
+T = TypeVar("T")
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -106,6 +111,11 @@ OPERATION_PERMISSIONS = {
 ACCESS_DENIED = frozenset({"AccessDenied", "403", "AllAccessDisabled"})
 #: A refusal without a body (a HEAD's): wrong credentials or a missing permission.
 BARE_403 = "403"
+#: Codes of credentials the store does not accept (moto names a deleted key's signature
+#: ``InvalidClientTokenId``, as IAM does).
+REFUSED_CREDENTIALS = frozenset({"InvalidAccessKeyId", "InvalidClientTokenId",
+                                 "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken",
+                                 BARE_403})
 
 #: What a code becomes: the kind of error and the fix an operator can act on.
 _Verdict = tuple[type[TwoPhaseError], str]
@@ -126,9 +136,7 @@ MIN_REDACTED_LENGTH = 8
 _SECRET_FIELDS = re.compile(r"(?i)(x-amz-security-token['\"]?\s*[:=,]\s*b?['\"]?)([^'\"\s,}]+)"
                             r"|(Signature=)([0-9a-f]+)")
 
-_clients: dict[tuple[int, S3Settings, int], Any] = {}
 _sessions: dict[int, Any] = {}
-_clients_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -139,7 +147,7 @@ class S3Settings:
     endpoint_url: str | None = None
     region: str | None = None
     path_style: bool = False
-    access_key_id: str | None = field(default=None, repr=False)
+    access_key_id: SecretOption | None = field(default=None, repr=False)
     secret_access_key: SecretOption | None = field(default=None, repr=False)
     session_token: SecretOption | None = field(default=None, repr=False)
     #: The CA file the store's certificate is verified against (None: certifi's CAs).
@@ -154,7 +162,7 @@ class S3Settings:
         if (self.access_key_id is None) != (self.secret_access_key is None):
             raise ConfigurationError(f"{SYSTEM}: access_key_id and secret_access_key go together.",
                                      fix="pass both, or neither to use boto3's chain")
-        for name in ("secret_access_key", "session_token"):
+        for name in ("access_key_id", "secret_access_key", "session_token"):
             if not isinstance(getattr(self, name), str | Secret | None):
                 raise ConfigurationError(f"{SYSTEM}: {name} is a {type(getattr(self, name))}.",
                                          fix=f"pass {name}= as a str or a twophase.Secret")
@@ -182,20 +190,31 @@ class S3Settings:
             return False
         return self.ca_bundle
 
+    @property
+    def secrets(self) -> tuple[SecretOption | None, ...]:
+        """The credentials a client is made with."""
+        return (self.access_key_id, self.secret_access_key, self.session_token)
+
     def client(self, *, max_attempts: int = DEFAULT_S3_MAX_ATTEMPTS) -> Any:
         """This process's client for this endpoint, these credentials and ``max_attempts``
         (made on first use, thread-safe, for every bucket). The cache's key is these settings:
         a :class:`~twophase.Secret` stays a reference there, and ``repr`` hides the
         credentials either way."""
-        key = (os.getpid(), replace(self, bucket=""), max_attempts)
-        with _clients_lock:
-            client = _clients.get(key)
-            if client is None:
-                client = _clients[key] = self._new_client(max_attempts)
-            return client
+        return _clients.get(self._client_key(max_attempts))
+
+    def retried_if_rotated(self, attempt: Callable[[], T], what: str, *,
+                           max_attempts: int = DEFAULT_S3_MAX_ATTEMPTS) -> T:
+        """``attempt()``, which uses :meth:`client` (``max_attempts``); should the store refuse
+        its credentials after their ``Secret`` changed (rotated keys), the client is made again
+        with the new ones and ``attempt()`` runs once more."""
+        return _clients.retried_if_rotated(self._client_key(max_attempts), attempt,
+                                           refused_credentials, what=f"{what} ({self.where})")
+
+    def _client_key(self, max_attempts: int) -> tuple[S3Settings, int]:
+        return replace(self, bucket=""), max_attempts
 
     def _new_client(self, max_attempts: int) -> Any:
-        secret, token = reveal(self.secret_access_key), reveal(self.session_token)
+        key_id, secret, token = (reveal(option) for option in self.secrets)
         _redaction.protect(secret, token)
         if not self.verify:
             log.warning("%s: TLS certificate verification is OFF (verify=False) for %s",
@@ -211,7 +230,7 @@ class S3Settings:
         )
         return _session().client(
             "s3", endpoint_url=self.endpoint_url, region_name=self.region,
-            aws_access_key_id=self.access_key_id,
+            aws_access_key_id=key_id,
             aws_secret_access_key=secret, aws_session_token=token, verify=self.tls_verify,
             config=config)
 
@@ -255,8 +274,8 @@ S3_OPTIONS = frozenset(f.name for f in fields(S3Settings)) - {"bucket"}
 
 
 def _session() -> Any:
-    """This process's boto3 session (call with ``_clients_lock`` held: sessions are not
-    thread-safe)."""
+    """This process's boto3 session (called by :data:`_clients` with its lock held: sessions
+    are not thread-safe)."""
     session = _sessions.get(os.getpid())
     if session is None:
         session = _sessions[os.getpid()] = _boto("boto3").session.Session()
@@ -385,6 +404,18 @@ def _rules(fix_access: str) -> dict[str, _Verdict]:
         "RequestTimeTooSkewed": (ConfigurationError, FIX_CLOCK),
         "EntityTooSmall": (ConfigurationError, FIX_PART_SIZE),
     }
+
+
+def refused_credentials(exc: BaseException) -> bool:
+    """Whether the store refused the credentials themselves (an unknown or deleted key, a
+    signature of another secret, an expired token; a bare 403, which may also be a missing
+    permission): a rotated key is read again (:func:`twophase.kit.retried_if_rotated`)."""
+    return S3Errors.code(exc) in REFUSED_CREDENTIALS
+
+
+#: Clients are not closed when dropped (another thread may be using one): collected instead.
+_clients: ClientCache[tuple[S3Settings, int], Any] = ClientCache(
+    lambda key: key[0]._new_client(key[1]), lambda key: key[0].secrets)
 
 
 def _response(exc: BaseException) -> dict[str, Any]:

@@ -6,17 +6,33 @@ of an environment variable or of a file holding it. A reference is what is pickl
 executors, written in a cleanup config, shown by ``repr``; the clear text is read by
 :func:`reveal` in the process that opens the connection, when it opens it, so a rotated
 password file is read again by the next connection.
+
+Rotation: a client made once and kept (Kafka's admin client, an S3 client) holds the clear text
+it was made with, and a connection attempt may read a secret just before it is rotated. Where
+the server refuses the credentials, :func:`retried_if_rotated` reads the secret again and, if it
+changed, drops what was made with the old one (:class:`ClientCache`) and tries once more: a
+decided batch commits with the new password or key without a restart. Each sink's errors module
+says which of its errors are such a refusal (``refused_credentials``).
 """
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import os
-from collections.abc import Callable, Mapping
+import threading
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeAlias
+from typing import Any, Generic, TypeAlias, TypeVar
 
 from twophase.errors import ConfigurationError, TwoPhaseError
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+K = TypeVar("K")
+C = TypeVar("C")
 
 #: What stands for a secret removed from a message.
 REDACTED = "***"
@@ -108,3 +124,109 @@ def scrubbed(classify: Callable[[BaseException, str], TwoPhaseError], secret: st
         return type(error)(error.cause.replace(secret, REDACTED),
                            fix=(error.fix or "").replace(secret, REDACTED) or None)
     return classify_scrubbed
+
+
+# -- rotation: a secret changed under a client that still uses the old one ---------------------
+
+#: Whether a system's error (a driver's, or the one a twophase error was classified from) says
+#: the server refused the credentials: each sink's errors module has one.
+Refused = Callable[[BaseException], bool]
+
+
+class Credentials:
+    """What a connection's or client's secret options read when it was made: a digest of their
+    clear texts (never the clear texts), to tell whether they were rotated since."""
+
+    def __init__(self, *options: SecretOption | None) -> None:
+        self._options = options
+        self._digest = _digest(options)
+
+    def rotated(self) -> bool:
+        """Whether the options read differently now (an unreadable one counts as unchanged:
+        the refusal then stands, naming the credentials to fix)."""
+        try:
+            return _digest(self._options) != self._digest
+        except ConfigurationError:
+            return False
+
+
+def _digest(options: tuple[SecretOption | None, ...]) -> bytes:
+    digest = hashlib.sha256()
+    for option in options:
+        digest.update((reveal(option) or "").encode())
+        digest.update(b"\0")
+    return digest.digest()
+
+
+def refused_by(refused: Refused, exc: BaseException) -> bool:
+    """``refused`` on ``exc`` or, for a twophase error, on the system's error it came from."""
+    cause = exc.__cause__ if isinstance(exc, TwoPhaseError) else exc
+    return cause is not None and refused(cause)
+
+
+def retried_if_rotated(attempt: Callable[[], T], credentials: Callable[[], Credentials],
+                       refused: Refused, *, what: str,
+                       renew: Callable[[Credentials], object] = lambda _used: None) -> T:
+    """``attempt()``; should the server refuse the credentials it used (``credentials()``,
+    taken first) while their secret has changed since (a rotated password or key, its new
+    value in the ``Secret``'s file or variable), ``renew(used)`` drops what was made with the
+    old one, and ``attempt()`` runs once more. Any other failure, or a refusal of a secret that
+    did not change, stands as raised (a :class:`ConfigurationError` naming the fix)."""
+    used = credentials()
+    try:
+        return attempt()
+    except Exception as exc:
+        if not (refused_by(refused, exc) and used.rotated()):
+            raise
+        log.warning("%s: the credentials were refused and their secret has changed since they "
+                    "were read: retrying once with the new one", what)
+        renew(used)
+    return attempt()
+
+
+class ClientCache(Generic[K, C]):
+    """A process's clients made with secrets, one per key (settings), each kept with the
+    :class:`Credentials` it was made with: :meth:`retried_if_rotated` drops and makes again
+    the one whose secret was rotated (thread-safe; a forked process makes its own)."""
+
+    def __init__(self, make: Callable[[K], C],
+                 secrets: Callable[[K], tuple[SecretOption | None, ...]],
+                 close: Callable[[C], object] = lambda _client: None) -> None:
+        self._make, self._secrets, self._close = make, secrets, close
+        self._clients: dict[tuple[int, K], tuple[C, Credentials]] = {}
+        self._lock = threading.Lock()
+
+    def __iter__(self) -> Iterator[K]:
+        """The keys of this process's clients (settings: references, never clear texts)."""
+        with self._lock:
+            return iter([key for pid, key in self._clients if pid == os.getpid()])
+
+    def get(self, key: K) -> C:
+        """The client of ``key`` (made now if there is none)."""
+        return self._entry(key)[0]
+
+    def drop(self, key: K, made_with: Credentials | None = None) -> None:
+        """Forget and close the client of ``key`` (only if it was made with ``made_with``, if
+        given: one made since is kept)."""
+        with self._lock:
+            entry = self._clients.get((os.getpid(), key))
+            if entry is None or made_with not in (None, entry[1]):
+                return
+            del self._clients[(os.getpid(), key)]
+        self._close(entry[0])
+
+    def retried_if_rotated(self, key: K, attempt: Callable[[], T], refused: Refused, *,
+                           what: str) -> T:
+        """``attempt()`` (which uses :meth:`get`), once more with a new client if the server
+        refused the credentials of ``key``'s client and their secret was rotated since it was
+        made (:func:`retried_if_rotated`)."""
+        return retried_if_rotated(attempt, lambda: self._entry(key)[1], refused, what=what,
+                                  renew=lambda used: self.drop(key, made_with=used))
+
+    def _entry(self, key: K) -> tuple[C, Credentials]:
+        with self._lock:
+            entry = self._clients.get((os.getpid(), key))
+            if entry is None:
+                credentials = Credentials(*self._secrets(key))  # read first: never newer
+                entry = self._clients[(os.getpid(), key)] = (self._make(key), credentials)
+            return entry

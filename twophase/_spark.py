@@ -3,8 +3,10 @@
 Spark 4's Python Data Source API calls ``write(iterator)`` once per partition on an executor and
 ``commit(messages, batchId)`` / ``abort(messages, batchId)`` on the driver, in a Python worker
 that Spark may reuse or replace between calls, always on a fresh writer. Nothing can be counted
-on to survive in memory between those calls, so all they share is a :class:`RunConfig`
-(pickled with the data source class) and the state file.
+on to survive in memory between those calls, so all they need is a :class:`RunConfig` (pickled
+with the data source class) and the state file. What does survive (a reused worker, the
+driver's process for ``foreachBatch``) keeps the run's :class:`~twophase._pipeline.CommitPipeline`:
+its committers, and a batch committing behind the next (:attr:`RunConfig.pipelined`).
 
 On Spark Connect the caller is a client and the driver is the server: :func:`on_spark_side`
 runs the takeover in a task there, and :class:`ForeachBatchWriter` writes each batch through
@@ -35,6 +37,7 @@ from twophase._coordinator import Coordinator, CrashPoint
 from twophase._crash import AFTER_PRE_COMMIT, crash_point
 from twophase._eligibility import can_never_be_decided, is_failed_attempt
 from twophase._handle import Handle, TxnId
+from twophase._pipeline import CommitPipeline, RunKey, pipeline_of
 from twophase._retry import RetryPolicy
 from twophase._rows import INSTANT_TYPE, plain_rows, positions
 from twophase._state import NO_BATCH, StateStore
@@ -85,6 +88,9 @@ class RunConfig:
     #: was given up (or whose run was fenced) while it pre-committed aborts its transaction
     #: itself; otherwise the driver's second sweep (or the next batch's) aborts it.
     tasks_read_state: bool = True
+    #: Commit each batch behind the next one, in the process of the commit callbacks (see
+    #: :mod:`twophase._pipeline`); False: in the callback, before Spark goes on.
+    pipelined: bool = False
 
     def store(self) -> StateStore:
         return StateStore(self.state_location, self.state_options)
@@ -92,6 +98,15 @@ class RunConfig:
     def coordinator(self) -> Coordinator:
         return Coordinator(self.sink, self.store(), namespace=self.namespace,
                            epoch=self.epoch, retry=self.retry)
+
+    def run_key(self) -> RunKey:
+        """What names this run's pipeline in a process (see :func:`pipeline_of`)."""
+        return self.state_location, self.namespace, self.epoch
+
+    def pipeline(self) -> CommitPipeline:
+        """This process's commit pipeline of the run (made on first use, kept)."""
+        return pipeline_of(self.run_key(),
+                           lambda: CommitPipeline(self.coordinator(), self.coordinator()))
 
 
 @dataclass
@@ -251,8 +266,11 @@ def commit_messages(
         raise FatalError(f"batch {batch} has no partitions and its query id is unknown.",
                          fix="report this as a twophase bug")
     handles = [Handle.loads(m.handle) for m in present if m.handle is not None]
-    with config.coordinator() as coordinator:  # also an empty batch: the state must know
-        coordinator.commit_batch(batch, query_id, handles)  # every batch Spark commits
+    if config.pipelined:  # also an empty batch: the state must know every batch Spark commits
+        config.pipeline().commit_batch(batch, query_id, handles)
+        return
+    with config.coordinator() as coordinator:
+        coordinator.commit_batch(batch, query_id, handles)
 
 
 def abort_messages(
@@ -260,8 +278,12 @@ def abort_messages(
 ) -> None:
     present = _ours(messages)
     handles = [Handle.loads(m.handle) for m in present if m.handle is not None]
+    query_id = query_id_of(config, present)
+    if config.pipelined:
+        config.pipeline().abort_batch(batch, query_id, handles)
+        return
     with config.coordinator() as coordinator:
-        coordinator.abort_batch(batch, query_id_of(config, present), handles)
+        coordinator.abort_batch(batch, query_id, handles)
 
 
 class _StreamWriter(DataSourceStreamArrowWriter):

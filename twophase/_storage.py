@@ -95,6 +95,9 @@ class Storage(Protocol):
     def tidy(self) -> None:
         """Remove what killed writers left (never valid, never read)."""
 
+    def remove(self) -> None:
+        """Delete the file (a preflight's probe file; never a state file): gone if absent."""
+
 
 def is_s3(location: str) -> bool:
     return location.startswith(S3_SCHEMES)
@@ -194,6 +197,12 @@ class LocalStorage:
             with contextlib.suppress(OSError):
                 stale.unlink()
 
+    def remove(self) -> None:
+        try:
+            self.path.unlink(missing_ok=True)
+        except OSError as exc:
+            raise self._unwritable(exc) from exc
+
     def _unwritable(self, exc: OSError) -> ConfigurationError:
         return ConfigurationError(
             f"cannot write the state location {self.directory}: {exc.strerror or exc}.",
@@ -255,6 +264,10 @@ class S3Storage:
 
     def tidy(self) -> None:
         """Nothing: an S3 write is whole or absent."""
+
+    def remove(self) -> None:
+        with self._classified("DeleteObject"):
+            self._client().delete_object(Bucket=self.settings.bucket, Key=self.key)
 
     def _client(self) -> Any:
         return self.settings.client(max_attempts=STATE_S3_MAX_ATTEMPTS)

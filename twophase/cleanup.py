@@ -233,8 +233,9 @@ def _orphan_verdict(target: Target, states: list[State], handle: Handle,
     if not owners:
         if age < _older_than(target, None):
             return None
-        if target.abort_unknown:
-            return True, f"query of no configured state, {age:.0f}s old (abort_unknown)"
+        if target.abort_unknown or txn.is_probe:  # a probe: a preflight interrupted mid-way
+            return True, (f"a probe of python -m twophase.check, {age:.0f}s old" if txn.is_probe
+                          else f"query of no configured state, {age:.0f}s old (abort_unknown)")
         return False, (f"unknown query, {age:.0f}s old: list its state location, "
                        "or set abort_unknown")
     owner, query_id = owners[0]

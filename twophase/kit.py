@@ -62,11 +62,14 @@ piece                          what it does
 :class:`Secret`                a secret option by reference (``env=`` / ``file=``): what is
                                pickled, logged and shown; :func:`reveal` reads it where used
 :func:`scrubbed`               an error table whose errors never show a given secret
+:func:`retried_if_rotated`     a step refused its credentials tried once more if their secret
+                               was rotated since they were read (:class:`Credentials`; a kept
+                               client per settings: :class:`ClientCache`)
 =============================  ================================================================
 
 ``__all__`` is the kit's public API (the README's kit table lists exactly it; see "Versioning
 and deprecations" there and ``CHANGELOG.md``). :class:`CommitsViaCommitter` is a deprecated
-shim, kept out of ``__all__``, removed in 0.5.0.
+shim, kept out of ``__all__``, removed in 0.6.0.
 """
 
 from __future__ import annotations
@@ -121,7 +124,15 @@ from twophase._s3 import (
     boto_errors,
     split_s3_location,
 )
-from twophase._secrets import Secret, SecretOption, reveal, scrubbed
+from twophase._secrets import (
+    ClientCache,
+    Credentials,
+    Secret,
+    SecretOption,
+    retried_if_rotated,
+    reveal,
+    scrubbed,
+)
 from twophase._whole_batch import WholeBatchCommitter
 from twophase.errors import (
     ConfigurationError,
@@ -151,8 +162,10 @@ __all__ = [
     "LAKE_S3_PERMISSIONS",
     "MODES",
     "S3_OPTIONS",
+    "ClientCache",
     "Condition",
     "ConnectionPool",
+    "Credentials",
     "ErrorTable",
     "LakeCommitter",
     "LakeFileRecord",
@@ -186,6 +199,7 @@ __all__ = [
     "lake_storage",
     "namespace_from",
     "query_key",
+    "retried_if_rotated",
     "reveal",
     "rows_of",
     "scrubbed",
@@ -534,11 +548,11 @@ def lake_classifier(errors: ErrorTable, s3_errors: S3Errors) -> Classify:
     return classify
 
 
-# -- deprecated: removed in 0.5.0 (see CHANGELOG.md) ------------------------------------------
+# -- deprecated: removed in 0.6.0 (see CHANGELOG.md) ------------------------------------------
 
 #: What the shim says when a class lists it among its bases.
 COMMITS_VIA_COMMITTER_DEPRECATED = (
-    "twophase.kit.CommitsViaCommitter is deprecated since 0.2.0 and is removed in 0.5.0: "
+    "twophase.kit.CommitsViaCommitter is deprecated since 0.2.0 and is removed in 0.6.0: "
     "remove it from {name}'s bases; nothing replaces it. TwoPhaseCommitSink itself now runs "
     "sink.commit(handle) and sink.abort(handle) through the Committer your committer() "
     "returns (keep commit/abort in that Committer, off the sink)."
@@ -546,7 +560,7 @@ COMMITS_VIA_COMMITTER_DEPRECATED = (
 
 
 class CommitsViaCommitter:
-    """Deprecated (0.1.0's base for a sink whose committer does the work); removed in 0.5.0.
+    """Deprecated (0.1.0's base for a sink whose committer does the work); removed in 0.6.0.
 
     Since 0.2.0 :class:`~twophase.TwoPhaseCommitSink` itself runs ``sink.commit(handle)`` and
     ``sink.abort(handle)`` through the :class:`~twophase.Committer` that ``committer()``

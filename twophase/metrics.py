@@ -28,6 +28,9 @@ metric                                         meaning
 ``twophase_transactions_committed_total``      sink transactions of committed batches
 ``twophase_decision_write_duration_seconds``   histogram: writing a decision to the state
 ``twophase_commit_duration_seconds``           histogram: committing a decided batch
+``twophase_commit_wait_duration_seconds``      histogram: a batch's wait, before its
+                                               decision, for the batch before it to commit
+                                               behind (back-pressure; pipelined queries)
 ``twophase_batches_pending``                   decided batches not yet committed
 ``twophase_oldest_pending_batch_age_seconds``  age of the oldest of them (0: none)
 ``twophase_last_committed_batch``              the last batch id committed
@@ -104,6 +107,8 @@ _HISTOGRAMS = (
      "Time to write a batch's decision to the state."),
     (counts.COMMIT_SECONDS, "commit_duration_seconds",
      "Time to commit every transaction of a decided batch."),
+    (counts.COMMIT_WAIT_SECONDS, "commit_wait_duration_seconds",
+     "Time a batch waited, before its decision, for the batch before it to commit behind."),
 )
 
 

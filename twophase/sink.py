@@ -288,6 +288,12 @@ class TwoPhaseCommitSink(ABC, Generic[TxnT]):
     #: Where this class commits and aborts: on the sink, in its committer, or not yet decided
     #: (an intermediate base class); set when the class is defined.
     commits_on: ClassVar[CommitHome | None] = None
+    #: Whether a preflight (``python -m twophase.check``) may probe the target with a
+    #: transaction of this sink: begun, written with no rows, pre-committed and aborted under a
+    #: reserved id (:meth:`TxnId.probe`), seen by no reader, and exercising what the query's
+    #: transactions need (connection, grants, prepare). False where such a probe would publish
+    #: or would not reach the target: the preflight then reports what it could not verify.
+    invisible_probe: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -29,10 +29,13 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pyspark.errors import PySparkException
+from pyspark.sql.streaming.query import StreamingQuery
 
 from twophase._coordinator import Coordinator
 from twophase._handle import fitted_namespace, validate_namespace
 from twophase._loader import sink_class_name
+from twophase._pipeline import COMMITTING_ELSEWHERE_WAIT_S, drop_pipeline, wait_for_commits
+from twophase._preflight import require_executor_imports
 from twophase._progress import log_commits
 from twophase._retry import RetryPolicy
 from twophase._spark import (
@@ -53,10 +56,9 @@ from twophase.sink import Column, TwoPhaseCommitSink
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
-    from pyspark.sql.streaming.query import StreamingQuery
     from pyspark.sql.streaming.readwriter import DataStreamWriter
 
-__all__ = ["write", "write_stream"]
+__all__ = ["PipelinedQuery", "write", "write_stream"]
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +66,8 @@ T = TypeVar("T")
 
 SPARK_OFFSETS_DIR = "offsets"  # Spark's log of started batches
 SPARK_COMMITS_DIR = "commits"  # Spark's log of finished batches
+#: The triggers of a query that ends by itself once the data available at its start is done.
+ENDING_TRIGGERS = ("availableNow", "once")
 #: The triggers whose value is an interval, and how the server measures one (NULL: none).
 INTERVAL_TRIGGERS = ("processingTime", "continuous", "realTime")
 INTERVAL_MICROS_SQL = ("SELECT unix_micros(TIMESTAMP'2000-01-01' + try_cast(:interval AS INTERVAL))"
@@ -86,6 +90,7 @@ def write_stream(
     foreach_batch: bool = False,
     accept_lost_state: bool = False,
     metrics_port: int | str | None = None,
+    pipelined_commits: bool | None = None,
 ) -> StreamingQuery:
     """Start a streaming query that writes ``df`` into ``sink`` exactly once.
 
@@ -117,6 +122,13 @@ def write_stream(
             but not done may then be written twice: only for someone who accepts that.
         metrics_port: serve Prometheus metrics of the query on this port (or ``"HOST:PORT"``)
             from this process (see :mod:`twophase.metrics`; needs ``twophase[metrics]``).
+        pipelined_commits: commit each batch behind the next one: once a batch's decision
+            is durable, Spark goes on to the next batch while the batch commits (see README,
+            "Latency"). By default on for a query that runs until stopped (no trigger, or
+            ``processingTime``) in classic Spark, off for one that ends by itself
+            (``availableNow``, ``once``) and over Spark Connect, where it cannot be on.
+            The returned query's ``stop``, ``awaitTermination`` and ``processAllAvailable``
+            return once every batch the query decided is visible.
 
     Everything that can be checked is checked before this run takes the query over from an
     earlier one (fencing it): the options, the trigger, the state against the checkpoint, and
@@ -131,13 +143,15 @@ def write_stream(
         raise ConfigurationError("write_stream needs checkpoint_location.",
                                  fix="pass checkpoint_location='/path/to/checkpoint'")
     sink = as_sink(sink, commit_order=commit_order, columns=columns)
+    pipelined = _pipelined(pipelined_commits, trigger, connect=is_connect(df))
     writer = _stream_writer(df, checkpoint_location, trigger=trigger, query_name=query_name)
     store = (StateStore(state_location, state_options) if state_location
              else StateStore.for_checkpoint(checkpoint_location, state_options))
     takeover = _takeover(df, sink, store, namespace=namespace, retry=retry,
                          settings={"trigger": dict(trigger or {}), "kind": "stream"},
                          checkpoint=checkpoint_location, accept_lost_state=accept_lost_state)
-    config = replace(_where_the_driver_is(df, takeover.of_stream), sink=sink)
+    config = replace(_where_the_driver_is(df, takeover.of_stream), sink=sink,
+                     pipelined=pipelined)
     _serve_metrics(metrics_port, store, sink.kind)
     if foreach_batch:
         writer = writer.foreachBatch(ForeachBatchWriter(config))
@@ -146,9 +160,10 @@ def write_stream(
     query = _started(writer, config)
     _where_the_driver_is(df, partial(_record_query, config, str(query.id)))
     log_commits(df.sparkSession, str(query.id), store)
-    log.info("started query %s into %r (namespace %s, epoch %d, state %s)",
-             query.id, sink, config.namespace, config.epoch, store.path)
-    return query
+    log.info("started query %s into %r (namespace %s, epoch %d, state %s, commits %s)",
+             query.id, sink, config.namespace, config.epoch, store.path,
+             "behind the next batch" if pipelined else "in each batch")
+    return PipelinedQuery(query, config) if pipelined else query
 
 
 def write(
@@ -183,6 +198,70 @@ def write(
                          settings={"kind": "batch"})
     config = replace(_where_the_driver_is(df, takeover.of_job), sink=sink)
     df.write.format(register_data_source(df, config)).mode("append").save()
+
+
+def _pipelined(chosen: bool | None, trigger: Mapping[str, Any] | None, *,
+               connect: bool) -> bool:
+    """Whether a stream commits behind the next batch (see ``pipelined_commits``)."""
+    ends = any((trigger or {}).get(name) for name in ENDING_TRIGGERS)
+    if chosen is None:
+        return not (ends or connect)
+    if chosen and connect:
+        raise ConfigurationError(
+            "pipelined_commits=True over Spark Connect: the commit callback runs in a "
+            "Python process of the server that does not outlive it, so nothing could "
+            "commit a batch behind the next one.",
+            fix="leave pipelined_commits out (commits run in each batch)")
+    if chosen and ends:
+        raise ConfigurationError(
+            f"pipelined_commits=True with the trigger {dict(trigger or {})!r}: the query "
+            "ends by itself after its last batch, and nothing would be left to commit that "
+            "batch behind it.", fix="leave pipelined_commits out for a query that ends by "
+            "itself, or use processingTime (or no trigger) to pipeline commits")
+    return chosen
+
+
+class PipelinedQuery(StreamingQuery):
+    """A stream whose batches commit behind the next one: its ``stop``,
+    ``awaitTermination`` and ``processAllAvailable`` return once every batch it decided is
+    visible (they wait for the commit behind; a batch left pending by a process that died is
+    committed here)."""
+
+    def __init__(self, query: StreamingQuery, config: RunConfig) -> None:
+        super().__init__(query._jsq)
+        self._config = config
+
+    def stop(self) -> None:
+        super().stop()
+        self._drain()
+
+    def awaitTermination(self, timeout: int | None = None) -> bool | None:  # noqa: N802
+        try:
+            ended = super().awaitTermination(timeout)
+        except BaseException:
+            self._drain()
+            raise
+        if ended is not False:
+            self._drain()
+        return ended
+
+    def processAllAvailable(self) -> None:  # noqa: N802
+        super().processAllAvailable()
+        wait_for_commits(self._config.store())
+
+    def _drain(self) -> None:
+        """After the query ended: every decided batch committed (here, if still pending)."""
+        config = self._config
+        committed_here = drop_pipeline(config.run_key())  # foreachBatch: this process
+        if wait_for_commits(config.store(), wait_s=0 if committed_here else
+                            COMMITTING_ELSEWHERE_WAIT_S):
+            return
+        try:
+            with config.coordinator() as coordinator:
+                coordinator.recover()
+        except TwoPhaseError as exc:
+            log.warning("query %s ended with a decided batch that could not be committed "
+                        "now (the next start commits it): %s", self.id, exc)
 
 
 def _serve_metrics(listen: int | str | None, store: StateStore, sink: str) -> None:
@@ -287,6 +366,7 @@ def _takeover(
 ) -> _Takeover:
     """What the caller's Spark session tells of the run (checked here), for the takeover."""
     _require_no_speculation(df)
+    require_executor_imports(df.sparkSession, sink)
     running = (frozenset(str(query.id) for query in df.sparkSession.streams.active)
                if checkpoint is not None else frozenset())
     return _Takeover(sink=sink, state_location=store.location, state_options=store.options,

@@ -10,6 +10,10 @@ The server is the Spark driver: the crash tests restart it *armed* (``TWOPHASE_C
 its environment, inherited by its JVM and every Python worker it starts), and a crash point
 then SIGKILLs the whole server. For that the server runs in a process session of its own led
 by a small Python process (a crash point kills only sessions led by Python).
+
+A test may start it with Spark settings of its own on top of ``SERVER_CONF`` (as the
+``foreachBatch`` crash tests do with :data:`USE_CLONED_SESSION` either way); it is restarted
+whenever a test asks for other settings, and the ``connect`` fixture runs it with none.
 """
 
 from __future__ import annotations
@@ -42,6 +46,10 @@ SERVER_CONF = {
     "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1",
     "spark.sql.streaming.minBatchesToRetain": "10",
 }
+#: Spark 4.3 (SPARK-44462): a Connect ``foreachBatch`` function's batch DataFrame is bound to the
+#: query's cloned session ("true", the default) or, as before 4.3, to the root session that
+#: started the query ("false"). A SQL setting: the server's value is every session's default.
+USE_CLONED_SESSION = "spark.sql.connect.streaming.foreachBatch.useClonedSession"
 #: The session leader: waits for spark-submit, so that the session is led by Python.
 LEADER = "import subprocess, sys; sys.exit(subprocess.call(sys.argv[1:]))"
 REPO = Path(__file__).resolve().parents[2]
@@ -55,6 +63,8 @@ class ConnectServer:
     port: int = field(default_factory=free_port)
     process: subprocess.Popen[bytes] | None = None
     crash_at: str | None = None
+    #: The Spark settings it runs with on top of SERVER_CONF.
+    conf: dict[str, str] = field(default_factory=dict)
     starts: int = 0
 
     @property
@@ -65,15 +75,17 @@ class ConnectServer:
     def log(self) -> Path:
         return self.root / "server.log"
 
-    def start(self, crash_at: str | None = None) -> None:
-        """Start the server (armed at ``crash_at``, if given) and wait until it serves."""
+    def start(self, crash_at: str | None = None, conf: dict[str, str] | None = None) -> None:
+        """Start the server (armed at ``crash_at``, if given, with the Spark settings ``conf``
+        on top of SERVER_CONF) and wait until it serves."""
         if self.running():
             raise RuntimeError(f"the Connect server {self.url} is running: stop it first")
-        self.crash_at = crash_at
+        self.crash_at, self.conf = crash_at, dict(conf or {})
         self.starts += 1
         offset = self.log.stat().st_size if self.log.exists() else 0
         with self.log.open("a") as log:
-            log.write(f"\n=== server start {self.starts}, crash point {crash_at or 'none'} ===\n")
+            log.write(f"\n=== server start {self.starts}, crash point {crash_at or 'none'}, "
+                      f"settings {self.conf} ===\n")
             log.flush()
             self.process = subprocess.Popen(
                 [sys.executable, "-c", LEADER, *self._command()], cwd=self.root,
@@ -82,12 +94,12 @@ class ConnectServer:
             )
         self._wait_ready(offset)
 
-    def ensure(self, crash_at: str | None = None) -> None:
-        """Make the server run armed as asked (restarting it if it runs otherwise)."""
-        if self.running() and self.crash_at == crash_at:
+    def ensure(self, crash_at: str | None = None, conf: dict[str, str] | None = None) -> None:
+        """Make the server run armed and set as asked (restarting it if it runs otherwise)."""
+        if self.running() and (self.crash_at, self.conf) == (crash_at, dict(conf or {})):
             return
         self.stop()
-        self.start(crash_at)
+        self.start(crash_at, conf)
 
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None
@@ -105,7 +117,7 @@ class ConnectServer:
 
     def _command(self) -> list[str]:
         spark_home = Path(pyspark.__file__).parent
-        conf = {**SERVER_CONF, "spark.connect.grpc.binding.address": HOST,
+        conf = {**SERVER_CONF, **self.conf, "spark.connect.grpc.binding.address": HOST,
                 "spark.connect.grpc.binding.port": str(self.port),
                 "spark.local.dir": str(self.root / "local")}
         return [str(spark_home / "bin" / "spark-submit"), "--class", SERVER_CLASS,
@@ -160,6 +172,7 @@ def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Connect
 
 @pytest.fixture
 def connect(connect_server: ConnectServer) -> ConnectServer:
-    """The session's Connect server, running and not armed (restarted if a test left it so)."""
+    """The session's Connect server, running, not armed and with no settings of a test's own
+    (restarted if a test left it otherwise)."""
     connect_server.ensure()
     return connect_server

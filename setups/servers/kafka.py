@@ -10,7 +10,9 @@ Used as a pytest plugin (``pytest_plugins = ["setups.servers.kafka"]``) it provi
 * ``kafka_secured_broker`` (session): a broker serving SASL_SSL only (SCRAM-SHA-512 users made
   when it is formatted, a certificate of ``tls_ca``, the StandardAuthorizer, ACLs granted by
   :meth:`KafkaBroker.grant`), with two more listeners whose certificates a client must refuse
-  (another CA's, another host name's): :class:`BrokerSecurity`.
+  (another CA's, another host name's) and one that requires a client certificate of ``tls_ca``
+  (``ssl.client.auth=required``, mutual TLS; :attr:`KafkaBroker.client_cert_port`):
+  :class:`BrokerSecurity`.
 * ``kafka_short_timeout_broker`` (module): a second broker whose
   ``transaction.max.timeout.ms`` is :data:`SHORT_MAX_TIMEOUT_MS`, for transactions that outlive
   their timeout.
@@ -148,9 +150,14 @@ SECURED_LISTENER = "SASL_SSL"
 #: by another CA, and issued for another host name (the same broker: no second start).
 OTHER_CA_LISTENER = "OTHER_CA"
 WRONG_HOST_LISTENER = "WRONG_HOST"
+#: A listener of the secured broker that also requires a client certificate of the run's CA
+#: (SASL_SSL still: the principal is the SCRAM user, its ACLs as on the other listener).
+CLIENT_CERT_LISTENER = "CLIENT_CERT"
 AUTHORIZER = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
 SCRAM_LOGIN = "org.apache.kafka.common.security.scram.ScramLoginModule"
 PLAIN_LOGIN = "org.apache.kafka.common.security.plain.PlainLoginModule"
+#: Kafka's config provider that reads a value from a file (the file's name is the key).
+DIRECTORY_PROVIDER = "org.apache.kafka.common.config.provider.DirectoryConfigProvider"
 OWNER_ONLY = 0o600
 
 
@@ -202,7 +209,9 @@ class BrokerSecurity:
 
     The controller listener stays on loopback as SASL_PLAINTEXT with PLAIN (KRaft controllers
     cannot check SCRAM credentials: those live in the metadata they serve), its one user the
-    broker. ``refused`` are further SASL_SSL listeners whose certificates a client must refuse.
+    broker. ``refused`` are further SASL_SSL listeners whose certificates a client must refuse;
+    :data:`CLIENT_CERT_LISTENER`, if given a port, presents :attr:`certificate` and requires a
+    client certificate issued by the CA of :attr:`cafile` (the brokers' trust store).
     """
 
     cafile: Path
@@ -225,6 +234,23 @@ class BrokerSecurity:
         return {"security_protocol": "SASL_SSL", "sasl_mechanism": SCRAM,
                 "sasl_plain_username": user, "sasl_plain_password": self.passwords[user],
                 "ssl_cafile": str(self.cafile), "ssl_check_hostname": True}
+
+    def write_password(self, user: str, path: Path) -> Path:
+        """``user``'s password into a new file at ``path`` only its owner can read."""
+        _write_owner_only(path, self.passwords[user])
+        return path
+
+    def spark_source_options(self, user: str, password_file: Path) -> dict[str, str]:
+        """Spark's Kafka source options to read as ``user`` (verifying the certificate and
+        host), the password by reference: the Java client reads ``password_file``."""
+        password = f"${{dir:{password_file.parent}:{password_file.name}}}"
+        return {"kafka.security.protocol": "SASL_SSL", "kafka.sasl.mechanism": SCRAM,
+                "kafka.sasl.jaas.config":
+                    f'{SCRAM_LOGIN} required username="{user}" password="{password}";',
+                "kafka.config.providers": "dir",
+                "kafka.config.providers.dir.class": DIRECTORY_PROVIDER,
+                "kafka.ssl.truststore.type": "PEM",
+                "kafka.ssl.truststore.location": str(self.cafile)}
 
     def scram_users(self) -> list[str]:
         """``kafka-storage format --add-scram`` arguments: every user's SCRAM credential."""
@@ -265,6 +291,8 @@ class BrokerSecurity:
                 f"{prefix}.ssl.keystore.certificate.chain": _inline(issued.certfile),
                 f"{prefix}.ssl.keystore.key": _inline(issued.keyfile),
             }
+        if CLIENT_CERT_LISTENER in ports:
+            settings[f"listener.name.{CLIENT_CERT_LISTENER.lower()}.ssl.client.auth"] = "required"
         return settings
 
 
@@ -376,6 +404,8 @@ class KafkaBroker:
     security: BrokerSecurity | None = None
     #: The secured broker's listeners whose certificates must be refused, by name.
     refused_ports: dict[str, int] = field(default_factory=dict)
+    #: The secured broker's listener that requires a client certificate (mutual TLS).
+    client_cert_port: int | None = None
 
     @property
     def bootstrap_servers(self) -> str:
@@ -608,8 +638,11 @@ def private_broker(home: Path, settings: dict[str, str] | None = None, *,
     log4j2 = LOG4J2.format(log=broker.log)
     if security is not None:
         broker.refused_ports = {name: free_port(HOST) for name in security.refused}
+        broker.client_cert_port = free_port(HOST)
         overrides = {**security.settings({SECURED_LISTENER: broker.port,
-                                          **broker.refused_ports}, controller_port),
+                                          **broker.refused_ports,
+                                          CLIENT_CERT_LISTENER: broker.client_cert_port},
+                                         controller_port),
                      **overrides}
         log4j2 = AUTHORIZER_LOG4J2.format(log=broker.log, authorizer_log=broker.authorizer_log)
     (home / "log4j2.yaml").write_text(log4j2)

@@ -12,7 +12,10 @@ Used as a pytest plugin (``pytest_plugins = ["setups.servers.mariadb"]``) it pro
   ``require_secure_transport=ON`` (plain TCP refused); its :attr:`MariaDBServer.params` carry
   the sink's ``tls="verify"`` and ``ca_bundle=``. :meth:`MariaDBServer.create_user` makes a
   user holding exactly the given grants (the least-privilege tests);
-  :meth:`MariaDBServer.tls_turned_on` turns TLS on at the plain one for a block.
+  :meth:`MariaDBServer.tls_turned_on` turns TLS on at the plain one for a block. The secured
+  server trusts ``tls_ca`` for client certificates too (``--ssl-ca``):
+  :meth:`MariaDBServer.require_client_certificate` makes a user log in only with one that
+  names it (``REQUIRE SUBJECT``, mutual TLS).
 
 Tests can :meth:`~MariaDBServer.kill` it (SIGKILL, like a power cut) and
 :meth:`~MariaDBServer.start` it again on the same datadir and port. The benchmark
@@ -139,8 +142,11 @@ class MariaDBServer(ServerProcess):
         self.params = ConnectionParams(HOST, self.port, USER, secrets.token_hex(12), DATABASE)
         #: The server's certificate and key (None: plain TCP only).
         self.certificate: Issued | None = None
+        #: The CA whose client certificates the server verifies (None: it asks for none).
+        self.client_ca: Path | None = None
         if ca is not None:
             self.certificate = ca.issue(f"mariadb-{self.port}")
+            self.client_ca = ca.cafile
             self.params = replace(self.params, tls="verify", ca_bundle=str(ca.cafile))
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -220,6 +226,13 @@ class MariaDBServer(ServerProcess):
                       *(f"GRANT {grant} TO '{name}'@'%'" for grant in grants)]
         self.root_sql(";".join(statements))
 
+    def require_client_certificate(self, name: str) -> None:
+        """User ``name`` logs in only over TLS with a client certificate of the server's CA
+        (``client_ca``) whose subject is ``/CN=<name>`` (besides its password)."""
+        if self.client_ca is None:
+            raise ValueError("the server verifies no client certificate (started without a CA)")
+        self.root_sql(f"ALTER USER '{name}'@'%' REQUIRE SUBJECT '/CN={name}'")
+
     def root_sql(self, sql: str) -> str:
         """Run SQL as the server's administrator over its socket; returns tab-separated rows."""
         command = [_binary(CLIENT_BINARY), "--no-defaults", f"--socket={self.socket}",
@@ -259,8 +272,10 @@ class MariaDBServer(ServerProcess):
     def _tls_options(self) -> list[str]:
         if self.certificate is None:
             return []
+        verify_clients = [] if self.client_ca is None else [f"--ssl-ca={self.client_ca}"]
         return [f"--ssl-cert={self.certificate.certfile}",
-                f"--ssl-key={self.certificate.keyfile}", "--require-secure-transport=ON"]
+                f"--ssl-key={self.certificate.keyfile}", "--require-secure-transport=ON",
+                *verify_clients]
 
     @staticmethod
     def _user_option() -> list[str]:

@@ -24,7 +24,10 @@ One module for every PostgreSQL test (contract, crash, model, chaos, benchmark):
   others can read). :meth:`PostgresServer.create_user` makes a user holding exactly the given
   grants (the least-privilege tests). :meth:`PostgresServer.hba` and
   :meth:`PostgresServer.tls_turned_on` change a running server as its administrator would, for
-  a block (the tests that follow an error's fix).
+  a block (the tests that follow an error's fix). The secured cluster trusts ``tls_ca`` for
+  client certificates too (``ssl_ca_file``): a member of :data:`CLIENT_CERTIFICATE_ROLE`
+  (:meth:`PostgresServer.require_client_certificate`) logs in only with one whose common name
+  is its user name (``clientcert=verify-full``, mutual TLS) besides its password.
 
 Missing binaries FAIL the fixture (never skip): ``apt-get install postgresql``. Durability as
 in production against a process crash (``synchronous_commit=on``); ``fsync=off`` because only
@@ -83,7 +86,15 @@ HOSTSSL_ONLY_HBA = (
     "hostssl all all 127.0.0.1/32 scram-sha-256\n"
     "hostssl all all ::1/128 scram-sha-256\n"
 )
-CERT_FILE, KEY_FILE = "server.crt", "server.key"
+#: Members of this role log in to the secured cluster with a client certificate only.
+CLIENT_CERTIFICATE_ROLE = "client_certificate"
+#: The secured cluster's pg_hba.conf lines before :data:`HOSTSSL_ONLY_HBA`: members of
+#: :data:`CLIENT_CERTIFICATE_ROLE` need a password and a client certificate naming them.
+CLIENT_CERTIFICATE_HBA = (
+    f"hostssl all +{CLIENT_CERTIFICATE_ROLE} 127.0.0.1/32 scram-sha-256 clientcert=verify-full\n"
+    f"hostssl all +{CLIENT_CERTIFICATE_ROLE} ::1/128 scram-sha-256 clientcert=verify-full\n"
+)
+CERT_FILE, KEY_FILE, CLIENT_CA_FILE = "server.crt", "server.key", "client-ca.crt"
 
 
 class PostgresMissingError(RuntimeError):
@@ -161,7 +172,8 @@ class PostgresServer(ServerProcess):
         if ca is not None:
             self.params = replace(self.params, sslmode="verify-full", ca_bundle=str(ca.cafile))
             self.settings.update(ssl="on", ssl_cert_file=str(base_dir / CERT_FILE),
-                                 ssl_key_file=str(base_dir / KEY_FILE))
+                                 ssl_key_file=str(base_dir / KEY_FILE),
+                                 ssl_ca_file=str(base_dir / CLIENT_CA_FILE))
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -178,7 +190,9 @@ class PostgresServer(ServerProcess):
             raise RuntimeError(f"initdb failed ({done.returncode}): "
                                f"{done.stderr.decode(errors='replace')[-2000:]}")
         if self.ca is not None:
-            self._own_file(self.datadir / "pg_hba.conf", HOSTSSL_ONLY_HBA.encode())
+            self._own_file(self.datadir / "pg_hba.conf",
+                           (CLIENT_CERTIFICATE_HBA + HOSTSSL_ONLY_HBA).encode())
+            self._own_file(self.base_dir / CLIENT_CA_FILE, self.ca.cafile.read_bytes())
             self.present(self.ca.issue(f"postgres-{self.port}"), reload=False)
 
     def present(self, issued: Issued, *, reload: bool = True) -> None:
@@ -260,6 +274,9 @@ class PostgresServer(ServerProcess):
                 sql.Identifier(USER), sql.Literal(self.params.password)))
             conn.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(
                 sql.Identifier(DATABASE), sql.Identifier(USER)))
+            if self.ca is not None:
+                conn.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(
+                    sql.Identifier(CLIENT_CERTIFICATE_ROLE)))
 
     def create_user(self, name: str, password: str, grants: list[str]) -> None:
         """A user over TCP holding exactly ``grants`` (``"SELECT ON t"``: what follows
@@ -273,6 +290,15 @@ class PostgresServer(ServerProcess):
                 user, sql.Literal(password)))
             for grant in grants:
                 conn.execute(sql.SQL(f"GRANT {grant} TO {{}}").format(user))
+
+    def require_client_certificate(self, name: str) -> None:
+        """User ``name`` logs in only with a client certificate of the server's CA whose
+        common name is ``name`` (a member of :data:`CLIENT_CERTIFICATE_ROLE`)."""
+        if self.ca is None:
+            raise ValueError("the server verifies no client certificate (started without a CA)")
+        with self.superuser() as conn:
+            conn.execute(sql.SQL("GRANT {} TO {}").format(
+                sql.Identifier(CLIENT_CERTIFICATE_ROLE), sql.Identifier(name)))
 
     def superuser(self, database: str = "postgres") -> psycopg.Connection[Any]:
         """An autocommit superuser session over the server's socket."""

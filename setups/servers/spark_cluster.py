@@ -9,6 +9,12 @@ Used as a pytest plugin, it provides ``spark_cluster`` (session): a :class:`Spar
   local state) is an empty tmpfs: executors, their JVMs and their Python workers run in that
   namespace and cannot read what the driver keeps there, as on a real cluster.
 
+``bare_spark_cluster`` (module) is another such cluster whose executors' Python has PySpark
+and pyarrow only: in its workers' namespace the driver's virtualenv (``sys.prefix``, where
+the driver's ``PYSPARK_PYTHON`` is) is replaced by a bare one (:mod:`setups.servers.bare_python`),
+so twophase and the sinks' client libraries reach its executors only as a job ships them
+(``spark.submit.pyFiles``, ``addPyFile``, ``spark.archives``), as on a real cluster.
+
 Executors reach the test servers (MariaDB, moto, ...) over loopback as usual. Needs root (or
 CAP_SYS_ADMIN) for the mount namespace and Java 17; a missing piece FAILS the fixture.
 """
@@ -18,19 +24,21 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyspark
 import pytest
 
+from setups.servers.bare_python import bare_venv, site_packages
 from setups.servers.local import free_port
 
 HOST = "127.0.0.1"
@@ -96,13 +104,28 @@ def _start(command: list[str], log: Path, env: dict[str, str]) -> subprocess.Pop
                                 start_new_session=True)
 
 
-def _hidden(driver_disk: Path, command: list[str]) -> list[str]:
-    """``command`` in a private mount namespace where ``driver_disk`` is an empty tmpfs."""
+def _hidden(driver_disk: Path, command: list[str],
+            binds: Sequence[tuple[Path, Path]] = ()) -> list[str]:
+    """``command`` in a private mount namespace where ``driver_disk`` is an empty tmpfs and
+    each ``(source, target)`` of ``binds`` is bind-mounted, in order."""
     if shutil.which("unshare") is None:
         raise RuntimeError("unshare (util-linux) is missing: apt-get install util-linux")
-    script = 'mount -t tmpfs -o size=1m,mode=0700 tmpfs "$0" && exec "$@"'
+    mounts = "".join(f" && mount --bind {shlex.quote(str(source))} {shlex.quote(str(target))}"
+                     for source, target in binds)
+    script = f'mount -t tmpfs -o size=1m,mode=0700 tmpfs "$0"{mounts} && exec "$@"'
     return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script,
             str(driver_disk), *command]
+
+
+def _bare_executors(root: Path) -> list[tuple[Path, Path]]:
+    """The bind mounts that give the workers a bare Python at the driver's virtualenv's
+    place: the driver's virtualenv moved aside (the bare one links PySpark and pyarrow
+    there), then the bare virtualenv over it."""
+    driver_venv = Path(sys.prefix)
+    aside = root / "driver-venv"
+    aside.mkdir()
+    bare = bare_venv(root / "bare-venv", site_packages(aside))
+    return [(driver_venv, aside), (bare, driver_venv)]
 
 
 def _wait_workers(cluster: SparkCluster, logs: Path) -> None:
@@ -121,9 +144,11 @@ def _wait_workers(cluster: SparkCluster, logs: Path) -> None:
 
 
 @contextlib.contextmanager
-def private_cluster(root: Path) -> Iterator[SparkCluster]:
-    """Start the master and the workers under ``root``; stop them on exit."""
+def private_cluster(root: Path, *, bare_executors: bool = False) -> Iterator[SparkCluster]:
+    """Start the master and the workers under ``root``; stop them on exit. With
+    ``bare_executors`` the executors' Python has PySpark and pyarrow only."""
     root.mkdir(parents=True, exist_ok=True)
+    binds = _bare_executors(root) if bare_executors else []
     driver_disk = root / "driver-disk"
     driver_disk.mkdir(mode=0o700, exist_ok=True)
     logs = root / "logs"
@@ -133,6 +158,8 @@ def private_cluster(root: Path) -> Iterator[SparkCluster]:
     cluster = SparkCluster(f"spark://{HOST}:{port}", ui_port, driver_disk, root)
     base_env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": HOST,
                 "SPARK_NO_DAEMONIZE": "1"}
+    if bare_executors:  # nothing of the caller's path (the source tree, say) either
+        base_env.pop("PYTHONPATH", None)
     try:
         cluster.processes.append(_start(
             [spark_class, "org.apache.spark.deploy.master.Master", "--host", HOST,
@@ -145,7 +172,7 @@ def private_cluster(root: Path) -> Iterator[SparkCluster]:
             cluster.processes.append(_start(_hidden(driver_disk, [
                 spark_class, "org.apache.spark.deploy.worker.Worker", cluster.master_url,
                 "--host", HOST, "--cores", str(WORKER_CORES), "--memory", WORKER_MEMORY,
-                "--work-dir", str(home / "work"), "--webui-port", "0"]),
+                "--work-dir", str(home / "work"), "--webui-port", "0"], binds),
                 logs / f"worker-{number}.log", env))
         _wait_workers(cluster, logs)
         yield cluster
@@ -156,4 +183,11 @@ def private_cluster(root: Path) -> Iterator[SparkCluster]:
 @pytest.fixture(scope="session")
 def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkCluster]:
     with private_cluster(tmp_path_factory.mktemp("spark-cluster")) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def bare_spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkCluster]:
+    """A cluster whose executors have PySpark and pyarrow only (for one test module)."""
+    with private_cluster(tmp_path_factory.mktemp("bare-cluster"), bare_executors=True) as cluster:
         yield cluster

@@ -5,7 +5,9 @@ the owner only) and issues server certificates from it: MariaDB, PostgreSQL, the
 ``moto_server`` and the HTTP receiver all present one for ``localhost`` and ``127.0.0.1``.
 A second, unrelated CA (``other_ca``) and a certificate for another host name make the
 "wrong CA" and "wrong host name" cases: a client that trusts the first CA and checks host
-names must refuse both.
+names must refuse both. :meth:`CertificateAuthority.issue_client` issues client certificates
+(mutual TLS): their common name is the user they log in as, and a server that trusts the run's
+CA refuses one of ``other_ca``.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ OWNER_ONLY = 0o600
 
 @dataclass(frozen=True)
 class Issued:
-    """A server's certificate (PEM, with the CA's after it) and its private key (PEM)."""
+    """A server's or a client's certificate (PEM, the CA's after it) and its key (PEM)."""
 
     certfile: Path
     keyfile: Path
@@ -65,22 +67,34 @@ class CertificateAuthority:
 
     def issue(self, name: str, hosts: tuple[str, ...] = SERVER_NAMES) -> Issued:
         """A certificate for ``hosts`` (DNS names or IP addresses): ``<name>.pem``, ``.key``."""
+        return self._issue(name, hosts[0], ExtendedKeyUsageOID.SERVER_AUTH,
+                           x509.SubjectAlternativeName([_general_name(h) for h in hosts]))
+
+    def issue_client(self, user: str, name: str | None = None) -> Issued:
+        """A client certificate whose common name is ``user`` (what PostgreSQL's
+        ``clientcert=verify-full`` and MariaDB's ``REQUIRE SUBJECT`` compare with the user):
+        ``<name>.pem`` and ``.key`` (``name`` defaults to ``client-<user>``)."""
+        return self._issue(name or f"client-{user}", user, ExtendedKeyUsageOID.CLIENT_AUTH)
+
+    def _issue(self, name: str, common_name: str, usage: x509.ObjectIdentifier,
+               *extensions: x509.ExtensionType) -> Issued:
+        """A certificate for ``common_name`` signed by this CA (the CA's certificate after it
+        in ``<name>.pem``) and its key (``<name>.key``), both readable by the owner only."""
         key = ec.generate_private_key(ec.SECP256R1())
         now = _now()
-        certificate = (
+        builder = (
             x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])]))
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
             .issuer_name(self._certificate.subject)
             .public_key(key.public_key())
             .serial_number(x509.random_serial_number())
             .not_valid_before(now - datetime.timedelta(minutes=5))
             .not_valid_after(now + VALIDITY)
-            .add_extension(x509.SubjectAlternativeName([_general_name(h) for h in hosts]),
-                           critical=False)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]),
-                           critical=False)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .sign(self._key, hashes.SHA256()))
+            .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True))
+        for extension in extensions:
+            builder = builder.add_extension(extension, critical=False)
+        certificate = builder.sign(self._key, hashes.SHA256())
         issued = Issued(self.folder / f"{name}.pem", self.folder / f"{name}.key")
         _write(issued.certfile, certificate.public_bytes(serialization.Encoding.PEM)
                + self._certificate.public_bytes(serialization.Encoding.PEM))

@@ -143,6 +143,9 @@ class HttpSink(TwoPhaseCommitSink[HttpTransaction]):
     """
 
     kind: ClassVar[str] = "http"
+    #: Pre-commit stages the requests without the receiver: what commits need of it (a POST
+    #: accepted with the token and signature) only a delivered request, a visible write, shows.
+    invisible_probe: ClassVar[bool] = False
 
     def __init__(
         self,

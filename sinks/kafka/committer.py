@@ -183,18 +183,19 @@ def _lost(handle: Handle, *, where: str, why: str) -> TransactionLostError:
 
 
 class KafkaCommitter(Committer):
-    """Commits and aborts through this process's admin client (one coordinator connection)."""
+    """Commits and aborts through this process's admin client (one coordinator connection),
+    made again should the brokers refuse a rotated password
+    (:meth:`~sinks.kafka.connection.KafkaSettings.with_admin`)."""
 
     sink: KafkaSink
 
-    def __init__(self, sink: KafkaSink) -> None:
-        super().__init__(sink)
-        self.admin = sink.settings.admin()
-
     def commit(self, handle: Handle) -> CommitOutcome:
         with _ADMIN_SLOTS:
-            return commit(self.admin, handle, where=self.sink.where)
+            return self.sink.settings.with_admin(
+                lambda admin: commit(admin, handle, where=self.sink.where),
+                f"commit of transaction {handle.txn_id}")
 
     def abort(self, handle: Handle) -> AbortOutcome:
         with _ADMIN_SLOTS:
-            return abort(self.admin, handle)
+            return self.sink.settings.with_admin(lambda admin: abort(admin, handle),
+                                                 f"abort of transaction {handle.txn_id}")

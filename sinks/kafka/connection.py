@@ -5,7 +5,10 @@ used. The admin client (EndTxn, listing, describing: on the driver, in cleanup, 
 executor before it takes a transactional id) is made at most once per process and settings and
 kept: kafka-python's admin client is safe to call from several threads, and it reconnects by
 itself to a broker that was down (``tests/test_kafka_sink.py`` kills and restarts the broker
-under it), so a connection failure is retried through the same client. The executor's
+under it), so a connection failure is retried through the same client. It logs in again with
+the password it was made with: should the brokers refuse it after the password's ``Secret``
+changed (a rotation), :meth:`KafkaSettings.with_admin` makes it again with the new one
+(:class:`twophase.kit.ClientCache`). The executor's
 producer is librdkafka's (:mod:`~sinks.kafka.producer`): :meth:`KafkaSettings.librdkafka_configs`
 translates the same settings to its property names, so both clients connect alike.
 
@@ -23,23 +26,32 @@ that relaxes this is ``ssl_check_hostname=False`` (the chain is still verified).
 says why a handshake failed (kafka-python times out "unable to bootstrap", librdkafka reports
 a transport failure), so :meth:`~KafkaSettings.verify_tls` makes one handshake first, as they
 would, and refuses a certificate they would refuse with a :class:`ConfigurationError` naming
-the cause and the fix, before anything is written.
+the cause and the fix, before anything is written. ``ssl_certfile``/``ssl_keyfile`` (and
+``ssl_password`` for an encrypted key) are the client certificate both clients present to a
+listener with ``ssl.client.auth=required`` (mutual TLS). A broker refuses a missing or
+untrusted one with a TLS alert that, in TLS 1.3, arrives only after the client's side of the
+handshake is done: so the check also sends one ``ApiVersions`` request (which a broker answers
+before any SASL login) and reads the answer, and the alert is classified by
+:func:`sinks.kafka.errors.client_certificate_refused`.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import socket
 import ssl
-import threading
+import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from kafka import KafkaAdminClient, KafkaConsumer
 
+from sinks.kafka.errors import client_certificate_refused, refused_credentials
 from twophase import ConfigurationError
-from twophase.kit import SecretOption, reveal
+from twophase.kit import ClientCache, SecretOption, reveal
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -59,9 +71,16 @@ FIX_HOST_NAME = ("connect to the brokers by a name their certificate lists (boot
 FIX_CA = ("pass ssl_cafile= the PEM file of the CA that issued the brokers' certificates "
           "(without it, the system's CAs are trusted)")
 
-_admins: dict[tuple[Any, ...], KafkaAdminClient] = {}
-_admins_lock = threading.Lock()
-
+API_VERSIONS_KEY = 18
+NULL_CLIENT_ID = -1
+#: A request header v1: api key, api version, correlation id, client id's length.
+_REQUEST_HEADER = struct.Struct(">hhih")
+#: An ``ApiVersions`` v0 request (no body), its size first: brokers answer it before a SASL
+#: login, so its answer shows whether the broker accepted the TLS session.
+API_VERSIONS_REQUEST = (struct.pack(">i", _REQUEST_HEADER.size)
+                        + _REQUEST_HEADER.pack(API_VERSIONS_KEY, 0, 0, NULL_CLIENT_ID))
+#: The size field of a broker's answer.
+ANSWER_SIZE_BYTES = 4
 
 class _HideClientConfigs(logging.Filter):
     """Drops kafka-python's DEBUG record of a client's configuration (it holds passwords)."""
@@ -162,20 +181,27 @@ class KafkaSettings:
         if not self.uses_tls:
             return
         context = self.tls_context()
-        refused: tuple[str, ssl.SSLCertVerificationError] | None = None
+        refused: ConfigurationError | None = None
         for server in self.bootstrap_servers.split(","):
             host, _, port = server.strip().rpartition(":")
             try:
                 with socket.create_connection((host, int(port)),
                                               self.connect_timeout_ms / 1000) as plain, \
-                        context.wrap_socket(plain, server_hostname=host):
+                        context.wrap_socket(plain, server_hostname=host) as secured:
+                    secured.sendall(API_VERSIONS_REQUEST)
+                    secured.recv(ANSWER_SIZE_BYTES)
                     return
             except ssl.SSLCertVerificationError as error:
-                refused = refused or (server, error)
+                refused = refused or _certificate_refused(server, error)
+            except ssl.SSLError as error:
+                alert = client_certificate_refused(server, error, self.ssl_certfile)
+                if alert is None:
+                    log.debug("TLS with %s failed", server, exc_info=True)
+                refused = refused or alert
             except OSError:
                 log.debug("no TLS handshake with %s", server, exc_info=True)
         if refused is not None:
-            raise _certificate_refused(*refused)
+            raise refused
 
     def tls_context(self) -> ssl.SSLContext:
         """What kafka-python verifies with: the CA file (else the system's), host names unless
@@ -187,14 +213,25 @@ class KafkaSettings:
                                     password=reveal(self.ssl_password))
         return context
 
+    @property
+    def secrets(self) -> tuple[SecretOption | None, ...]:
+        """The secret options a client is made with."""
+        return (self.sasl_plain_password, self.ssl_password)
+
     def admin(self) -> KafkaAdminClient:
         """This process's admin client for these settings (made on first use, kept)."""
-        key = (os.getpid(), self)
-        with _admins_lock:
-            admin = _admins.get(key)
-            if admin is None:
-                admin = _admins[key] = self.new_admin()
-            return admin
+        return _admins.get(self)
+
+    def with_admin(self, operation: Callable[[KafkaAdminClient], T], what: str) -> T:
+        """``operation(admin)`` with this process's admin client; should the brokers refuse
+        its login after the password's Secret changed (a rotation), the client is made again
+        with the new one and ``operation`` runs once more."""
+        return _admins.retried_if_rotated(self, lambda: operation(self.admin()),
+                                          refused_credentials, what=f"{what} ({self.where})")
+
+
+_admins: ClientCache[KafkaSettings, KafkaAdminClient] = ClientCache(
+    KafkaSettings.new_admin, lambda settings: settings.secrets, KafkaAdminClient.close)
 
 
 def _certificate_refused(server: str, error: ssl.SSLCertVerificationError) -> ConfigurationError:

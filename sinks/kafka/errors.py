@@ -26,7 +26,12 @@ FAILED)
 a SASL failure, a TLS handshake refused     :class:`ConfigurationError` (credentials, CA, host
                                            name; a certificate is checked first by
                                            :meth:`~sinks.kafka.connection.KafkaSettings.
-                                           verify_tls`)
+                                           verify_tls`); a SASL failure after the password's
+                                           Secret changed: the admin client is made again
+                                           with the new one (:func:`refused_credentials`)
+the broker's TLS alert refusing the client  :func:`client_certificate_refused`:
+certificate (none given, or untrusted)      :class:`ConfigurationError` naming
+                                           ``ssl_certfile=``/``ssl_keyfile=``
 anything else                              :class:`FatalError` (never retried blindly)
 =========================================  ====================================================
 
@@ -37,6 +42,8 @@ credentials (neither client's errors carry them).
 """
 
 from __future__ import annotations
+
+import ssl
 
 import kafka.errors as kerrors
 from confluent_kafka import KafkaError, KafkaException
@@ -60,6 +67,7 @@ INVALID_PRODUCER_EPOCH = "INVALID_PRODUCER_EPOCH"
 INVALID_TXN_STATE = "INVALID_TXN_STATE"
 TRANSACTIONAL_ID_NOT_FOUND = "TRANSACTIONAL_ID_NOT_FOUND"
 TOPIC_AUTHORIZATION_FAILED = "TOPIC_AUTHORIZATION_FAILED"
+SASL_AUTHENTICATION_FAILED = "SASL_AUTHENTICATION_FAILED"
 #: A producer found no metadata for a topic within max_block_ms (no such topic, auto-create off).
 NO_TOPIC_METADATA = "NO_TOPIC_METADATA"
 #: EndTxn answers that mean "this (producer id, epoch) can no longer decide the transaction".
@@ -99,6 +107,18 @@ FIX_CREDENTIALS = ("check sasl_mechanism=, sasl_plain_username= and sasl_plain_p
 FIX_TLS = ("check ssl_cafile= (the CA that issued the brokers' certificates) and that "
            "bootstrap_servers= names the brokers as their certificates do; "
            "ssl_check_hostname=False turns the host-name check off")
+FIX_CLIENT_CERT_MISSING = (
+    "the broker's listener requires a client certificate (ssl.client.auth=required): pass "
+    "ssl_certfile= the client certificate (PEM, issued by a CA of the brokers' "
+    "ssl.truststore) and ssl_keyfile= its key (ssl_password= if the key is encrypted)")
+FIX_CLIENT_CERT_UNTRUSTED = (
+    "pass ssl_certfile= (and ssl_keyfile=) a client certificate issued by a CA of the "
+    "brokers' ssl.truststore, or have that CA added to it")
+#: OpenSSL's reasons for a broker's alert that refuses the client certificate (none, or one
+#: it cannot verify): Java's TLS sends certificate_required (TLS 1.3), bad_certificate or
+#: certificate_unknown.
+CLIENT_CERT_ALERTS = frozenset({"TLSV13_ALERT_CERTIFICATE_REQUIRED", "SSLV3_ALERT_BAD_CERTIFICATE",
+                                "SSLV3_ALERT_CERTIFICATE_UNKNOWN", "TLSV1_ALERT_UNKNOWN_CA"})
 FIX_TAKEN_OVER = ("another attempt took over this transactional id; the task is retried with "
                   "a fresh one; if it keeps happening, raise attempt_slots=")
 FIX_CONFIG = "fix producer_configs= (librdkafka properties, e.g. linger.ms, batch.size)"
@@ -141,7 +161,7 @@ ERRORS = ErrorTable(
         "TRANSACTIONAL_ID_AUTHORIZATION_FAILED": (ConfigurationError,
                                                   FIX_TRANSACTIONAL_ID_ACCESS),
         "CLUSTER_AUTHORIZATION_FAILED": (ConfigurationError, FIX_CLUSTER_ACCESS),
-        "SASL_AUTHENTICATION_FAILED": (ConfigurationError, FIX_CREDENTIALS),
+        SASL_AUTHENTICATION_FAILED: (ConfigurationError, FIX_CREDENTIALS),
         "TLS_HANDSHAKE_FAILED": (ConfigurationError, FIX_TLS),
     },
 )
@@ -163,7 +183,7 @@ LIBRDKAFKA_NAMES = {
     "_MSG_TIMED_OUT": "KafkaTimeoutError",
     "_TIMED_OUT": "KafkaTimeoutError",
     "_INVALID_ARG": "INVALID_CONFIG",
-    "_AUTHENTICATION": "SASL_AUTHENTICATION_FAILED",
+    "_AUTHENTICATION": SASL_AUTHENTICATION_FAILED,
     "_SSL": "TLS_HANDSHAKE_FAILED",
 }
 
@@ -192,6 +212,32 @@ def classify(exc: BaseException, what: str) -> TwoPhaseError:
     if code == "KafkaTimeoutError" and _NO_TOPIC_METADATA in str(exc):
         code = NO_TOPIC_METADATA
     return ERRORS.error(code, what, f"{code} ({exc})")
+
+
+def refused_credentials(exc: BaseException) -> bool:
+    """Whether the brokers refused the SASL login (either client): a rotated password is read
+    again (:func:`twophase.kit.retried_if_rotated`)."""
+    if isinstance(exc, KafkaException):
+        error = exc.args[0] if exc.args else None
+        return isinstance(error, KafkaError) and \
+            LIBRDKAFKA_NAMES.get(error.name()) == SASL_AUTHENTICATION_FAILED
+    return code_of(exc) == SASL_AUTHENTICATION_FAILED
+
+
+def client_certificate_refused(server: str, error: ssl.SSLError,
+                               certfile: str | None) -> ConfigurationError | None:
+    """The broker at ``server`` refused the TLS session over the client certificate (the sink
+    presented ``certfile``, or none); None if ``error`` is not such an alert."""
+    if error.reason not in CLIENT_CERT_ALERTS:
+        return None
+    if certfile is None:
+        return ConfigurationError(
+            f"{SYSTEM}: the broker at {server} requires a client certificate and none was given "
+            f"(TLS alert {error.reason}).", fix=FIX_CLIENT_CERT_MISSING)
+    return ConfigurationError(
+        f"{SYSTEM}: the broker at {server} refuses the client certificate "
+        f"ssl_certfile={certfile!r} (TLS alert {error.reason}: it is not issued by a CA the "
+        "broker trusts).", fix=FIX_CLIENT_CERT_UNTRUSTED)
 
 
 def classify_code(error_code: int, what: str) -> TwoPhaseError:

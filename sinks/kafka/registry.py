@@ -20,12 +20,10 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from kafka import KafkaAdminClient
 from kafka.admin import NewTopic
@@ -33,7 +31,9 @@ from kafka.errors import TopicAlreadyExistsError
 from kafka.structs import TopicPartition
 
 from sinks.kafka.connection import KafkaSettings
+from sinks.kafka.errors import refused_credentials
 from twophase import TxnId
+from twophase.kit import ClientCache
 
 log = logging.getLogger(__name__)
 
@@ -47,10 +47,6 @@ REGISTRY_CONFIGS = {"cleanup.policy": "compact", "segment.ms": "3600000",
 #: waits out its whole timeout, though the position has reached the end.
 POLL_MS = 5
 READ_TIMEOUT_S = 60.0
-
-_views: dict[tuple[Any, ...], _View] = {}
-_views_lock = threading.Lock()
-
 
 @dataclass(frozen=True)
 class Entry:
@@ -128,16 +124,22 @@ class _View:
 
 
 def read(settings: KafkaSettings, topic: str) -> dict[str, Entry]:
-    """The latest entry of every transactional id in the registry (open ones included)."""
-    key = (os.getpid(), settings, topic)
-    with _views_lock:
-        view = _views.get(key)
-        if view is None:
-            view = _views[key] = _View(settings, topic)
+    """The latest entry of every transactional id in the registry (open ones included). A view
+    that fails is dropped (the next read makes another); one refused a rotated password is
+    made again with the new one at once (:class:`twophase.kit.ClientCache`)."""
+    key = (settings, topic)
+    return _views.retried_if_rotated(key, lambda: _refreshed(key), refused_credentials,
+                                     what=f"reading the registry {topic} ({settings.where})")
+
+
+def _refreshed(key: tuple[KafkaSettings, str]) -> dict[str, Entry]:
+    view = _views.get(key)
     try:
         return view.refresh()
     except Exception:
-        with _views_lock:
-            _views.pop(key, None)
-        view.close()
+        _views.drop(key)
         raise
+
+
+_views: ClientCache[tuple[KafkaSettings, str], _View] = ClientCache(
+    lambda key: _View(*key), lambda key: key[0].secrets, _View.close)

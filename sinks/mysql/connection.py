@@ -8,17 +8,21 @@ tables needed), so ``TIMESTAMP`` columns are written and read in UTC whatever th
 ``ping``): an XA connection must not silently become another session.
 
 TLS (:class:`Tls`): ``tls="verify"`` by default: the server's certificate is checked against
-``ca_bundle`` (a PEM file; the system's CA store if None) and must name the host the sink
-connects to (MySQL's ``VERIFY_IDENTITY``). ``tls="require"`` encrypts without checking who
-answers; ``tls="off"`` is plain text. Once TLS is asked for, a server that does not offer it is
-refused before the login is sent (PyMySQL raises 2026): never a silent fall back to plain text,
-as PyMySQL's own default does. The ``SSLContext`` is built once per process and settings
-(loading the system CA store costs about 30 ms of CPU, more than a whole small branch, and the
-sink opens a connection per branch).
+``ca_bundle`` (a PEM file; the system's CA store if None) and must name the host the sink connects
+to (MySQL's ``VERIFY_IDENTITY``). ``tls="require"`` encrypts without checking who answers;
+``tls="off"`` is plain text. ``ssl_cert``/``ssl_key`` (PEM files; the key unencrypted, or in the
+certificate's file if ``ssl_key`` is None) are the client certificate the sink presents, for a user
+created ``REQUIRE X509`` (or ``SUBJECT``/``ISSUER``): mutual TLS. Once TLS is asked for, a server
+that does not offer it is refused before the login is sent (PyMySQL raises 2026): never a silent
+fall back to plain text, as PyMySQL's own default does. The ``SSLContext`` is built once per
+process and settings (loading the system CA store costs about 30 ms of CPU, more than a whole small
+branch, and the sink opens a connection per branch).
 
 The password (a :class:`twophase.Secret` or the clear text) is revealed only here, when a
 connection is opened; PyMySQL's messages never carry it (an access denied names the user and
-the host), and :func:`twophase.kit.scrubbed` removes it from any that would.
+the host), and :func:`twophase.kit.scrubbed` removes it from any that would. Every connection
+reads it again, so a rotated password is used by the next one; a login refused just as it was
+rotated is tried once more (:func:`twophase.kit.retried_if_rotated`).
 """
 
 from __future__ import annotations
@@ -35,9 +39,17 @@ from typing import Any, Literal
 import pymysql
 
 from sinks.mysql.encoding import CONVERSIONS
-from sinks.mysql.errors import SYSTEM, classify
+from sinks.mysql.errors import SYSTEM, classify, refused_credentials
 from twophase import ConfigurationError
-from twophase.kit import ConnectionPool, SecretOption, classified, reveal, scrubbed
+from twophase.kit import (
+    ConnectionPool,
+    Credentials,
+    SecretOption,
+    classified,
+    retried_if_rotated,
+    reveal,
+    scrubbed,
+)
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +92,9 @@ class Tls:
 
     mode: TlsMode = DEFAULT_TLS
     ca_bundle: str | None = None
+    #: The client certificate (PEM) the sink presents, and its key (mutual TLS).
+    cert: str | None = None
+    key: str | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in TLS_MODES:
@@ -90,17 +105,33 @@ class Tls:
             raise ConfigurationError(
                 f"{SYSTEM}: ca_bundle= is given but tls={self.mode!r} does not verify the "
                 "server's certificate.", fix="use tls='verify' with ca_bundle=, or drop ca_bundle")
+        if self.key is not None and self.cert is None:
+            raise ConfigurationError(f"{SYSTEM}: ssl_key= is given without ssl_cert=.",
+                                     fix="pass ssl_cert= the client certificate of that key")
+        if self.cert is not None and self.mode == "off":
+            raise ConfigurationError(
+                f"{SYSTEM}: ssl_cert= is given but tls='off' sends no certificate.",
+                fix="use tls='verify' (the default) with ssl_cert= and ssl_key=")
+
+    def describe(self) -> str:
+        """The TLS options, as error messages name them (paths, never key contents)."""
+        if self.mode == "off":
+            return "tls='off'"
+        client = "no client certificate" if self.cert is None else f"ssl_cert={self.cert!r}"
+        return f"tls={self.mode!r}, {client}"
 
     def connect_args(self) -> dict[str, Any]:
         """PyMySQL's TLS options: the process's shared context, or TLS disabled."""
         if self.mode == "off":
             return {"ssl_disabled": True}
-        return {"ssl": tls_context(self.mode, self.ca_bundle)}
+        return {"ssl": tls_context(self.mode, self.ca_bundle, self.cert, self.key)}
 
 
 @functools.lru_cache(maxsize=TLS_CONTEXTS_CACHED)
-def tls_context(mode: TlsMode, ca_bundle: str | None) -> ssl.SSLContext:
-    """The process's one client context for ``mode`` and ``ca_bundle`` (thread-safe to share).
+def tls_context(mode: TlsMode, ca_bundle: str | None, cert: str | None = None,
+                key: str | None = None) -> ssl.SSLContext:
+    """The process's one client context for ``mode``, ``ca_bundle`` and the client certificate
+    ``cert`` with its ``key`` if given (thread-safe to share).
 
     ``verify`` drops OpenSSL's X509_STRICT checks, as PyMySQL and libpq do: certificates that
     servers generate themselves often lack extensions only strict mode asks for.
@@ -110,6 +141,15 @@ def tls_context(mode: TlsMode, ca_bundle: str | None) -> ssl.SSLContext:
     if mode == "require":
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
+    if cert is not None:
+        try:
+            context.load_cert_chain(cert, key)
+        except (OSError, ssl.SSLError) as error:
+            raise ConfigurationError(
+                f"{SYSTEM}: cannot load the client certificate ssl_cert={cert!r} with its key "
+                f"ssl_key={key!r}: {error}.",
+                fix="pass ssl_cert= and ssl_key= readable PEM files of one key pair (the key "
+                "unencrypted)") from error
     return context
 
 
@@ -138,7 +178,15 @@ class Server:
 
     def connect(self, *, local_infile: bool = False, idle_timeout_s: int | None = None
                 ) -> Connection:
-        """A new strict UTC session (see the module docstring); errors are classified."""
+        """A new strict UTC session (see the module docstring); errors are classified. A
+        login refused just as the password's Secret was rotated is tried once more with the
+        new one (:func:`twophase.kit.retried_if_rotated`)."""
+        return retried_if_rotated(
+            lambda: self._connect(local_infile, idle_timeout_s),
+            lambda: Credentials(self.password), refused_credentials,
+            what=self.on(f"connecting as user {self.user!r}"))
+
+    def _connect(self, local_infile: bool, idle_timeout_s: int | None) -> Connection:
         settings = {"innodb_lock_wait_timeout": self.lock_wait_timeout_s,
                     "wait_timeout": idle_timeout_s}
         init_command = ", ".join([STRICT_SQL_MODE, UTC_TIME_ZONE] + [
@@ -146,7 +194,7 @@ class Server:
             if value is not None])
         password = reveal(self.password) or ""
         with classified(scrubbed(classify, password),
-                        self.on(f"connecting as user {self.user!r} (tls={self.tls.mode!r})"),
+                        self.on(f"connecting as user {self.user!r} ({self.tls.describe()})"),
                         pymysql.err.MySQLError):
             return open_connection(
                 host=self.host, port=self.port, user=self.user, password=password,

@@ -15,8 +15,15 @@ a value Python cannot send         :func:`unsendable`: :class:`SchemaMismatchErr
 a certificate refused (2003 with   :class:`ConfigurationError` naming ``tls=``/``ca_bundle=``
 OpenSSL's reason), no TLS offered  (``host=`` for a name the certificate lacks): never retried,
 (2026), plain text refused (4151)  never a fall back to plain text
+the client certificate refused     :class:`ConfigurationError` naming ``ssl_cert=``/``ssl_key=``
+(2003/2006/2013 with its alert);    (1045 names the password and the client certificate: the
+none given to a user REQUIRE X509  server answers both alike); MariaDB closing the TLS
+(1045), closed without an alert    connection at the login (TLS 1.3, another CA's certificate)
+(2006/2013 with SSLEOFError)       stays retryable, its fix naming ``ssl_cert=`` too
 a denied privilege (1044, 1142,    :class:`ConfigurationError` with the ``GRANT`` to run
 1143, 1227)
+a refused login (1045) after the   the connection is opened once more with the new password
+password's Secret changed          (:func:`refused_credentials`); unchanged: as above
 the password in a message          :func:`twophase.kit.scrubbed` over :func:`classify`: ``***``
                                    (also in the driver's exception the error is chained to)
 =================================  ============================================================
@@ -53,6 +60,7 @@ NO_SUCH_TABLE = 1146
 DEPRECATED_SYNTAX = 1287  # MySQL >= 8.0.20 warns about VALUES() in ON DUPLICATE KEY UPDATE
 LOCAL_INFILE_REFUSED = frozenset({1148, 2068, 3948, 4166})  # MySQL 8: 3948, MariaDB: 4166
 ROLLED_BACK = frozenset({1402, 1613, 1614})  # XA_RBROLLBACK, XA_RBTIMEOUT, XA_RBDEADLOCK
+ACCESS_DENIED = 1045  # a refused login: the password (or a client certificate REQUIREd)
 
 FIX_RETRY = "retried automatically; if it persists, check the server and the network"
 FIX_LOCKS = (
@@ -76,6 +84,33 @@ FIX_TLS_OFFERED = (
     "configure TLS on the server (ssl_cert, ssl_key; require_secure_transport=ON), or, only on "
     "a network you trust, tls='off'")
 FIX_TLS_REQUIRED = "the server accepts TLS connections only: use tls='verify' (the default)"
+#: MariaDB and MySQL answer a login without the client certificate a user REQUIREs (or with
+#: one of another subject) with the same 1045 as a wrong password: the fix names both.
+FIX_ACCESS_DENIED = (
+    "check the user and password given to the sink; if the user is created REQUIRE X509, "
+    "SUBJECT or ISSUER, the server requires a client certificate too (it denies a login "
+    "without one this way): pass ssl_cert= the client certificate (issued by a CA of the "
+    "server's ssl_ca, of the subject it REQUIREs) and ssl_key= its key. MariaDB also answers "
+    "a plain-text login this way when it has require_secure_transport=ON: then use "
+    "tls='verify', the default, not tls='off'")
+#: The server's TLS refused the certificate the sink presented (an alert in the handshake).
+FIX_CLIENT_CERT = (
+    "the server does not accept the client certificate ssl_cert= (it is not issued by a CA of "
+    "the server's ssl_ca): pass ssl_cert= and ssl_key= a certificate issued by the CA the "
+    "server trusts for clients")
+#: A TLS connection the server closed without a word (no close_notify): a crash or the network
+#: mid-session; and at the login, with TLS 1.3, MariaDB's refusal of a client certificate when
+#: its alert is lost (it closes the socket with the login unread: the reset may overtake the
+#: alert). Retried, the fix naming both.
+FIX_TLS_CLOSED = (
+    f"{FIX_RETRY}; if it happens at every login with ssl_cert= given, the server does not "
+    "accept that client certificate (it is not issued by a CA of the server's ssl_ca): pass "
+    "ssl_cert= and ssl_key= a certificate issued by the CA the server trusts for clients")
+#: With TLS 1.3 the server's alert refusing the client certificate comes after the client's
+#: side of the handshake: PyMySQL reports it as a lost connection (2006, 2013).
+_CLIENT_CERT_ALERTS = (Condition("ALERT_UNKNOWN_CA", (ConfigurationError, FIX_CLIENT_CERT)),
+                       Condition("ALERT_BAD_CERTIFICATE", (ConfigurationError, FIX_CLIENT_CERT)))
+_LOST_AT_TLS = (*_CLIENT_CERT_ALERTS, Condition("SSLEOFError", (RetryableError, FIX_TLS_CLOSED)))
 FIX_GRANT = ("GRANT the sink's user the privilege named above (the grants the sink needs are "
              "listed in the README's Security section)")
 FIX_GRANT_DATABASE = (
@@ -110,10 +145,7 @@ ERRORS = ErrorTable(
         2006: (RetryableError, FIX_RETRY),  # server has gone away
         2013: (RetryableError, FIX_RETRY),  # lost connection during query
         2055: (RetryableError, FIX_RETRY),  # lost connection (system error)
-        1045: (ConfigurationError,
-               "check the user and password given to the sink (MariaDB also answers a "
-               "plain-text login this way when it has require_secure_transport=ON: then use "
-               "tls='verify', the default, not tls='off')"),
+        ACCESS_DENIED: (ConfigurationError, FIX_ACCESS_DENIED),
         1044: (ConfigurationError, FIX_GRANT_DATABASE),  # also: no such database
         1049: (ConfigurationError, "create the database or fix the sink's database name"),
         1142: (ConfigurationError, FIX_GRANT),
@@ -143,8 +175,11 @@ ERRORS = ErrorTable(
         4025: (SchemaMismatchError, "fix the rows that violate the CHECK constraint"),
     },
     conditions={
+        2006: _LOST_AT_TLS,
+        2013: _LOST_AT_TLS,
         # PyMySQL reports a failed TLS handshake as "can't connect" (2003) with OpenSSL's words
-        2003: (Condition("mismatch, certificate is not valid for",
+        2003: (*_CLIENT_CERT_ALERTS,
+               Condition("mismatch, certificate is not valid for",
                          (ConfigurationError, FIX_TLS_HOST_NAME)),
                Condition("CERTIFICATE_VERIFY_FAILED", (ConfigurationError, FIX_TLS_VERIFY)),
                Condition("[SSL", (ConfigurationError, FIX_TLS_VERIFY))),
@@ -195,6 +230,12 @@ def classify(exc: BaseException, what: str) -> TwoPhaseError:
         f"{SYSTEM}: {what} failed: PyMySQL raised {type(exc).__name__} without an error code "
         f"({error_text(exc) or 'no message'}): the client and the server disagree about the "
         "protocol, so what the statement did is unknown; it is not retried.", fix=FIX_NO_CODE)
+
+
+def refused_credentials(exc: BaseException) -> bool:
+    """Whether the server refused the login (1045): a rotated password is read again
+    (:func:`twophase.kit.retried_if_rotated`)."""
+    return error_code(exc) == ACCESS_DENIED
 
 
 def classify_unprepared(exc: BaseException, what: str) -> TwoPhaseError:

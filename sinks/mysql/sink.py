@@ -163,6 +163,9 @@ class MySQLXASink(TwoPhaseCommitSink[MySQLBranch]):
     ``tls``: ``"verify"`` (the default: the certificate must come from a CA of ``ca_bundle``,
     the system's CA store if None, and name ``host``), ``"require"`` (encrypted, not verified),
     ``"off"`` (plain text); TLS asked for and not offered is refused, never a fall back.
+    ``ssl_cert``/``ssl_key``: the client certificate and its key (PEM files, the key
+    unencrypted) the sink presents, for a user the server requires one of (``REQUIRE X509``,
+    ``SUBJECT``, ``ISSUER``): mutual TLS.
     ``table``: the target table in ``database``; it must exist and be InnoDB.
     ``mode``: ``"insert"`` (a repeated key is an error) or ``"upsert"`` (``INSERT ... ON
     DUPLICATE KEY UPDATE`` every written column; the table needs a PRIMARY or UNIQUE key).
@@ -187,6 +190,8 @@ class MySQLXASink(TwoPhaseCommitSink[MySQLBranch]):
         port: int = DEFAULT_PORT,
         tls: TlsMode = DEFAULT_TLS,
         ca_bundle: str | None = None,
+        ssl_cert: str | None = None,
+        ssl_key: str | None = None,
         mode: Mode = "insert",
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         bulk: Bulk = "auto",
@@ -203,7 +208,7 @@ class MySQLXASink(TwoPhaseCommitSink[MySQLBranch]):
         self.bulk = _validated_bulk(bulk, self.mode)
         self.fencing = fencing
         self.server = Server(host=host, port=port, user=user, password=password,
-                             database=database, tls=Tls(tls, ca_bundle),
+                             database=database, tls=Tls(tls, ca_bundle, ssl_cert, ssl_key),
                              connect_timeout_s=connect_timeout_s,
                              read_timeout_s=read_timeout_s, lock_wait_timeout_s=lock_wait_timeout_s,
                              connect_args=_validated_connect_args(connect_args or {}))
@@ -369,10 +374,10 @@ class MySQLXASink(TwoPhaseCommitSink[MySQLBranch]):
         return MySQLCommitter(self)
 
     def fence(self, namespace: str, query_id: str, epoch: int) -> None:
-        """Deprecated (until 0.5.0): fence through ``sink.committer()``, which keeps the claim
+        """Deprecated (until 0.6.0): fence through ``sink.committer()``, which keeps the claim
         for its commits. This claims ``epoch`` through a committer of its own, as 0.2.0 did;
         the framework never calls it."""
-        warnings.warn("MySQLXASink.fence is deprecated and goes in 0.5.0: fence through "
+        warnings.warn("MySQLXASink.fence is deprecated and goes in 0.6.0: fence through "
                       "sink.committer() (committer.fence(...)), which keeps the claim for its "
                       "commits", DeprecationWarning, stacklevel=2)
         with self.committer() as committer:

@@ -16,7 +16,9 @@ without verifying, ``disable`` is plain text (the one way to relax it, named in 
 
 The password (a :class:`twophase.Secret` or the clear text) is revealed only here, when a
 session is opened; libpq's messages do not carry it, and
-:func:`twophase.kit.scrubbed` removes it from any that would.
+:func:`twophase.kit.scrubbed` removes it from any that would. Every session reads it again, so
+a rotated password is used by the next one; a password refused just as it was rotated is tried
+once more (:func:`twophase.kit.retried_if_rotated`).
 """
 
 from __future__ import annotations
@@ -29,9 +31,17 @@ from typing import Any, Literal
 import psycopg
 from psycopg import pq
 
-from sinks.postgres.errors import SYSTEM, classify
+from sinks.postgres.errors import SYSTEM, classify, refused_credentials
 from twophase import ConfigurationError
-from twophase.kit import ConnectionPool, SecretOption, classified, reveal, scrubbed
+from twophase.kit import (
+    ConnectionPool,
+    Credentials,
+    SecretOption,
+    classified,
+    retried_if_rotated,
+    reveal,
+    scrubbed,
+)
 
 Connection = psycopg.Connection[Any]
 
@@ -87,7 +97,14 @@ class Server:
         return f"{step} on PostgreSQL server {self.address}"
 
     def connect(self, *, autocommit: bool = True, writer: bool = False) -> Connection:
-        """A new UTC session (see the module docstring); errors are classified."""
+        """A new UTC session (see the module docstring); errors are classified. A password
+        refused just as its Secret was rotated is tried once more with the new one
+        (:func:`twophase.kit.retried_if_rotated`)."""
+        return retried_if_rotated(
+            lambda: self._connect(autocommit, writer), lambda: Credentials(self.password),
+            refused_credentials, what=self.on(f"connecting as user {self.user!r}"))
+
+    def _connect(self, autocommit: bool, writer: bool) -> Connection:
         settings = {"TimeZone": "UTC"}
         if self.lock_timeout_s is not None:
             settings["lock_timeout"] = f"{int(self.lock_timeout_s * 1000)}ms"

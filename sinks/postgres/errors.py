@@ -24,7 +24,12 @@ a server without TLS               :class:`ConfigurationError` naming both ways 
                                    on a trusted network; never a mode that needs TLS too
 no pg_hba.conf line (for plain     :class:`ConfigurationError`: the ``hostssl`` line takes TLS
 text, or for any encryption)       only (``sslmode='verify-full'``), else the line to add
+a client certificate required      :class:`ConfigurationError` naming libpq's ``sslcert`` and
+(none given, another CA's, another ``sslkey`` (``connect_args=``) and what the certificate
+user's under ``verify-full``)      must be: issued by the server's CA, named for the user
 42501 (a privilege denied)         :class:`ConfigurationError` with the ``GRANT`` to run
+a refused password after the      the session is opened once more with the new password
+password's Secret changed          (:func:`refused_credentials`); unchanged: as above
 the password in a message          :func:`twophase.kit.scrubbed` over :func:`classify`: ``***``
                                    (also in the driver's exception the error is chained to)
 =================================  ============================================================
@@ -54,6 +59,10 @@ SYSTEM = "PostgresSink"
 UNDEFINED_OBJECT = "42704"  # COMMIT/ROLLBACK PREPARED of a gid the server does not know
 UNIQUE_VIOLATION = "23505"
 UNDEFINED_TABLE = "42P01"
+#: A refused login: SQLSTATE 28P01 (invalid password), or libpq's words for it at connect time
+#: (where psycopg carries no SQLSTATE).
+REFUSED_LOGIN = "28P01"
+REFUSED_LOGIN_WORDS = "password authentication failed"
 
 FIX_RETRY = "retried automatically; if it persists, check the server and the network"
 FIX_LOCKS = (
@@ -98,6 +107,21 @@ FIX_HBA = (
     "server's administrator must add one ('hostssl <database> <user> <address> scram-sha-256' "
     "takes TLS connections only, as the sink makes them) and reload the server "
     "(SELECT pg_reload_conf())")
+_CLIENT_CERT_OPTIONS = ("connect_args={'sslcert': <client certificate, PEM>, 'sslkey': <its key, "
+                        "readable by the owner only>}")
+FIX_CLIENT_CERT_MISSING = (
+    "the server's pg_hba.conf line for this host, user and database requires a client "
+    "certificate (clientcert=verify-ca/verify-full, or the cert method): pass "
+    f"{_CLIENT_CERT_OPTIONS}, a certificate issued by a CA of the server's ssl_ca_file (with "
+    "verify-full or cert, its common name the user name)")
+FIX_CLIENT_CERT_UNTRUSTED = (
+    "the server does not accept the client certificate given (libpq's sslcert): it is not "
+    "issued by a CA of the server's ssl_ca_file; pass "
+    f"{_CLIENT_CERT_OPTIONS} with a certificate issued by that CA")
+FIX_CLIENT_CERT_NAME = (
+    "the client certificate's common name must be the user name (clientcert=verify-full, or "
+    f"the cert method): pass {_CLIENT_CERT_OPTIONS} with a certificate issued for this user, "
+    "or have a pg_ident.conf map name it")
 UNPREPARED_NOTE = (
     "The transaction is discarded (PostgreSQL rolls back an unprepared transaction when its "
     "session ends) and never committed: the partition must be written again.")
@@ -142,10 +166,15 @@ ERRORS = ErrorTable(
             Condition("root certificate file", (ConfigurationError, FIX_NO_CA)),
             Condition("does not match host name", (ConfigurationError, FIX_HOST_NAME)),
             Condition("no encryption", (ConfigurationError, FIX_HBA_TLS_ONLY)),
+            Condition("requires a valid client certificate",
+                      (ConfigurationError, FIX_CLIENT_CERT_MISSING)),
+            Condition("alert unknown ca", (ConfigurationError, FIX_CLIENT_CERT_UNTRUSTED)),
+            Condition("alert bad certificate", (ConfigurationError, FIX_CLIENT_CERT_UNTRUSTED)),
+            Condition("clientcert=verify-full", (ConfigurationError, FIX_CLIENT_CERT_NAME)),
             Condition("no pg_hba.conf entry", (ConfigurationError, FIX_HBA)),
             Condition("SSL", (ConfigurationError, FIX_TLS)),
             Condition("certificate", (ConfigurationError, FIX_TLS)),
-            Condition("password authentication failed",
+            Condition(REFUSED_LOGIN_WORDS,
                       (ConfigurationError, "check the user and password given to the sink")),
             Condition("does not exist",
                       (ConfigurationError, "create it, or fix the sink's database= or user=")),
@@ -170,6 +199,12 @@ def classify(exc: BaseException, what: str) -> TwoPhaseError:
     code = error_code(exc)
     message = str(exc).strip() or type(exc).__name__
     return ERRORS.error(code, what, f"[{code}] {message}")
+
+
+def refused_credentials(exc: BaseException) -> bool:
+    """Whether the server refused the password: a rotated one is read again
+    (:func:`twophase.kit.retried_if_rotated`)."""
+    return error_code(exc) == REFUSED_LOGIN or REFUSED_LOGIN_WORDS in str(exc)
 
 
 def classify_unprepared(exc: BaseException, what: str) -> TwoPhaseError:

@@ -1,8 +1,10 @@
 """The driver side: :class:`S3Committer` completes and aborts one batch's uploads.
 
-One boto3 client per committer (made on first use, thread-safe, shared by the batch's commit
-threads, never pickled). It makes one attempt per request: twophase retries what
-:mod:`~sinks.s3.errors` calls retryable, after this committer has looked at what the store says.
+The process's boto3 client of the sink's settings (made on first use, thread-safe, shared by
+the batch's commit threads, never pickled; made again with the new keys should the store
+refuse rotated ones: :meth:`twophase.kit.S3Settings.retried_if_rotated`). It makes one attempt
+per request: twophase retries what :mod:`~sinks.s3.errors` calls retryable, after this
+committer has looked at what the store says.
 
 Commit, proven:
 
@@ -29,9 +31,8 @@ of them is NOT_FOUND. Abort never deletes an object.
 from __future__ import annotations
 
 import logging
-import threading
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from sinks.s3.batchlog import BatchLog
 from sinks.s3.errors import ERRORS, classify
@@ -47,25 +48,31 @@ log = logging.getLogger(__name__)
 #: One attempt per request in the driver; twophase's retry policy does the rest.
 COMMITTER_MAX_ATTEMPTS = 1
 
+T = TypeVar("T")
+
 
 class S3Committer(Committer):
     """Completes and aborts :class:`~sinks.s3.S3Sink` uploads in one process."""
 
     sink: S3Sink
 
-    def __init__(self, sink: S3Sink) -> None:
-        super().__init__(sink)
-        self._client: Any = None
-        self._lock = threading.Lock()
-
     @property
     def client(self) -> Any:
-        with self._lock:
-            if self._client is None:
-                self._client = self.sink.settings.client(max_attempts=COMMITTER_MAX_ATTEMPTS)
-            return self._client
+        """This process's client of the sink's settings (made again after a rotation)."""
+        return self.sink.settings.client(max_attempts=COMMITTER_MAX_ATTEMPTS)
 
     def commit(self, handle: Handle) -> CommitOutcome:
+        return self._rotating(lambda: self._commit(handle), f"commit of {handle.txn_id}")
+
+    def abort(self, handle: Handle) -> AbortOutcome:
+        return self._rotating(lambda: self._abort(handle), f"abort of {handle.txn_id}")
+
+    def _rotating(self, step: Callable[[], T], what: str) -> T:
+        """``step``, once more with a new client if the store refused rotated keys."""
+        return self.sink.settings.retried_if_rotated(step, what,
+                                                     max_attempts=COMMITTER_MAX_ATTEMPTS)
+
+    def _commit(self, handle: Handle) -> CommitOutcome:
         data, settings = handle.data, self.sink.settings
         key, upload_id, txn = data["key"], data.get("upload_id"), str(handle.txn_id)
         if upload_id is None:  # an empty partition: nothing was, or will be, written
@@ -120,7 +127,7 @@ class S3Committer(Committer):
                 raise
         return True
 
-    def abort(self, handle: Handle) -> AbortOutcome:
+    def _abort(self, handle: Handle) -> AbortOutcome:
         settings, key = self.sink.settings, handle.data["key"]
         ids = {upload_id for at, upload_id in uploads_at(self.client, settings.bucket, key,
                                                          settings.where) if at == key}

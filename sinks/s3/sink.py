@@ -126,9 +126,10 @@ class S3Sink(TwoPhaseCommitSink[S3Transaction]):
     ``format``: ``"parquet"`` (default), ``"csv"`` or ``"jsonl"``; ``compression="gzip"`` for
     CSV and JSON Lines. ``key_template`` must keep ``{txn}``. Connection: ``endpoint_url``,
     ``region``, ``path_style`` (S3-compatible stores), credentials from the options or boto3's
-    chain (``secret_access_key`` and ``session_token`` may be :class:`~twophase.Secret`
-    references). TLS is verified (certificate and host name) by default: ``ca_bundle`` names
-    a private CA's file; ``verify=False`` turns the check off. ``part_size`` bytes per part
+    chain (``access_key_id``, ``secret_access_key`` and ``session_token`` may be
+    :class:`~twophase.Secret` references, read again should the store refuse rotated keys).
+    TLS is verified (certificate and host name) by default: ``ca_bundle`` names a private CA's
+    file; ``verify=False`` turns the check off. ``part_size`` bytes per part
     (at least ``min_part_size``, S3's 5 MiB),
     ``max_in_flight`` parts uploading per task at once. ``batch_log=True``: after each batch,
     Spark's file sink log under the prefix (``_spark_metadata``; reader paths are
@@ -150,7 +151,7 @@ class S3Sink(TwoPhaseCommitSink[S3Transaction]):
         endpoint_url: str | None = None,
         region: str | None = None,
         path_style: bool = False,
-        access_key_id: str | None = None,
+        access_key_id: SecretOption | None = None,
         secret_access_key: SecretOption | None = None,
         session_token: SecretOption | None = None,
         ca_bundle: str | None = None,

@@ -33,7 +33,7 @@ The suites need pytest (the model also hypothesis); the driver needs pyspark.
 
 What is public: ``__all__`` here (README's table "What ``twophase.testing`` exports" lists
 exactly it), and the modules above with their documented classes; a ``_`` name is internal.
-0.1.0's ``SinkTarget`` and the suites' ``sink``/``visible`` are deprecated shims until 0.5.0
+0.1.0's ``SinkTarget`` and the suites' ``sink``/``visible`` are deprecated shims until 0.6.0
 (``CHANGELOG.md``).
 """
 

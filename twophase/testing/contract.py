@@ -27,7 +27,7 @@ data source path does), the driver's committer for commit and abort, other proce
 writer killed with SIGKILL and for a commit from elsewhere. The builders here
 (:func:`context`, :func:`orders`, :func:`prepare`) serve a sink's own tests too.
 
-Deprecated, removed in 0.5.0 (see ``CHANGELOG.md``): 0.1.0's way, a ``sink`` fixture and the
+Deprecated, removed in 0.6.0 (see ``CHANGELOG.md``): 0.1.0's way, a ``sink`` fixture and the
 suite's ``visible(sink)`` in place of ``target``. It still works, with a
 :class:`DeprecationWarning` naming the replacement (the suite reads the rows through
 ``visible(sink)``; the target builds a pickled copy of the fixture's sink).
@@ -369,11 +369,11 @@ class SinkContract(TargetSuite):
         assert target.visible() == [0, 1]
 
 
-# -- deprecated: removed in 0.5.0 (see CHANGELOG.md) ------------------------------------------
+# -- deprecated: removed in 0.6.0 (see CHANGELOG.md) ------------------------------------------
 
 SINK_FIXTURE_DEPRECATED = (
     "{name}: SinkContract's sink fixture with visible(sink) is deprecated since 0.2.0 and is "
-    "removed in 0.5.0: give the suite a target fixture returning a twophase.testing.Target "
+    "removed in 0.6.0: give the suite a target fixture returning a twophase.testing.Target "
     "(the sink's factory and options, and visible(self) reading the target); the suite builds "
     "its sink fixture from it."
 )

@@ -45,7 +45,7 @@ fills its system with the generated feed and tells the driver to read it from th
 ``source_kafka``, one file's rows per micro-batch). ``check_finished(target)`` adds checks on
 the target once every row is delivered (say, every ``ts`` is the feed's instant).
 
-Deprecated, removed in 0.5.0 (see ``CHANGELOG.md``): 0.1.0's :class:`SinkTarget` and a suite's
+Deprecated, removed in 0.6.0 (see ``CHANGELOG.md``): 0.1.0's :class:`SinkTarget` and a suite's
 ``visible(target)``. They still work, with a :class:`DeprecationWarning` naming the
 replacement: a :class:`~twophase.testing.Target` subclass whose ``visible()`` reads the target.
 """
@@ -114,6 +114,9 @@ class CrashSuite(TargetSuite):
     #: The points the driver is killed at, one per batch (a sink group's: GROUP_CRASH_POINTS).
     crash_points: tuple[str, ...] = CRASH_POINTS
     foreach_batch = False
+    #: The stream's trigger (None: ``availableNow``); one that runs until stopped (as
+    #: ``{"processingTime": "0 seconds"}``) commits each batch behind the next.
+    trigger: dict[str, Any] | None = None
     fresh_host_per_run = False
     rows_per_file = ROWS_PER_FILE
 
@@ -150,7 +153,8 @@ class CrashSuite(TargetSuite):
                                             rows_per_file=self.rows_per_file)))
         spec = DriverSpec.into(target, tmp_path, checkpoint=str(driver_disk / "ckpt"),
                                foreach_batch=self.foreach_batch, state_location=state[0],
-                               state_options=state[1], spark_conf=spark_conf)
+                               state_options=state[1], spark_conf=spark_conf,
+                               **({} if self.trigger is None else {"trigger": self.trigger}))
         if source is not None:
             spec = source.apply(spec, tmp_path / "feed")
         runs = tmp_path / "runs"
@@ -241,15 +245,15 @@ def _tail(run: RunResult, lines: int = 30) -> str:
     return f"see {run.log}:\n" + "\n".join(run.log.read_text().splitlines()[-lines:])
 
 
-# -- deprecated: removed in 0.5.0 (see CHANGELOG.md) ------------------------------------------
+# -- deprecated: removed in 0.6.0 (see CHANGELOG.md) ------------------------------------------
 
 SINK_TARGET_DEPRECATED = (
-    "twophase.testing.crash.SinkTarget is deprecated since 0.2.0 and is removed in 0.5.0: "
+    "twophase.testing.crash.SinkTarget is deprecated since 0.2.0 and is removed in 0.6.0: "
     "use a subclass of twophase.testing.Target (the same factory and options) whose visible() "
     "reads the target, and drop the suite's visible(target)."
 )
 SUITE_VISIBLE_DEPRECATED = (
-    "{name}.visible(target) is deprecated since 0.2.0 and is removed in 0.5.0: move it onto "
+    "{name}.visible(target) is deprecated since 0.2.0 and is removed in 0.6.0: move it onto "
     "a subclass of twophase.testing.Target as visible(self) and return that from the suite's "
     "target fixture (in place of twophase.testing.crash.SinkTarget)."
 )
@@ -257,7 +261,7 @@ SUITE_VISIBLE_DEPRECATED = (
 
 @dataclass(eq=False)
 class SinkTarget(Target):
-    """Deprecated (0.1.0's crash-suite target), removed in 0.5.0: a sink as the driver process
+    """Deprecated (0.1.0's crash-suite target), removed in 0.6.0: a sink as the driver process
     builds it, ``"module:Class"`` and its options, read by the suite's ``visible(target)``.
     Use a :class:`~twophase.testing.Target` subclass instead (it reads itself)."""
 

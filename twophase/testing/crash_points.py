@@ -20,6 +20,9 @@ point                  runs on      the moment
 ``between_members``    driver       a sink group only (:data:`GROUP_CRASH_POINTS`): every
                                     transaction of a member committed, the next member's not
 ``before_done``        driver       every handle committed, the batch not marked done
+``committing_behind``  driver       a stream that runs until stopped: the batch decided,
+                                    its callback returned to Spark, its commit behind the
+                                    next batch not begun
 =====================  ===========  ======================================================
 """
 
@@ -29,6 +32,7 @@ from twophase._crash import (
     BEFORE_DECISION,
     BEFORE_DONE,
     BETWEEN_MEMBERS,
+    COMMITTING_BEHIND,
     CRASH_ENV,
     CRASH_POINTS,
     GROUP_CRASH_POINTS,
@@ -43,6 +47,7 @@ __all__ = [
     "BEFORE_DECISION",
     "BEFORE_DONE",
     "BETWEEN_MEMBERS",
+    "COMMITTING_BEHIND",
     "CRASH_ENV",
     "CRASH_POINTS",
     "GROUP_CRASH_POINTS",

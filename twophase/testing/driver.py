@@ -21,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import MISSING, Field, asdict, dataclass, field, fields
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -40,7 +40,7 @@ from twophase._crash import (
 from twophase._loader import build_sink
 from twophase._state import StateStore
 from twophase.sink import TwoPhaseCommitSink
-from twophase.spark import write, write_stream
+from twophase.spark import ENDING_TRIGGERS, write, write_stream
 from twophase.testing.target import Target
 
 ORDER_STATUSES = ("created", "paid", "packed", "shipped", "delivered", "cancelled")
@@ -80,7 +80,8 @@ class DriverSpec:
     #: crash point reached in a task kills that task's executor, once (see twophase._crash).
     spark_conf: dict[str, str] = field(default_factory=dict)
     #: Read the feed from Kafka instead of ``input_dir``: the keyword arguments of
-    #: :func:`read_kafka_feed` (``bootstrap_servers``, ``topic``, ``max_offsets_per_trigger``).
+    #: :func:`read_kafka_feed` (``bootstrap_servers``, ``topic``, ``max_offsets_per_trigger``,
+    #: ``options``).
     source_kafka: dict[str, Any] | None = None
     #: A Spark Connect URL (``sc://host:port``): the driver is a Connect client of that
     #: server (the Spark driver, whose Python workers import the sink); ``spark_conf`` is
@@ -89,7 +90,8 @@ class DriverSpec:
     #: Write the whole feed as one batch job (:func:`twophase.spark.write`, the state in
     #: ``state_location``) instead of streaming it.
     batch: bool = False
-    #: The stream's trigger (by default it ends once every file is consumed).
+    #: The stream's trigger (by default it ends once every file is consumed; a trigger that
+    #: runs until stopped, as ``processingTime``, is stopped once every file is written).
     trigger: dict[str, Any] = field(default_factory=lambda: dict(AVAILABLE_NOW))
     #: Serve the query's Prometheus metrics on this port while the driver runs.
     metrics_port: int | None = None
@@ -249,12 +251,14 @@ def read_feed(spark: SparkSession, input_dir: str | Path, *, files_per_batch: in
 
 def read_kafka_feed(spark: SparkSession, *, bootstrap_servers: str, topic: str,
                     max_offsets_per_trigger: int | None = None,
-                    partitions: int = 2) -> DataFrame:
+                    options: Mapping[str, str] | None = None, partitions: int = 2) -> DataFrame:
     """The order feed as a stream from a Kafka topic of JSON records (as :func:`generate_feed`
     writes them, one record a line), from its earliest offsets: at most
-    ``max_offsets_per_trigger`` records per micro-batch. Needs Spark's Kafka source jars."""
+    ``max_offsets_per_trigger`` records per micro-batch; ``options`` are more of the source's
+    (``kafka.security.protocol``, ...). Needs Spark's Kafka source jars."""
     reader = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", bootstrap_servers)
-              .option("subscribe", topic).option("startingOffsets", "earliest"))
+              .options(**(options or {})).option("subscribe", topic)
+              .option("startingOffsets", "earliest"))
     if max_offsets_per_trigger is not None:
         reader = reader.option("maxOffsetsPerTrigger", max_offsets_per_trigger)
     records = reader.load().select(from_json(col("value").cast("string"), FEED_SCHEMA).alias("e"))
@@ -279,7 +283,11 @@ def run_driver(spec: DriverSpec) -> None:
                          state_options=spec.state_options or None,
                          trigger=spec.trigger, foreach_batch=spec.foreach_batch,
                          metrics_port=spec.metrics_port)
-    query.awaitTermination()
+    if any(spec.trigger.get(name) for name in ENDING_TRIGGERS):
+        query.awaitTermination()
+    else:  # a query that runs until stopped: stopped once it has written every file
+        query.processAllAvailable()
+        query.stop()
     spark.stop()
 
 

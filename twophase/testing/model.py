@@ -27,6 +27,12 @@ rule                                      what it simulates
                                           sink fails after the decision and Spark aborts the
                                           batch (foreachBatch does), the query stops
 ``spark_aborts_batch``                    tasks failed for good: Spark aborts, query stops
+``commit_behind_runs(which, crash)``      a pipelined run (``pipeline_class``): a decided
+                                          batch's commit behind the next batch runs now
+                                          (any one pending: the model does not trust the
+                                          pipeline's order), the driver dying or the sink
+                                          failing in it; else it runs when the pipeline
+                                          waits for it
 ``driver_killed``                         kill -9 of the driver between steps
 ``newer_run_takes_over``                  a second run starts; the older lives on, a zombie
 ``newer_run_takes_over_mid_commit``       the takeover happens while the older run is
@@ -104,9 +110,11 @@ from twophase._crash import (
     BEFORE_DECISION,
     BEFORE_DONE,
     BETWEEN_MEMBERS,
+    COMMITTING_BEHIND,
     MID_COMMIT,
 )
 from twophase._handle import Handle, TxnId
+from twophase._pipeline import CommitPipeline
 from twophase._retry import RetryPolicy
 from twophase._spark import RunConfig, write_partition
 from twophase._state import StateStore
@@ -115,6 +123,7 @@ from twophase.sink import TwoPhaseCommitSink
 from twophase.testing.contract import ORDER_COLUMNS, orders
 from twophase.testing.simulated import (
     PARTITIONS,
+    DeferredCommit,
     Run,
     SimulatedCrash,
     SinkFailedError,
@@ -147,6 +156,9 @@ SINK_FAILS = "sink_fails_at_"
 DRIVER_CRASHES = (NO_CRASH, BEFORE_DECISION, *DECIDED_AT, BEFORE_SPARK_COMMIT_LOG,
                   *(SINK_FAILS + point for point in DECIDED_AT))
 TAKEOVER_POINTS = (BEFORE_DECISION, *DECIDED_AT)
+#: Where a commit behind the next batch may die or meet an outage (a pipelined run's).
+BEHIND_POINTS = (COMMITTING_BEHIND, MID_COMMIT, BETWEEN_MEMBERS, BEFORE_DONE)
+BEHIND_CRASHES = (NO_CRASH, *BEHIND_POINTS, *(SINK_FAILS + point for point in BEHIND_POINTS))
 #: What a task attempt does.
 PRE_COMMITS = "pre_commits"
 FAILS_MID_WRITE = "fails_mid_write"
@@ -192,6 +204,8 @@ class ProtocolModel(RuleBasedStateMachine):
     new_target: Callable[[], Target]
     coordinator_class: type[Coordinator] = Coordinator
     store_class: type[StateStore] = StateStore
+    #: Batches commit behind the next one through this pipeline (None: in the callback).
+    pipeline_class: type[CommitPipeline] | None = None
     state_root: str | None = None
     stats: ModelStats
 
@@ -213,6 +227,8 @@ class ProtocolModel(RuleBasedStateMachine):
         self.next_event = 0
         self.inspector = self.target.build()
         self.traps = Traps()
+        #: The live run's commits handed over to run behind, not run yet.
+        self.behind: list[DeferredCommit] = []
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -241,12 +257,33 @@ class ProtocolModel(RuleBasedStateMachine):
             coordinator.start(self.query_id if self.started else None)
             coordinator.record_query(self.query_id)
         self.started = True
-        run = Run(state.epoch, sink, coordinator, config, batch=self.spark_done + 1)
+        run = Run(state.epoch, sink, coordinator, config, batch=self.spark_done + 1,
+                  pipeline=self.new_pipeline(coordinator, sink, state.epoch))
+        self.behind = []  # the processes of earlier runs are gone, or zombies whose
+        # commits behind never run (a zombie's commit of a decided batch changes nothing)
         self.say(f"run of epoch {run.epoch} started (recovered, swept; tasks "
                  f"{'read' if tasks_read_state else 'cannot read'} the state); Spark replays "
                  f"from batch {run.batch}")
         self.check_settled(f"after the start of epoch {run.epoch}")
         return run
+
+    def new_pipeline(self, deciding: Coordinator, sink: TwoPhaseCommitSink[Any],
+                     epoch: int) -> CommitPipeline | None:
+        """A pipelined run's pipeline: its commits behind run when the model says."""
+        if self.pipeline_class is None:
+            return None
+        committing = self.coordinator_class(sink, self.store, namespace=self.namespace,
+                                            epoch=epoch, retry=FAST_RETRY,
+                                            crash_point=self.traps.spring,
+                                            straggler_grace_s=0.0,
+                                            deadline_margin_s=MODEL_DEADLINE_MARGIN_S)
+        return self.pipeline_class(deciding, committing, behind=self.defer,
+                                   elsewhere_wait_s=0.0)
+
+    def defer(self, batch: int, work: Callable[[], None]) -> DeferredCommit:
+        deferred = DeferredCommit(batch, work)
+        self.behind.append(deferred)
+        return deferred
 
     def rows_for(self, batch: int, partition: int) -> list[tuple[Any, ...]]:
         count = rows_in(batch, partition)
@@ -352,14 +389,14 @@ class ProtocolModel(RuleBasedStateMachine):
                  + ("" if crash == NO_CRASH else f", {crash.replace('_', ' ')}"))
         try:
             with _lost_is_a_violation():
-                run.coordinator.commit_batch(batch, self.query_id, handles)
+                run.commit_batch(batch, self.query_id, handles)
         except (SimulatedCrash, SinkFailedError):
             self.fault("commit failure" if outage else "driver kill")
             if point in DECIDED_AT:
                 self.record_decision(batch, handles)
             if outage:
                 with _lost_is_a_violation():
-                    run.coordinator.abort_batch(batch, self.query_id, handles)
+                    run.abort_batch(batch, self.query_id, handles)
             self.live = None
             return
         finally:
@@ -410,8 +447,35 @@ class ProtocolModel(RuleBasedStateMachine):
         self.say(f"Spark aborts batch {run.batch} of epoch {run.epoch} "
                  f"({len(run.handles())} handles); the query stops")
         with _lost_is_a_violation():
-            run.coordinator.abort_batch(run.batch, self.query_id, run.handles())
+            run.abort_batch(run.batch, self.query_id, run.handles())
         self.live = None
+
+    @precondition(lambda self: self.live is not None and any(
+        not deferred.done for deferred in self.behind))
+    @rule(which=st.integers(0, 1), crash=st.sampled_from(BEHIND_CRASHES))
+    def commit_behind_runs(self, which: int, crash: str) -> None:
+        """One of the live run's commits behind the next batch runs (a pipeline keeps at
+        most one; the model may run any), meanwhile Spark runs the next batch; the driver
+        may die in it, or the sink fail (the next batch's commit finishes it then)."""
+        waiting = [deferred for deferred in self.behind if not deferred.done]
+        deferred = waiting[which % len(waiting)]
+        outage = crash.startswith(SINK_FAILS)
+        point = crash.removeprefix(SINK_FAILS)
+        if point in BEHIND_POINTS:
+            self.traps.arm(point, deferred.batch, sink_fails if outage else process_dies)
+        self.say(f"the commit of batch {deferred.batch} runs behind the next batch"
+                 + ("" if crash == NO_CRASH else f", {crash.replace('_', ' ')}"))
+        try:
+            with _lost_is_a_violation():
+                deferred.run()
+        except SimulatedCrash:
+            self.fault("driver kill")
+            self.live = None
+        finally:
+            self.traps.clear()
+        if deferred.error is not None:
+            self.fault("commit failure")
+            self.say(f"  it failed: {deferred.error.cause}")
 
     # -- tasks -------------------------------------------------------------------------------
 
@@ -582,6 +646,7 @@ def _lost_is_a_violation() -> Iterator[None]:
 def model_machine(new_target: Callable[[], Target], *,
                   coordinator_class: type[Coordinator] = Coordinator,
                   store_class: type[StateStore] = StateStore,
+                  pipeline_class: type[CommitPipeline] | None = None,
                   state_root: str | None = None,
                   stats: ModelStats | None = None) -> type[ProtocolModel]:
     """The model bound to ``new_target`` (and a protocol variant, for tests of the model).
@@ -590,12 +655,14 @@ def model_machine(new_target: Callable[[], Target], *,
     """
     return type("ProtocolModel", (ProtocolModel,), {
         "new_target": staticmethod(new_target), "coordinator_class": coordinator_class,
-        "store_class": store_class, "state_root": state_root, "stats": stats or ModelStats()})
+        "store_class": store_class, "pipeline_class": pipeline_class,
+        "state_root": state_root, "stats": stats or ModelStats()})
 
 
 def run_model(new_target: Callable[[], Target], *, max_examples: int | None = None,
               coordinator_class: type[Coordinator] = Coordinator,
               store_class: type[StateStore] = StateStore,
+              pipeline_class: type[CommitPipeline] | None = None,
               state_root: str | None = None,
               **overrides: Any) -> ModelStats:
     """Run the model over fresh targets from ``new_target``; raise on the first violation.
@@ -605,7 +672,8 @@ def run_model(new_target: Callable[[], Target], *, max_examples: int | None = No
     """
     stats = ModelStats()
     machine = model_machine(new_target, coordinator_class=coordinator_class,
-                            store_class=store_class, state_root=state_root, stats=stats)
+                            store_class=store_class, pipeline_class=pipeline_class,
+                            state_root=state_root, stats=stats)
     chosen = profile()
     if max_examples is not None:
         overrides["max_examples"] = max_examples

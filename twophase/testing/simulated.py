@@ -4,7 +4,8 @@ A crash is an exception no handler of the code under test catches (:class:`Simul
 the crash points are :class:`Traps` the model arms, handed to the framework through its seams
 (the ``crash_point`` of :class:`~twophase._coordinator.Coordinator` and of
 :func:`~twophase._spark.write_partition`); Spark's ``TaskContext`` is a :class:`FakeTask`; a run
-of the query alive in memory, its driver and executors, is a :class:`Run`. Nothing is patched.
+of the query alive in memory, its driver and executors, is a :class:`Run`; a commit behind the
+next batch is a :class:`DeferredCommit` the model runs when it chooses. Nothing is patched.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from typing import Any
 
 from twophase._coordinator import Coordinator
 from twophase._handle import Handle
+from twophase._pipeline import CommitPipeline
 from twophase._spark import RunConfig
-from twophase.errors import FatalError
+from twophase.errors import FatalError, TwoPhaseError
 from twophase.sink import TwoPhaseCommitSink
 
 #: Partitions of every batch (Spark keeps the count across restarts here).
@@ -105,6 +107,8 @@ class Run:
     messages: dict[int, Handle | None] = field(default_factory=dict)
     #: A task was fenced: Spark fails the job, and this (zombie) run's query stops.
     stopped: bool = False
+    #: The run's commit pipeline, if its batches commit behind the next one.
+    pipeline: CommitPipeline | None = None
 
     def complete(self) -> bool:
         return len(self.messages) == PARTITIONS
@@ -113,6 +117,20 @@ class Run:
         """``partition``, or the next one without a successful attempt (None: all have one)."""
         left = [p for p in range(PARTITIONS) if p not in self.messages]
         return min(left, key=lambda p: (p - partition) % PARTITIONS) if left else None
+
+    def commit_batch(self, batch: int, query_id: str, handles: list[Handle]) -> None:
+        """Spark's commit callback: through the pipeline, if the run has one."""
+        if self.pipeline is not None:
+            self.pipeline.commit_batch(batch, query_id, handles)
+        else:
+            self.coordinator.commit_batch(batch, query_id, handles)
+
+    def abort_batch(self, batch: int, query_id: str, handles: list[Handle]) -> None:
+        """Spark's abort callback: through the pipeline, if the run has one."""
+        if self.pipeline is not None:
+            self.pipeline.abort_batch(batch, query_id, handles)
+        else:
+            self.coordinator.abort_batch(batch, query_id, handles)
 
     def handles(self) -> list[Handle]:
         return [handle for handle in self.messages.values() if handle is not None]
@@ -124,3 +142,29 @@ class Run:
     def new_task(self, partition: int) -> FakeTask:
         """The next attempt of ``partition``: a fresh attempt id, its attempt number."""
         return FakeTask(partition, next(self.attempt_ids), self.failures[partition])
+
+
+class DeferredCommit:
+    """A commit behind the next batch that the model runs when it chooses (or when the
+    pipeline waits for it): what a thread of the driver's process would run."""
+
+    def __init__(self, batch: int, work: Callable[[], None]) -> None:
+        self.batch = batch
+        self.work = work
+        self.done = False
+        self.error: TwoPhaseError | None = None
+
+    def run(self) -> None:
+        """Run it once (a :class:`SimulatedCrash` in it goes through: the process dies)."""
+        if self.done:
+            return
+        self.done = True
+        try:
+            self.work()
+        except TwoPhaseError as exc:
+            self.error = exc
+
+    def result(self) -> None:
+        self.run()
+        if self.error is not None:
+            raise self.error

@@ -1,0 +1,211 @@
+"""python -m twophase.check against the real servers of the test session, through the command
+(the executors' check through the session's SparkSession, in-process: one test)."""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import http.server
+import json
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+
+from setups import SinkSetup
+from setups.least_privilege import least_privileged_target
+from setups.servers.moto import MotoServer
+from setups.servers.tls import CertificateAuthority
+from twophase._eligibility import is_orphan
+from twophase._handle import PROBE_QUERY_ID, TxnId
+from twophase._loader import build_sink
+from twophase._preflight import Outcome, run_checks
+from twophase.check import EXIT_FAILED, EXIT_OK, EXIT_USAGE, parse_columns
+from twophase.kit import S3_OPTIONS
+from twophase.testing import Target
+from twophase.testing.contract import ORDER_COLUMNS, QUERY_ID
+
+COLUMNS = ", ".join(f"{c.name} {c.type}{'' if c.nullable else ' not null'}"
+                    for c in ORDER_COLUMNS)
+#: Headers a store without conditional writes ignores (the relay below drops them).
+CONDITIONS = frozenset({"if-none-match", "if-match"})
+CHECK_TIMEOUT_S = 60
+
+
+def run_check(target: Target, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "twophase.check", "--sink", target.factory,
+         "--options", json.dumps(target.options), *extra],
+        capture_output=True, text=True, timeout=CHECK_TIMEOUT_S, check=False)
+
+
+def rows_of(output: str) -> dict[str, str]:
+    """Each check's result, from the first line of its row (the one naming the result)."""
+    rows = [(line[:24].strip(), line[26:38].strip()) for line in output.splitlines()[2:]]
+    return {check: result for check, result in rows if result}
+
+
+@pytest.mark.parametrize("setup_name", ["sqlite_setup", "mysql_setup", "postgres_setup",
+                                        "kafka_setup", "s3_setup"])
+def test_every_check_passes_on_a_sound_target(setup_name: str, tmp_path: Path,
+                                              request: pytest.FixtureRequest) -> None:
+    setup: SinkSetup = request.getfixturevalue(setup_name)
+    target = setup.new_target()
+    state = tmp_path / "state"
+    done = run_check(target, "--state", str(state), "--columns", COLUMNS)
+    assert done.returncode == EXIT_OK, done.stdout + done.stderr
+    assert set(rows_of(done.stdout).values()) == {"pass"}, done.stdout
+    assert "probe file removed" in done.stdout
+    assert target.in_doubt() == [], "the probe was left in doubt"
+    assert target.visible() == []
+    assert [p.name for p in state.iterdir()] == ["state.lock"]
+
+
+def test_a_state_on_s3_takes_conditional_writes(s3_setup: SinkSetup, moto_server: MotoServer,
+                                                s3_bucket: str) -> None:
+    done = run_check(s3_setup.new_target(), "--state", f"s3://{s3_bucket}/checks/ok",
+                     "--state-options", json.dumps(_state_options(moto_server)))
+    assert done.returncode == EXIT_OK, done.stdout + done.stderr
+    assert "conditional writes honoured" in done.stdout
+    listed = moto_server.client().list_objects_v2(Bucket=s3_bucket, Prefix="checks/ok/")
+    assert listed.get("KeyCount") == 0, "the probe object was left"
+
+
+@pytest.mark.parametrize("setup_name", ["mysql_setup", "postgres_setup"])
+def test_a_missing_grant_fails_naming_it_and_leaves_nothing_in_doubt(
+        setup_name: str, request: pytest.FixtureRequest) -> None:
+    setup: SinkSetup = request.getfixturevalue(setup_name)
+    target = least_privileged_target(setup, without=("markers", "INSERT"))
+    done = run_check(target, "--columns", COLUMNS)
+    assert done.returncode == EXIT_FAILED, done.stdout + done.stderr
+    rows = rows_of(done.stdout)
+    assert (rows["target"], rows["grants (probe)"]) == ("FAIL", "FAIL"), done.stdout
+    flat = " ".join(done.stdout.split())
+    assert "lacks INSERT ON" in flat and "GRANT INSERT ON" in flat, done.stdout
+    assert target.in_doubt() == [], "XA RECOVER / pg_prepared_xacts lists a probe"
+
+
+def test_a_certificate_of_another_ca_fails_naming_tls(
+        secured_postgres_setup: SinkSetup, other_ca: CertificateAuthority) -> None:
+    target = secured_postgres_setup.new_target()
+    wrong = replace(target, options={**target.options, "ca_bundle": str(other_ca.cafile)})
+    done = run_check(wrong)
+    assert done.returncode == EXIT_FAILED, done.stdout + done.stderr
+    assert rows_of(done.stdout)["target"] == "FAIL", done.stdout
+    flat = " ".join(done.stdout.split())
+    assert "certificate verify failed" in flat and "ca_bundle=" in flat, done.stdout
+    assert "TLS" in flat or "SSL" in flat, done.stdout
+
+
+def test_an_s3_state_without_conditional_writes_fails(
+        s3_setup: SinkSetup, moto_server: MotoServer, s3_bucket: str) -> None:
+    with condition_dropping_relay(moto_server.endpoint_url) as relay:
+        options = {**_state_options(moto_server), "endpoint_url": relay}
+        done = run_check(s3_setup.new_target(), "--state", f"s3://{s3_bucket}/checks/none",
+                         "--state-options", json.dumps(options))
+    assert done.returncode == EXIT_FAILED, done.stdout + done.stderr
+    flat = " ".join(done.stdout.split())
+    assert "ignores conditional writes" in flat and "If-None-Match" in flat, done.stdout
+
+
+def test_the_http_sink_says_what_it_could_not_verify(http_setup: SinkSetup,
+                                                     tmp_path: Path) -> None:
+    target = http_setup.new_target()
+    done = run_check(target, "--state", str(tmp_path / "state"))
+    assert done.returncode == EXIT_OK, done.stdout + done.stderr
+    assert rows_of(done.stdout)["grants (probe)"] == "not verified", done.stdout
+    assert "visible write" in " ".join(done.stdout.split())
+    assert target.visible() == []
+
+
+def test_bad_usage_exits_2() -> None:
+    done = subprocess.run([sys.executable, "-m", "twophase.check", "--options", "{}"],
+                          capture_output=True, text=True, timeout=CHECK_TIMEOUT_S, check=False)
+    assert done.returncode == EXIT_USAGE
+    assert "no sink given" in done.stderr
+
+
+def test_the_executors_report_the_drivers_versions_and_clock(sqlite_setup: SinkSetup,
+                                                             spark: Any) -> None:
+    target = sqlite_setup.new_target()
+    sink = build_sink(target.factory, target.options)
+    results = {r.check: r for r in run_checks(sink, "orders", spark=spark)}
+    assert results["imports (executors)"].outcome is Outcome.PASSED, results
+    assert "pyspark" in results["imports (executors)"].cause
+    assert results["clocks (executors)"].outcome is Outcome.PASSED, results
+
+
+def test_a_probe_id_is_never_a_querys() -> None:
+    probe = TxnId.probe("orders")
+    assert probe.is_probe and not TxnId.parse(str(probe)).belongs_to("orders", QUERY_ID)
+    assert not is_orphan(probe, query_id=QUERY_ID, epoch=probe.epoch + 1, up_to_batch=99)
+    with pytest.raises(ValueError, match="reserved for preflight probes"):
+        TxnId.open(namespace="orders", query_id=PROBE_QUERY_ID, epoch=1, batch=0,
+                   partition=0, attempt=0)
+
+
+def test_columns_read_with_nested_types() -> None:
+    columns = parse_columns("id bigint not null, price decimal(12,2), m map<string,int>")
+    assert [(c.name, c.type, c.nullable) for c in columns] == [
+        ("id", "bigint", False), ("price", "decimal(12,2)", True), ("m", "map<string,int>", True)]
+
+
+# -- helpers --------------------------------------------------------------------------------
+
+
+def _state_options(moto: MotoServer) -> dict[str, Any]:
+    return {key: value for key, value in moto.options().items() if key in S3_OPTIONS}
+
+
+class _Relay(http.server.BaseHTTPRequestHandler):
+    """Forwards every request to ``upstream`` without its conditional headers."""
+
+    upstream: str
+
+    def _forward(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0) or 0))
+        headers = {k: v for k, v in self.headers.items() if k.lower() not in CONDITIONS}
+        parts = urlsplit(self.upstream)
+        connection = http.client.HTTPConnection(parts.netloc, timeout=CHECK_TIMEOUT_S)
+        try:
+            connection.request(self.command, self.path, body=body, headers=headers)
+            reply = connection.getresponse()
+            data = reply.read()
+            dropped = {"transfer-encoding", "connection"}
+            if self.command != "HEAD":  # a HEAD's length is the object's: kept
+                dropped.add("content-length")
+            self.send_response(reply.status)
+            for key, value in reply.getheaders():
+                if key.lower() not in dropped:
+                    self.send_header(key, value)
+            if self.command != "HEAD":
+                self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        finally:
+            connection.close()
+
+    do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _forward
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Quiet."""
+
+
+@contextlib.contextmanager
+def condition_dropping_relay(upstream: str) -> Iterator[str]:
+    """An S3 endpoint in front of ``upstream`` that ignores If-None-Match and If-Match."""
+    handler = type("Relay", (_Relay,), {"upstream": upstream})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -1,0 +1,186 @@
+"""Commits behind the next batch (twophase._pipeline) against the real SQLite sink, without
+Spark: the callback returns once the batch is decided, the batch commits on a thread, the next
+batch is decided only once it is committed, a failed commit behind is finished (or raised) by
+the next batch, and when a query pipelines at all."""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sinks.sqlite import SQLiteCommitter, SQLiteSink
+from twophase import (
+    CommitOutcome,
+    ConfigurationError,
+    FatalError,
+    Handle,
+    RetryableError,
+    RetryPolicy,
+)
+from twophase._coordinator import Coordinator
+from twophase._pipeline import CommitPipeline
+from twophase._state import StateStore
+from twophase.spark import _pipelined
+from twophase.testing.contract import QUERY_ID, orders, prepare
+
+FAST_RETRY = RetryPolicy(max_attempts=2, initial_backoff_s=0.01, max_backoff_s=0.02)
+#: Long enough for a commit that should not be waited for to show that it was not.
+PATIENCE_S = 5.0
+
+
+class Gate:
+    """Holds commits until opened; makes them fail while ``failing`` is set."""
+
+    def __init__(self) -> None:
+        self.opened = threading.Event()
+        self.reached = threading.Event()
+        self.failing = False
+
+    def passed(self) -> None:
+        self.reached.set()
+        assert self.opened.wait(PATIENCE_S), "the gate was never opened"
+        if self.failing:
+            raise RetryableError("the database is away (simulated)", fix="wait")
+
+
+class GatedCommitter(SQLiteCommitter):
+    def __init__(self, sink: GatedSink) -> None:
+        super().__init__(sink)
+        self.gate = sink.gate
+
+    def commit(self, handle: Handle) -> CommitOutcome:
+        self.gate.passed()
+        return super().commit(handle)
+
+
+class GatedSink(SQLiteSink):
+    """SQLite whose commits pass a :class:`Gate` first."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.gate = Gate()
+
+    def committer(self) -> GatedCommitter:
+        return GatedCommitter(self)
+
+
+@pytest.fixture
+def gated(orders_db: Path) -> GatedSink:
+    return GatedSink(orders_db, "orders")
+
+
+@pytest.fixture
+def pipeline(gated: GatedSink, tmp_path: Path) -> Iterator[CommitPipeline]:
+    store = StateStore(tmp_path / "state")
+    epoch = store.start_run("orders", {}).epoch
+
+    def coordinator() -> Coordinator:
+        return Coordinator(gated, store, namespace="orders", epoch=epoch, retry=FAST_RETRY)
+
+    pipeline = CommitPipeline(coordinator(), coordinator(), elsewhere_wait_s=0.0)
+    yield pipeline
+    gated.gate.opened.set()
+    pipeline.close()
+
+
+def visible(database: Path) -> list[int]:
+    with contextlib.closing(sqlite3.connect(database)) as reader:
+        return [row[0] for row in reader.execute("SELECT event_id FROM orders ORDER BY 1")]
+
+
+def pending(pipeline: CommitPipeline) -> list[int]:
+    state = pipeline.deciding.store.read()
+    assert state is not None
+    return [decision.batch for decision in state.pending]
+
+
+def test_the_callback_returns_once_decided_and_the_batch_commits_behind(
+        pipeline: CommitPipeline, gated: GatedSink, orders_db: Path) -> None:
+    pipeline.commit_batch(0, QUERY_ID, [prepare(gated, orders(0, 3), batch=0)])
+    assert gated.gate.reached.wait(PATIENCE_S)
+    assert pending(pipeline) == [0] and visible(orders_db) == []  # decided, committing behind
+    gated.gate.opened.set()
+    pipeline.wait_for_commit()
+    assert pending(pipeline) == [] and visible(orders_db) == [0, 1, 2]
+
+
+def test_the_next_batch_is_decided_only_once_the_batch_behind_is_committed(
+        pipeline: CommitPipeline, gated: GatedSink, orders_db: Path) -> None:
+    pipeline.commit_batch(0, QUERY_ID, [prepare(gated, orders(0, 3), batch=0)])
+    second = prepare(gated, orders(3, 2), batch=1)  # the next batch's task, meanwhile
+    deciding = threading.Thread(target=pipeline.commit_batch, args=(1, QUERY_ID, [second]))
+    deciding.start()
+    deciding.join(0.5)
+    assert deciding.is_alive(), "batch 1 was decided while batch 0 was not committed"
+    assert pending(pipeline) == [0]
+    gated.gate.opened.set()
+    deciding.join(PATIENCE_S)
+    pipeline.wait_for_commit()
+    assert visible(orders_db) == [0, 1, 2, 3, 4] and pending(pipeline) == []
+    state = pipeline.deciding.store.read()
+    assert state is not None
+    assert state.metrics["commit_wait_seconds:count"] == 2
+
+
+def test_a_failed_commit_behind_is_finished_by_the_next_batch_first(
+        pipeline: CommitPipeline, gated: GatedSink, orders_db: Path) -> None:
+    gated.gate.failing = True
+    gated.gate.opened.set()
+    pipeline.commit_batch(0, QUERY_ID, [prepare(gated, orders(0, 3), batch=0)])
+    pipeline.wait_for_commit()  # logged, not raised: batch 0 stays decided
+    assert pending(pipeline) == [0] and visible(orders_db) == []
+    second = prepare(gated, orders(3, 2), batch=1)
+    with pytest.raises(FatalError, match=r"still failing .* away"):
+        pipeline.commit_batch(1, QUERY_ID, [second])  # still failing: raised here
+    assert pending(pipeline) == [0]
+    gated.gate.failing = False
+    pipeline.commit_batch(1, QUERY_ID, [second])  # Spark's retry after the outage
+    pipeline.drain()
+    assert visible(orders_db) == [0, 1, 2, 3, 4] and pending(pipeline) == []
+
+
+@pytest.mark.parametrize(("trigger", "connect", "expected"), [
+    (None, False, True),
+    ({"processingTime": "1 second"}, False, True),
+    ({"availableNow": True}, False, False),
+    ({"once": True}, False, False),
+    (None, True, False),
+])
+def test_by_default_a_stream_pipelines_when_it_runs_until_stopped_in_classic_spark(
+        trigger: dict[str, Any] | None, *, connect: bool, expected: bool) -> None:
+    assert _pipelined(None, trigger, connect=connect) is expected
+    assert _pipelined(False, trigger, connect=connect) is False
+
+
+@pytest.mark.parametrize(("trigger", "connect", "message"), [
+    ({"availableNow": True}, False, "ends by itself"),
+    (None, True, "over Spark Connect"),
+])
+def test_pipelined_commits_where_nothing_could_commit_behind_are_refused(
+        trigger: dict[str, Any] | None, *, connect: bool, message: str) -> None:
+    with pytest.raises(ConfigurationError, match=f"{message}.*Fix: leave pipelined_commits out"):
+        _pipelined(True, trigger, connect=connect)
+
+
+def test_a_long_lived_coordinator_sweeps_at_its_first_batch_after_a_failure_and_by_interval(
+        sqlite_sink: SQLiteSink, tmp_path: Path) -> None:
+    store = StateStore(tmp_path / "state")
+    epoch = store.start_run("orders", {}).epoch
+    run = Coordinator(sqlite_sink, store, namespace="orders", epoch=epoch, retry=FAST_RETRY,
+                      sweep_interval_s=3600, straggler_grace_s=0)
+    run.commit_batch(0, QUERY_ID, [prepare(sqlite_sink, orders(0, 1), batch=0, epoch=epoch)])
+    orphan = prepare(sqlite_sink, orders(10, 1), batch=1, attempt=7, epoch=epoch)
+    run.commit_batch(1, QUERY_ID, [prepare(sqlite_sink, orders(1, 1), batch=1, epoch=epoch)])
+    assert orphan.txn_id in {h.txn_id for h in sqlite_sink.list_in_doubt("orders")}  # not due
+    run.abort_batch(2, QUERY_ID, [])  # a failed batch: the next sweep is due at once
+    assert sqlite_sink.list_in_doubt("orders") == []
+    orphan = prepare(sqlite_sink, orders(20, 1), batch=3, attempt=7, epoch=epoch)
+    run.sweep_next_batch()
+    run.commit_batch(3, QUERY_ID, [prepare(sqlite_sink, orders(3, 1), batch=3, epoch=epoch)])
+    assert sqlite_sink.list_in_doubt("orders") == []

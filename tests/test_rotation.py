@@ -1,0 +1,147 @@
+"""Rotated credentials (issue 38): a decided batch whose commit meets a revoked password or key
+commits, in the same process through the same sink, once the new one is in the
+``Secret(file=...)`` it came from; with no new one there, it fails with the
+:class:`ConfigurationError` naming the credentials, and the batch stays decided.
+
+Each test revokes the old credential on the real server (``ALTER USER``, ``ALTER ROLE``, an
+IAM access key deleted) and ends the sessions made with it, as an operator rotating a leaked
+credential does, so the next step must log in again. A Kafka SASL password's rotation goes
+through the same code (``KafkaSettings.with_admin``) but is not tested yet. No Spark:
+the driver's side is :class:`twophase._coordinator.Coordinator` over a state in ``tmp_path``.
+"""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+from typing import Any
+
+import pytest
+from psycopg import sql
+
+from setups.least_privilege import LeastPrivileged
+from setups.s3 import read_rows
+from setups.servers.moto import MIN_PART_SIZE, MotoServer
+from sinks.s3 import S3Sink
+from twophase import ConfigurationError, RetryPolicy, Secret, TwoPhaseCommitSink
+from twophase._coordinator import Coordinator, Decided
+from twophase._state import StateStore
+from twophase.testing.contract import NAMESPACE, ORDER_COLUMNS, QUERY_ID, orders, prepare
+
+#: Dead pooled sessions (ended by the rotation) are retried: a few fast attempts.
+RETRY = RetryPolicy(max_attempts=5, initial_backoff_s=0.01, max_backoff_s=0.05)
+ROWS = 3
+KAFKA_FAST: dict[str, Any] = {"connect_timeout_ms": 5000, "request_timeout_ms": 5000,
+                              "max_block_ms": 5000}
+
+
+def decided(sink: TwoPhaseCommitSink[Any], tmp_path: Path) -> tuple[Coordinator, Decided]:
+    """A run that pre-committed one transaction of ``ROWS`` rows and decided batch 0."""
+    sink.check_schema(ORDER_COLUMNS)
+    store = StateStore(tmp_path / "state")
+    run = Coordinator(sink, store, namespace=NAMESPACE,
+                      epoch=store.start_run(NAMESPACE, {}).epoch, retry=RETRY)
+    decision = run.decide_batch(0, QUERY_ID, [prepare(sink, orders(0, ROWS))])
+    assert decision is not None
+    return run, decision
+
+
+def pending(run: Coordinator) -> list[int]:
+    state = run.store.read()
+    assert state is not None
+    return [decision.batch for decision in state.pending]
+
+
+def write_secret(path: Path, value: str) -> None:
+    path.write_text(value + "\n")
+
+
+def refused_then_committed(run: Coordinator, decision: Decided, rotate: Any,
+                           match: str) -> None:
+    """The commit fails while the file holds the revoked credential (the batch stays
+    decided), then succeeds once ``rotate()`` has written the new one: same run, same sink."""
+    with pytest.raises(ConfigurationError, match=match) as refused:
+        run.finish_decided(decision)
+    assert refused.value.fix
+    assert pending(run) == [0]
+    rotate()
+    run.finish_decided(decision)
+    assert pending(run) == []
+    run.close()
+
+
+# -- MySQL / MariaDB ---------------------------------------------------------------------------
+
+
+def test_mysql_commits_with_the_rotated_password_and_names_a_revoked_one(
+        least_privileged_mysql_setup: LeastPrivileged, tmp_path: Path) -> None:
+    setup = least_privileged_mysql_setup.setup
+    target = least_privileged_mysql_setup.new_target()
+    user, password_file = target.options["user"], Path(target.options["password_file"])
+    run, decision = decided(target.build(), tmp_path)
+    new = secrets.token_hex(12)
+    setup.server.root_sql(  # type: ignore[attr-defined]
+        f"ALTER USER '{user}'@'%' IDENTIFIED BY '{new}'; KILL CONNECTION USER '{user}'")
+
+    refused_then_committed(run, decision, lambda: write_secret(password_file, new),
+                           match=rf"\[1045\].*{user}")
+    assert sorted(target.visible()) == list(range(ROWS))
+    assert target.in_doubt() == []
+
+
+# -- PostgreSQL --------------------------------------------------------------------------------
+
+
+def test_postgres_commits_with_the_rotated_password(
+        least_privileged_postgres_setup: LeastPrivileged, tmp_path: Path) -> None:
+    setup = least_privileged_postgres_setup.setup
+    target = least_privileged_postgres_setup.new_target()
+    user, password_file = target.options["user"], Path(target.options["password_file"])
+    run, decision = decided(target.build(), tmp_path)
+    new = secrets.token_hex(12)
+    with setup.server.superuser() as conn:  # type: ignore[attr-defined]
+        conn.execute(sql.SQL("ALTER ROLE {} PASSWORD {}").format(sql.Identifier(user),
+                                                                sql.Literal(new)))
+        conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                     "WHERE usename = %s", (user,))
+
+    refused_then_committed(run, decision, lambda: write_secret(password_file, new),
+                           match="password authentication failed")
+    assert sorted(target.visible()) == list(range(ROWS))
+    assert target.in_doubt() == []
+
+
+# -- S3 (moto checking IAM keys) ---------------------------------------------------------------
+
+
+def test_s3_commits_with_rotated_access_keys(moto_checking_credentials: MotoServer,
+                                             tmp_path: Path) -> None:
+    """The committer's cached boto3 client holds the deleted key: it is made again from the
+    files once they hold the new key."""
+    server = moto_checking_credentials
+    user = f"rotation-{secrets.token_hex(4)}"
+    key_id, secret = server.add_user(user, ["s3:*"])
+    bucket = server.new_bucket("rotation")
+    key_id_file, secret_file = tmp_path / "key-id", tmp_path / "secret"
+    write_secret(key_id_file, key_id)
+    write_secret(secret_file, secret)
+    sink = S3Sink(bucket, "orders", **{
+        **server.options(), "access_key_id": Secret(file=str(key_id_file)),
+        "secret_access_key": Secret(file=str(secret_file)), "part_size": MIN_PART_SIZE})
+    run, decision = decided(sink, tmp_path)
+    committer: Any = run.committer
+    assert committer.client is sink.settings.client(max_attempts=1)  # made with the old key
+    iam = server.client("iam")
+    new = iam.create_access_key(UserName=user)["AccessKey"]
+    iam.delete_access_key(UserName=user, AccessKeyId=key_id)
+
+    def rotate() -> None:
+        write_secret(key_id_file, new["AccessKeyId"])
+        write_secret(secret_file, new["SecretAccessKey"])
+
+    refused_then_committed(run, decision, rotate, match="403|InvalidAccessKeyId")
+    s3 = server.client()
+    (found,) = s3.list_objects_v2(Bucket=bucket, Prefix="orders")["Contents"]
+    body = s3.get_object(Bucket=bucket, Key=found["Key"])["Body"].read()
+    assert sorted(row["event_id"] for row in read_rows(body, found["Key"])) == list(range(ROWS))
+    assert s3.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
