@@ -71,14 +71,14 @@ def summary(results: list[RoundResult]) -> str:
     lines = ["| sink | rounds | runs | runs with faults | driver kills | zombies (fenced) | "
              "server kills | network cut / reset / slowed | member down (checks) | rows in | "
              "visible | duplicates | missing | in doubt | events before their row | "
-             "split batches | decided while down | verdict |", "|" + "---|" * 18]
+             "split batches | decided while down | out of order | verdict |", "|" + "---|" * 19]
     for sink in dict.fromkeys(r.sink for r in results):
         mine = [r for r in results if r.sink == sink]
         faults: Counter[str] = sum((r.faults for r in mine), Counter())
         total = {name: sum(getattr(r, name) for r in mine) for name in (
             "runs", "crash_runs", "zombies_fenced", "rows_in", "visible", "duplicates",
             "missing", "in_doubt", "checks_while_down", "before_their_row", "split_batches",
-            "ahead_while_down")}
+            "ahead_while_down", "out_of_order")}
         verdict = "exactly once" if all(r.exactly_once for r in mine) else "FAILED"
         lines.append(
             f"| {sink} | {len(mine)} | {total['runs']} | {total['crash_runs']} | "
@@ -88,7 +88,7 @@ def summary(results: list[RoundResult]) -> str:
             f"({total['checks_while_down']}) | {total['rows_in']} | {total['visible']} | "
             f"{total['duplicates']} | {total['missing']} | {total['in_doubt']} | "
             f"{total['before_their_row']} | {total['split_batches']} | "
-            f"{total['ahead_while_down']} | {verdict} |")
+            f"{total['ahead_while_down']} | {total['out_of_order']} | {verdict} |")
     return "\n".join(lines)
 
 

@@ -63,7 +63,12 @@ from chaos.systems import (
     in_doubt,
 )
 from twophase.testing import ExactlyOnceError, GroupTarget, Target
-from twophase.testing.crash_points import CRASH_POINTS, GROUP_CRASH_POINTS, signal_session
+from twophase.testing.crash_points import (
+    COMMITTING_BEHIND,
+    CRASH_POINTS,
+    GROUP_CRASH_POINTS,
+    signal_session,
+)
 from twophase.testing.driver import POLL_INTERVAL_S, DriverSpec, RunResult, generate_feed, launch
 from twophase.testing.protocol import StateStore
 
@@ -73,6 +78,11 @@ log = logging.getLogger(__name__)
 DRIVER_KILL_WEIGHT = 3
 #: Share of rounds run through the foreachBatch adapter instead of the Data Source.
 FOREACH_BATCH_SHARE = 0.3
+#: Share of rounds whose stream runs until stopped (each batch committing behind the next)
+#: instead of ending by itself (``availableNow``: each batch committed inside it).
+PIPELINED_SHARE = 0.5
+#: The trigger of such a round: as fast as possible (the driver stops it once the feed is in).
+PIPELINED_TRIGGER = {"processingTime": "0 seconds"}
 #: A server or network fault strikes this many seconds after the run's first batch is done.
 FAULT_DELAY_S = (0.0, 1.5)
 #: ...and lasts this long (a reset is instant).
@@ -115,6 +125,9 @@ class RoundResult:
     before_their_row: int = 0
     #: Groups, at the end: batches that the first member shows and a later one lacks rows of.
     split_batches: int = 0
+    #: The most feed files with a row missing while a later file's rows were visible, after
+    #: any run (batches visible out of order).
+    out_of_order: int = 0
     #: Member down: batches decided (or shown by the first member) while a member was down,
     #: beyond those decided as it went down; and how many times that was checked.
     ahead_while_down: int = 0
@@ -127,6 +140,7 @@ class RoundResult:
     def exactly_once(self) -> bool:
         return (self.finished and self.duplicates == self.missing == self.in_doubt == 0
                 and self.before_their_row == self.split_batches == self.ahead_while_down == 0
+                and self.out_of_order == 0
                 and self.visible == self.rows_in)
 
 
@@ -155,6 +169,8 @@ class Round:
     #: The last run ended by itself with exit 0: the feed is done (``availableNow`` stops a
     #: query once every file is in), however many micro-batches it took.
     _feed_done: bool = field(init=False, default=False)
+    #: The round's stream runs until stopped: each batch commits behind the next.
+    pipelined: bool = field(init=False, default=False)
     spec: DriverSpec = field(init=False)
     store: StateStore = field(init=False)
 
@@ -162,14 +178,17 @@ class Round:
         started = time.monotonic()
         self.target = self.system.new_target()
         foreach_batch = self.rng.random() < FOREACH_BATCH_SHARE
-        result = RoundResult(self.system.name, "foreachBatch" if foreach_batch else "data source",
-                             logs=self.workdir)
+        self.pipelined = self.rng.random() < PIPELINED_SHARE
+        adapter = ("foreachBatch" if foreach_batch else "data source") + (
+            ", commits behind" if self.pipelined else "")
+        result = RoundResult(self.system.name, adapter, logs=self.workdir)
         result.rows_in = generate_feed(self.workdir / "feed", files=self.batches,
                                        rows_per_file=self.rows_per_batch,
                                        seed=self.rng.randrange(10**6))
         self.spec = DriverSpec.into(self.target, self.workdir,
                                     checkpoint=str(self.workdir / "checkpoint"),
-                                    foreach_batch=foreach_batch)
+                                    foreach_batch=foreach_batch,
+                                    **({"trigger": PIPELINED_TRIGGER} if self.pipelined else {}))
         self.store = self.spec.state_store()
         while not self._feed_done and result.runs < self.batches * MAX_RUNS_PER_BATCH:
             kind = self._draw() if result.crash_runs < self.budget else None
@@ -224,6 +243,8 @@ class Round:
     def _armed(self) -> str:
         batch = min(self._next_batch() + self.rng.randrange(2), self.batches - 1)
         points = GROUP_CRASH_POINTS if len(self.system.members) > 1 else CRASH_POINTS
+        if self.pipelined:
+            points = (*points, COMMITTING_BEHIND)
         return f"{self.rng.choice(points)}@{batch}"
 
     def _launch(self, crash_at: str | None = None, *, injected: Counter[str] | None = None,
@@ -371,12 +392,20 @@ class Round:
             log.error("  %s", error)
         else:
             result.duplicates = max(result.duplicates, len(seen) - len(set(seen)))
+            result.out_of_order = max(result.out_of_order, self._out_of_order(seen))
             return seen
         members = [target.visible() for target in self._members().values()]
         result.duplicates = max([result.duplicates] + [len(r) - len(set(r)) for r in members])
         result.before_their_row = max([result.before_their_row] + [
             len(set(later) - set(earlier)) for earlier, later in itertools.pairwise(members)])
         return members[0]
+
+    def _out_of_order(self, seen: list[int]) -> int:
+        """Feed files with a row missing before the last file with a visible row (each file
+        is a batch, or part of one: a batch is visible whole, its files together)."""
+        files = {row // self.rows_per_batch for row in seen}
+        complete = Counter(row // self.rows_per_batch for row in set(seen))
+        return sum(complete[file] < self.rows_per_batch for file in range(max(files, default=0)))
 
     def _judge(self, result: RoundResult) -> None:
         seen = self._look(result)

@@ -110,7 +110,7 @@ def test_model_over_pipelined_commits(scratch: Path, *, group: bool) -> None:
                       pipeline_class=CommitPipeline, state_root=str(scratch),
                       max_examples=ci_examples(PIPELINED_CI_EXAMPLES))
     report(f"pipelined {'group' if group else 'sink'}", stats)
-    assert stats.faults["driver kill"] > 0 and stats.faults["commit failure"] > 0
+    assert stats.faults["driver kill"] > 0
 
 
 def sqlite_group(setup: SQLiteSetup) -> Target:

@@ -35,13 +35,20 @@ KAFKA_FAST: dict[str, Any] = {"connect_timeout_ms": 5000, "request_timeout_ms": 
                               "max_block_ms": 5000}
 
 
+#: Task attempt ids drawn for the tests' transactions.
+ATTEMPT_IDS = 10**9
+
+
 def decided(sink: TwoPhaseCommitSink[Any], tmp_path: Path) -> tuple[Coordinator, Decided]:
     """A run that pre-committed one transaction of ``ROWS`` rows and decided batch 0."""
     sink.check_schema(ORDER_COLUMNS)
     store = StateStore(tmp_path / "state")
     run = Coordinator(sink, store, namespace=NAMESPACE,
                       epoch=store.start_run(NAMESPACE, {}).epoch, retry=RETRY)
-    decision = run.decide_batch(0, QUERY_ID, [prepare(sink, orders(0, ROWS))])
+    # an attempt of its own: the least-privileged targets are shared by the session's tests,
+    # and a transaction id another test committed there is refused as reused
+    attempt = secrets.randbelow(ATTEMPT_IDS)
+    decision = run.decide_batch(0, QUERY_ID, [prepare(sink, orders(0, ROWS), attempt=attempt)])
     assert decision is not None
     return run, decision
 

@@ -96,8 +96,9 @@ STRAGGLER_GRACE_S = 3.0
 #: a decision and the commits after it take, retries included.
 DEADLINE_MARGIN_S = 30.0
 
-#: How often a long-lived coordinator's batches sweep for orphans (see
-#: ``Coordinator._sweep_due``); its first batch, and the next after a failed one, always do.
+#: How often a long-lived coordinator of a pipelined run (``twophase._pipeline``) sweeps for
+#: orphans (see ``Coordinator._sweep_due``); its first batch, and the next after a failed one,
+#: always do. A coordinator's default: every batch.
 SWEEP_INTERVAL_S = 10.0
 
 #: What a named crash point does when the driver reaches it (``twophase._crash.crash_point``:
@@ -145,7 +146,7 @@ class Coordinator:
         crash_point: CrashPoint = crash_point,
         straggler_grace_s: float = STRAGGLER_GRACE_S,
         deadline_margin_s: float = DEADLINE_MARGIN_S,
-        sweep_interval_s: float = SWEEP_INTERVAL_S,
+        sweep_interval_s: float = 0.0,
     ) -> None:
         self.sink = sink
         self.store = store
@@ -236,10 +237,10 @@ class Coordinator:
 
     def _sweep_due(self) -> bool:
         """Is a batch's sweep due? Always for a coordinator's first batch (or after a failed
-        one); then once per ``sweep_interval_s``: in a run whose batches succeed, nothing of
-        its own is left in doubt (a retried task aborts its failed attempts itself), so a
-        long-lived coordinator asks the systems for their in-doubt transactions only as often
-        as a zombie's or a straggler's could appear."""
+        one); then once per ``sweep_interval_s`` (0: every batch). In a run whose batches
+        succeed nothing of its own is left in doubt (a retried task aborts its failed attempts
+        itself), so a pipelined run's long-lived coordinator asks the systems for their
+        in-doubt transactions only as often as a zombie's or a straggler's could appear."""
         now = time.monotonic()
         if self._swept_at is not None and now - self._swept_at < self.sweep_interval_s:
             return False

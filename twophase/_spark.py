@@ -33,7 +33,7 @@ from pyspark.sql.datasource import (
 
 from twophase import errors
 from twophase._aborts import abort_quietly
-from twophase._coordinator import Coordinator, CrashPoint
+from twophase._coordinator import SWEEP_INTERVAL_S, Coordinator, CrashPoint
 from twophase._crash import AFTER_PRE_COMMIT, crash_point
 from twophase._eligibility import can_never_be_decided, is_failed_attempt
 from twophase._handle import Handle, TxnId
@@ -95,9 +95,9 @@ class RunConfig:
     def store(self) -> StateStore:
         return StateStore(self.state_location, self.state_options)
 
-    def coordinator(self) -> Coordinator:
+    def coordinator(self, *, sweep_interval_s: float = 0.0) -> Coordinator:
         return Coordinator(self.sink, self.store(), namespace=self.namespace,
-                           epoch=self.epoch, retry=self.retry)
+                           epoch=self.epoch, retry=self.retry, sweep_interval_s=sweep_interval_s)
 
     def run_key(self) -> RunKey:
         """What names this run's pipeline in a process (see :func:`pipeline_of`)."""
@@ -105,8 +105,8 @@ class RunConfig:
 
     def pipeline(self) -> CommitPipeline:
         """This process's commit pipeline of the run (made on first use, kept)."""
-        return pipeline_of(self.run_key(),
-                           lambda: CommitPipeline(self.coordinator(), self.coordinator()))
+        return pipeline_of(self.run_key(), lambda: CommitPipeline(
+            self.coordinator(sweep_interval_s=SWEEP_INTERVAL_S), self.coordinator()))
 
 
 @dataclass

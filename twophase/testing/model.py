@@ -103,7 +103,7 @@ from hypothesis.stateful import (
 )
 
 from twophase import cleanup
-from twophase._coordinator import Coordinator
+from twophase._coordinator import SWEEP_INTERVAL_S, Coordinator
 from twophase._crash import (
     AFTER_DECISION,
     AFTER_PRE_COMMIT,
@@ -248,7 +248,8 @@ class ProtocolModel(RuleBasedStateMachine):
                                              epoch=state.epoch, retry=FAST_RETRY,
                                              crash_point=self.traps.spring,
                                              straggler_grace_s=0.0,
-                                             deadline_margin_s=MODEL_DEADLINE_MARGIN_S)
+                                             deadline_margin_s=MODEL_DEADLINE_MARGIN_S,
+                                             sweep_interval_s=self.sweep_interval_s())
         config = RunConfig(sink=sink, state_location=self.store.location,
                            namespace=self.namespace, epoch=state.epoch, columns=ORDER_COLUMNS,
                            retry=FAST_RETRY, decided_through=state.last_decided_batch,
@@ -266,6 +267,11 @@ class ProtocolModel(RuleBasedStateMachine):
                  f"from batch {run.batch}")
         self.check_settled(f"after the start of epoch {run.epoch}")
         return run
+
+    def sweep_interval_s(self) -> float:
+        """A pipelined run's coordinator sweeps as a long-lived one does in Spark; any
+        other, every batch."""
+        return SWEEP_INTERVAL_S if self.pipeline_class is not None else 0.0
 
     def new_pipeline(self, deciding: Coordinator, sink: TwoPhaseCommitSink[Any],
                      epoch: int) -> CommitPipeline | None:
