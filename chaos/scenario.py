@@ -162,6 +162,9 @@ class Round:
     down_s: tuple[float, float] = MEMBER_DOWN_S
     #: A group's member that server and network faults strike at; None: drawn per fault.
     strike: str | None = None
+    #: Whether the stream runs until stopped, committing each batch behind the next; None:
+    #: drawn (:data:`PIPELINED_SHARE`).
+    commits_behind: bool | None = None
     target: Target = field(init=False)
     #: The member system the run's server or network fault strikes at.
     victim: System = field(init=False)
@@ -178,7 +181,8 @@ class Round:
         started = time.monotonic()
         self.target = self.system.new_target()
         foreach_batch = self.rng.random() < FOREACH_BATCH_SHARE
-        self.pipelined = self.rng.random() < PIPELINED_SHARE
+        drawn = self.rng.random() < PIPELINED_SHARE
+        self.pipelined = drawn if self.commits_behind is None else self.commits_behind
         adapter = ("foreachBatch" if foreach_batch else "data source") + (
             ", commits behind" if self.pipelined else "")
         result = RoundResult(self.system.name, adapter, logs=self.workdir)
