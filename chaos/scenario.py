@@ -192,7 +192,8 @@ class Round:
         self.spec = DriverSpec.into(self.target, self.workdir,
                                     checkpoint=str(self.workdir / "checkpoint"),
                                     foreach_batch=foreach_batch,
-                                    **({"trigger": PIPELINED_TRIGGER} if self.pipelined else {}))
+                                    **({"trigger": PIPELINED_TRIGGER, "stop_when_done": True}
+                                       if self.pipelined else {}))
         self.store = self.spec.state_store()
         while not self._feed_done and result.runs < self.batches * MAX_RUNS_PER_BATCH:
             kind = self._draw() if result.crash_runs < self.budget else None

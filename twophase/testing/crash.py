@@ -115,7 +115,8 @@ class CrashSuite(TargetSuite):
     crash_points: tuple[str, ...] = CRASH_POINTS
     foreach_batch = False
     #: The stream's trigger (None: ``availableNow``); one that runs until stopped (as
-    #: ``{"processingTime": "0 seconds"}``) commits each batch behind the next.
+    #: ``{"processingTime": "0 seconds"}``) commits each batch behind the next, and each run
+    #: stops its query once the feed is written.
     trigger: dict[str, Any] | None = None
     fresh_host_per_run = False
     rows_per_file = ROWS_PER_FILE
@@ -154,7 +155,8 @@ class CrashSuite(TargetSuite):
         spec = DriverSpec.into(target, tmp_path, checkpoint=str(driver_disk / "ckpt"),
                                foreach_batch=self.foreach_batch, state_location=state[0],
                                state_options=state[1], spark_conf=spark_conf,
-                               **({} if self.trigger is None else {"trigger": self.trigger}))
+                               **({} if self.trigger is None else
+                                  {"trigger": self.trigger, "stop_when_done": True}))
         if source is not None:
             spec = source.apply(spec, tmp_path / "feed")
         runs = tmp_path / "runs"

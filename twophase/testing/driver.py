@@ -40,7 +40,7 @@ from twophase._crash import (
 from twophase._loader import build_sink
 from twophase._state import StateStore
 from twophase.sink import TwoPhaseCommitSink
-from twophase.spark import ENDING_TRIGGERS, write, write_stream
+from twophase.spark import write, write_stream
 from twophase.testing.target import Target
 
 ORDER_STATUSES = ("created", "paid", "packed", "shipped", "delivered", "cancelled")
@@ -90,9 +90,11 @@ class DriverSpec:
     #: Write the whole feed as one batch job (:func:`twophase.spark.write`, the state in
     #: ``state_location``) instead of streaming it.
     batch: bool = False
-    #: The stream's trigger (by default it ends once every file is consumed; a trigger that
-    #: runs until stopped, as ``processingTime``, is stopped once every file is written).
+    #: The stream's trigger (by default it ends once every file is consumed).
     trigger: dict[str, Any] = field(default_factory=lambda: dict(AVAILABLE_NOW))
+    #: Stop the query once every file of the feed is written (``processAllAvailable``, then
+    #: ``stop``): for a trigger that runs until stopped, as ``processingTime``.
+    stop_when_done: bool = False
     #: Serve the query's Prometheus metrics on this port while the driver runs.
     metrics_port: int | None = None
 
@@ -283,11 +285,11 @@ def run_driver(spec: DriverSpec) -> None:
                          state_options=spec.state_options or None,
                          trigger=spec.trigger, foreach_batch=spec.foreach_batch,
                          metrics_port=spec.metrics_port)
-    if any(spec.trigger.get(name) for name in ENDING_TRIGGERS):
-        query.awaitTermination()
-    else:  # a query that runs until stopped: stopped once it has written every file
+    if spec.stop_when_done:
         query.processAllAvailable()
         query.stop()
+    else:
+        query.awaitTermination()
     spark.stop()
 
 
