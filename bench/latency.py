@@ -23,9 +23,10 @@ after the first ``--warmup`` seconds (:data:`WARMUP_S`): p50/p90/p99/max. Each r
 only if a full read of the target sees every event exactly once (at least once for the peer).
 
 Writers, the order turning every round: ``twophase`` (``twophase.spark.write_stream`` into the
-setup's sink, as ``bench/peer_<name>.py`` leaves it), ``peer`` (the at-least-once writer of
-``bench/latency_peers.py``) and, with ``--baseline TREE``, ``twophase@baseline``: the same query
-with ``TREE``'s ``twophase`` and ``sinks``. Each query runs in a process of its own
+setup's sink, as ``bench/peer_<name>.py`` leaves it; with ``--foreach-batch`` also
+``twophase foreachBatch``, the same with ``foreach_batch=True``), ``peer`` (the at-least-once
+writer of ``bench/latency_peers.py``) and, with ``--baseline TREE``, ``twophase@baseline``: the
+same query with ``TREE``'s ``twophase`` and ``sinks``. Each query runs in a process of its own
 (``bench/latency_runner.py``, one SparkSession, ``PYTHONPATH`` the tree under test, checked in a
 Spark task) until the reader has seen every event.
 
@@ -102,6 +103,7 @@ HISTORY = ("decision_ms", "commit_ms")
 ROOT = Path(__file__).resolve().parent.parent
 RUNNER = Path(__file__).resolve().parent / "latency_runner.py"
 TWOPHASE, PEER, BASELINE = "twophase", "peer", "twophase@baseline"
+FOREACH_BATCH = "twophase foreachBatch"  # write_stream(..., foreach_batch=True)
 
 
 class RunFailedError(Exception):
@@ -459,6 +461,7 @@ def run_once(run: RunSpec, kind: TargetKind, setup: SinkSetup, source: KafkaSetu
             "peer_options": kind.peer_options(setup, target),
             "bootstrap_servers": source.broker.bootstrap_servers, "source_topic": source_topic,
             "trigger": processing_time(run.trigger),
+            "foreach_batch": run.writer == FOREACH_BATCH,
             "checkpoint": str(workdir / "checkpoint"), "jars": jars,
             "ready": str(workdir / "ready"), "result": str(workdir / "result.json")}
     produced = [math.inf] * (PRIMER_EVENTS + load.events)
@@ -599,10 +602,11 @@ def plot(runs: list[Run], peer_names: dict[str, str], path: Path) -> str:
 
 # --- main -------------------------------------------------------------------------------------
 
-def schedule(targets: list[str], triggers: list[str], rounds: int, baseline: Path | None
-             ) -> Iterator[RunSpec]:
+def schedule(targets: list[str], triggers: list[str], rounds: int, baseline: Path | None,
+             *, foreach_batch: bool = False) -> Iterator[RunSpec]:
     """Every run, the writers' order turning every round."""
-    writers = [(TWOPHASE, ROOT), (PEER, ROOT)] + ([(BASELINE, baseline)] if baseline else [])
+    writers = ([(TWOPHASE, ROOT), (PEER, ROOT)] + ([(BASELINE, baseline)] if baseline else [])
+               + ([(FOREACH_BATCH, ROOT)] if foreach_batch else []))
     for target in targets:
         for trigger in triggers:
             for number in range(rounds):
@@ -624,6 +628,9 @@ def main() -> None:
                         help="seconds of events left out at the start of each run")
     parser.add_argument("--baseline", type=Path,
                         help="another checkout: adds the writer twophase@baseline")
+    parser.add_argument("--foreach-batch", action="store_true",
+                        help=f"adds the writer '{FOREACH_BATCH}' (write_stream's "
+                             "foreach_batch=True)")
     parser.add_argument("--out", type=Path, default=Path(DEFAULT_OUT))
     args = parser.parse_args()
     baseline = args.baseline.resolve() if args.baseline else None
@@ -638,7 +645,7 @@ def main() -> None:
                   for name in args.targets}
         source_jars = spark_kafka_jars()
         for number, run in enumerate(schedule(args.targets, args.trigger, args.rounds,
-                                              baseline)):
+                                              baseline, foreach_batch=args.foreach_batch)):
             kind = TARGETS[run.target]
             try:
                 done = checked(run_once(run, kind, setups[run.target], source,

@@ -81,7 +81,8 @@ def read_events(spark: SparkSession, bootstrap_servers: str, topic: str) -> Data
 def start_twophase(feed: DataFrame, spec: dict[str, Any]) -> StreamingQuery:
     trigger = {"processingTime": spec["trigger"]} if spec["trigger"] else None
     return write_stream(feed, build_sink(spec["factory"], spec["options"]),
-                        checkpoint_location=spec["checkpoint"], trigger=trigger)
+                        checkpoint_location=spec["checkpoint"], trigger=trigger,
+                        foreach_batch=spec["foreach_batch"])
 
 
 def start_peer(spark: SparkSession, feed: DataFrame, spec: dict[str, Any]) -> StreamingQuery:

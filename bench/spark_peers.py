@@ -4,7 +4,7 @@ Run from the repository root (never in CI; the peers' jars come from Maven Centr
 ``scripts/bench-jars``)::
 
     nice .venv/bin/python -m bench.spark_peers mysql s3 sqlite http \\
-        [--files 4] [--rows-per-file 100000] [--rounds 3]
+        [--files 4] [--rows-per-file 100000] [--rounds 3] [--foreach-batch]
 
 The stream: ``--files`` Parquet files of order rows (``twophase.testing.driver.FEED_SCHEMA``:
 ``event_id`` unique, ``order_id``, ``status``, ``ts``), generated once before any clock starts,
@@ -233,10 +233,14 @@ def read_parquet_feed(spark: SparkSession, workdir: Path) -> DataFrame:
             .parquet(str(workdir / "feed")).repartition(PARTITIONS))
 
 
+#: ``write_stream``'s options of the twophase writer (``--foreach-batch``: ``foreach_batch``).
+TWOPHASE_OPTIONS: dict[str, Any] = {}
+
+
 def twophase(feed: DataFrame, target: Target, checkpoint: str) -> None:
     """The twophase writer: ``write_stream`` of the feed into ``target.build()``."""
     write_stream(feed, target.build(), checkpoint_location=checkpoint,
-                 trigger={"availableNow": True}).awaitTermination()
+                 trigger={"availableNow": True}, **TWOPHASE_OPTIONS).awaitTermination()
 
 
 #: Rows per JDBC batch of the JDBC peers (as a user would tune it).
@@ -315,10 +319,11 @@ def check(contest: Contest, writer: str, target: Target, expected: int) -> None:
 
 def report(contest: Contest, runs: list[Run], rows: int) -> str:
     """The markdown table of one contest."""
-    labels = {TWOPHASE: contest.sink, PEER: contest.peer_name, NOOP: "Spark noop"}
+    sink = f"{contest.sink} (foreachBatch)" if TWOPHASE_OPTIONS else contest.sink
+    labels = {TWOPHASE: sink, PEER: contest.peer_name, NOOP: "Spark noop"}
     by_writer = {name: [run for run in runs if run.writer == name] for name in labels}
     rates = {name: [rows / run.seconds for run in group] for name, group in by_writer.items()}
-    lines = [f"{contest.sink}: {rows:,} rows, {PARTITIONS} partitions, "
+    lines = [f"{sink}: {rows:,} rows, {PARTITIONS} partitions, "
              f"{len(rates[TWOPHASE])} rounds (median; every round)", "",
              "| writer | rows/s | rounds | CPU s per 1M rows: JVM / Python workers / driver / "
              "server |", "|---|---|---|---|"]
@@ -329,7 +334,7 @@ def report(contest: Contest, runs: list[Run], rows: int) -> str:
                      f"{', '.join(f'{v:,.0f}' for v in values)} | "
                      f"{' / '.join(f'{v:.1f}' for v in cpu.values())} |")
     paired = [a / b for a, b in zip(rates[TWOPHASE], rates[PEER], strict=True)]
-    lines.append(f"| **ratio {contest.sink} / {contest.peer_name}** | "
+    lines.append(f"| **ratio {sink} / {contest.peer_name}** | "
                  f"**{statistics.median(paired):.3f}** | "
                  f"{', '.join(f'{v:.3f}' for v in paired)} | |")
     return "\n".join(lines)
@@ -343,7 +348,11 @@ def main() -> None:
     parser.add_argument("--files", type=int, default=DEFAULT_FILES)
     parser.add_argument("--rows-per-file", type=int, default=DEFAULT_ROWS_PER_FILE)
     parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS)
+    parser.add_argument("--foreach-batch", action="store_true",
+                        help="the twophase writer through foreachBatch (foreach_batch=True)")
     args = parser.parse_args()
+    if args.foreach_batch:
+        TWOPHASE_OPTIONS["foreach_batch"] = True
     peers = {name: load_peer(name) for name in args.sinks}
     jars = [jar for peer in peers.values() for jar in peer.jars()]
     conf = {key: value for peer in peers.values() for key, value in peer.conf().items()}

@@ -151,3 +151,17 @@ def sqlite_reader(orders_db: Path) -> Iterator[sqlite3.Connection]:
     connection = sqlite3.connect(orders_db)
     yield connection
     connection.close()
+
+
+#: A stream's ways into the sink: Spark's Python data source, or ``foreachBatch`` writing each
+#: partition as Arrow (``mapInArrow``) or, on a driver without pyarrow, as Spark's Rows.
+WRITE_PATHS = ("data-source", "foreach-batch", "foreach-batch-rows")
+
+
+@pytest.fixture(params=WRITE_PATHS)
+def foreach_batch(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """``write_stream``'s ``foreach_batch`` for each of :data:`WRITE_PATHS` (the Rows path:
+    the driver told it has no pyarrow)."""
+    if request.param == "foreach-batch-rows":
+        monkeypatch.setattr("twophase._spark.has_pyarrow", lambda: False)
+    return bool(request.param != "data-source")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import http.server
+import importlib.metadata
 import json
 import subprocess
 import sys
@@ -16,17 +17,34 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import pyspark
 import pytest
+from pyspark import cloudpickle
 
 from setups import SinkSetup
 from setups.least_privilege import least_privileged_target
 from setups.servers.moto import MotoServer
 from setups.servers.tls import CertificateAuthority
+from sinks.postgres import PostgresSink
+from sinks.sqlite import SQLiteSink
 from twophase._eligibility import is_orphan
 from twophase._handle import PROBE_QUERY_ID, TxnId
 from twophase._loader import build_sink
-from twophase._preflight import Outcome, run_checks
+from twophase._preflight import (
+    ExecutorReport,
+    ExecutorsSeen,
+    Outcome,
+    check_executor_imports,
+    check_executors,
+    import_failures,
+    install_extras,
+    report_here,
+    run_checks,
+    shipped_by_value,
+    versions,
+)
 from twophase.check import EXIT_FAILED, EXIT_OK, EXIT_USAGE, parse_columns
+from twophase.group import SinkGroup
 from twophase.kit import S3_OPTIONS
 from twophase.testing import Target
 from twophase.testing.contract import ORDER_COLUMNS, QUERY_ID
@@ -141,6 +159,23 @@ def test_the_executors_report_the_drivers_versions_and_clock(sqlite_setup: SinkS
     assert results["clocks (executors)"].outcome is Outcome.PASSED, results
 
 
+def test_the_executors_of_a_group_import_each_members_client(orders_db: Path,
+                                                             spark: Any) -> None:
+    group = SinkGroup({"db": SQLiteSink(orders_db, "orders"),
+                       "lake": PostgresSink(host="localhost", user="u", password="p",
+                                            database="d", table="orders")})
+    assert install_extras(group) == "sqlite,postgres"
+    (imports, _clocks) = check_executors(spark, group)
+    assert imports.outcome is Outcome.PASSED, imports
+    assert f"psycopg {importlib.metadata.version('psycopg')}" in imports.cause
+    report = ExecutorReport("executor-1", {"psycopg": None}, {"psycopg": "not installed"}, 0.0)
+    lacking = check_executor_imports(ExecutorsSeen((report,), 0.0, 0.0), {"psycopg": "3.2"},
+                                     install_extras(group))
+    assert lacking.outcome is Outcome.FAILED
+    assert "executor-1: psycopg: not installed" in lacking.cause
+    assert "twophase[sqlite,postgres]" in lacking.fix
+
+
 def test_a_probe_id_is_never_a_querys() -> None:
     probe = TxnId.probe("orders")
     assert probe.is_probe and not TxnId.parse(str(probe)).belongs_to("orders", QUERY_ID)
@@ -209,3 +244,28 @@ def condition_dropping_relay(upstream: str) -> Iterator[str]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+#: An executor's Python with only Spark's own zips on its path (``python -S``: no
+#: site-packages), running the executors' check task as Spark ships it (pickled by value).
+_BARE_EXECUTOR = """
+import pickle, sys
+task = pickle.loads(sys.stdin.buffer.read())
+(host, versions, failures, clock), = task(("pyspark", "twophase"), [])
+print(versions["pyspark"], versions["twophase"], sorted(failures))
+"""
+
+
+def test_the_executors_check_reads_pyspark_from_sparks_own_zip(tmp_path: Path) -> None:
+    """pyspark.zip, which Spark puts on its workers' path, has no package metadata: its
+    version is read from the module (a packed venv without pyspark is not refused)."""
+    spark_lib = Path(pyspark.__file__).parent / "python" / "lib"
+    zips = sorted(str(path) for path in spark_lib.glob("*.zip"))
+    task = cloudpickle.dumps(  # type: ignore[no-untyped-call]
+        shipped_by_value(report_here, versions, import_failures))
+    run = subprocess.run([sys.executable, "-S", "-c", _BARE_EXECUTOR], input=task,
+                         capture_output=True, timeout=60, check=True,
+                         env={"PYTHONPATH": ":".join(zips)}, cwd=tmp_path)
+    pyspark_version, twophase_version, failures = run.stdout.decode().split(" ", 2)
+    assert pyspark_version == pyspark.__version__
+    assert twophase_version == "None" and failures.strip() == "['twophase']"

@@ -4,15 +4,15 @@ commits, in the same process through the same sink, once the new one is in the
 :class:`ConfigurationError` naming the credentials, and the batch stays decided.
 
 Each test revokes the old credential on the real server (``ALTER USER``, ``ALTER ROLE``, an
-IAM access key deleted) and ends the sessions made with it, as an operator rotating a leaked
-credential does, so the next step must log in again. A Kafka SASL password's rotation goes
-through the same code (``KafkaSettings.with_admin``) but is not tested yet. No Spark:
+IAM access key deleted, a SCRAM credential altered) and ends the sessions made with it, as an
+operator rotating a leaked credential does, so the next step must log in again. No Spark:
 the driver's side is :class:`twophase._coordinator.Coordinator` over a state in ``tmp_path``.
 """
 
 from __future__ import annotations
 
 import secrets
+import time
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,10 @@ from psycopg import sql
 
 from setups.least_privilege import LeastPrivileged
 from setups.s3 import read_rows
+from setups.servers.kafka import HOST, SESSION_LIFETIME_MS, KafkaBroker
 from setups.servers.moto import MIN_PART_SIZE, MotoServer
+from sinks.kafka import KafkaSink
+from sinks.kafka.access import grants
 from sinks.s3 import S3Sink
 from twophase import ConfigurationError, RetryPolicy, Secret, TwoPhaseCommitSink
 from twophase._coordinator import Coordinator, Decided
@@ -152,3 +155,46 @@ def test_s3_commits_with_rotated_access_keys(moto_checking_credentials: MotoServ
     body = s3.get_object(Bucket=bucket, Key=found["Key"])["Body"].read()
     assert sorted(row["event_id"] for row in read_rows(body, found["Key"])) == list(range(ROWS))
     assert s3.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
+
+
+# -- Kafka (SCRAM over SASL_SSL) ---------------------------------------------------------------
+
+
+def sink_of_new_user(broker: KafkaBroker, user: str, password_file: Path) -> KafkaSink:
+    """A sink on a fresh topic, as ``user`` (its password in ``password_file``, granted the
+    ACLs it needs), through the broker's listener that ends SASL sessions."""
+    topic = broker.new_topic("rotation")
+    prefix, registry_topic = f"{topic}-", f"{topic}-registry"
+    broker.grant(grant.acl(f"User:{user}") for grant in grants(
+        [topic], prefix, registry_topic, create_registry=True))
+    return KafkaSink(**{
+        **broker.options(), "bootstrap_servers": f"{HOST}:{broker.reauth_port}",
+        "sasl_plain_username": user, "sasl_plain_password": Secret(file=str(password_file)),
+        "topic": topic, "key": "order_id", "transactional_id_prefix": prefix,
+        "registry_topic": registry_topic, **KAFKA_FAST})
+
+
+def test_kafka_commits_with_the_rotated_sasl_password(kafka_secured_broker: KafkaBroker,
+                                                      tmp_path: Path) -> None:
+    """The broker ends every SASL session within ``SESSION_LIFETIME_MS`` of its login unless
+    the client logs in again (KIP-368): once the password is changed, the committer's admin
+    client, made with the old one, must log in again. kafka-python mostly reports the refusal
+    as a lost connection (it drops the broker's answer); the sink's own login names it."""
+    broker = kafka_secured_broker
+    user = f"rotation-{secrets.token_hex(4)}"
+    old, new = secrets.token_hex(12), secrets.token_hex(12)
+    password_file = tmp_path / "kafka.password"
+    broker.set_password(user, old)
+    write_secret(password_file, old)
+    sink = sink_of_new_user(broker, user, password_file)
+    run, decision = decided(sink, tmp_path)
+    broker.set_password(user, new)
+    time.sleep(SESSION_LIFETIME_MS / 1000)  # every session of the old password has ended
+
+    refused_then_committed(run, decision, lambda: write_secret(password_file, new),
+                           match=rf"SASL_AUTHENTICATION_FAILED.*{user}")
+    topic = sink.shape.topic
+    assert topic is not None
+    assert broker.event_ids(topic) == list(range(ROWS))
+    assert sink.list_in_doubt(NAMESPACE) == []
+    assert broker.open_transactions(sink.transactional_id_prefix) == {}

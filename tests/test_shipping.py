@@ -9,14 +9,16 @@ the cluster, killed after the decision in CI, either side of it under ``-m long`
   sink, as in a notebook (``-m long``);
 * a packed environment by ``spark.archives``: twophase and the PostgreSQL sink's compiled
   client (psycopg's binary build) on the executors' path by ``spark.executorEnv.PYTHONPATH``
-  (``-m long``).
+  (``-m long``);
+* a packed virtualenv (venv-pack: pyarrow, twophase, psycopg's binary build) by
+  ``spark.archives`` as the executors' own Python, ``PYSPARK_PYTHON=./environment/bin/python``,
+  as on EMR, Dataproc or YARN, into PostgreSQL (``-m long``);
+* over Spark Connect: a client ships the wheel by ``addArtifacts(pyfile=True)`` to a server
+  (the driver) whose master is the bare cluster and whose own Python workers are bare too:
+  batch jobs (``-m long``; a stream's Python workers do not get the session's artifacts in
+  Spark 4.3.0, see :class:`TestShippedByAddArtifacts`).
 
 The bare executor Python: see :mod:`setups.servers.bare_python`.
-
-Not tested, documented (README, "Deploying"): a packed virtualenv's own Python as the
-executors' (``PYSPARK_PYTHON=./environment/bin/python``: the crash suite's driver sets its
-executors' Python to its own path, where the bare cluster has its bare one), and Spark
-Connect's ``addArtifacts`` (the tests' Connect server runs in local mode).
 
 And the start's check (:func:`twophase._preflight.require_executor_imports`): executors that
 lack twophase (in CI, through a query's start), or the sink's client library (``-m long``,
@@ -32,28 +34,37 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from setups.base import Target
+from setups.servers.bare_python import bare_driver_python
 from setups.servers.spark_cluster import SparkCluster
 from setups.shipping import (
-    ARCHIVE_CONF,
+    ARCHIVE_NAME,
+    ON_EXECUTORS_PATH,
+    PACKED_PYTHON,
     POSTGRES_CLIENT,
+    BareConnectServer,
+    archives_conf,
     packed_environment,
+    packed_virtualenv,
     twophase_py_file,
+    unpack,
 )
 from setups.sqlite import SQLiteSetup
 from tests.test_cluster import OnCluster
+from tests.test_connect import ConnectCrashSuite
 from twophase._crash import AFTER_DECISION
-from twophase.testing.crash import DECISION_POINTS, CrashSuite
-from twophase.testing.driver import DriverSpec, generate_feed, launch
+from twophase.testing.crash import DECISION_POINTS, ROWS_PER_FILE, CrashSuite
+from twophase.testing.driver import DriverSpec, RunResult, generate_feed, launch
 
 pytestmark = [pytest.mark.spark, pytest.mark.crash]
 
 PROBE_TIMEOUT_S = 300
-ADD_PY_FILE_FACTORY = "setups.shipping:sqlite_after_add_py_file"
+SHIP_PY_FILE_FACTORY = "setups.shipping:sqlite_after_shipping_py_file"
 
 #: The start's check on the bare executors: without twophase (SQLite), then with twophase
 #: added but not the PostgreSQL sink's client library (psycopg).
@@ -84,9 +95,34 @@ spark.stop()
 """
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def py_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return twophase_py_file(tmp_path_factory.mktemp("twophase-wheel"))
+
+
+@pytest.fixture(scope="session")
+def packed_venv(tmp_path_factory: pytest.TempPathFactory, py_file: Path) -> Path:
+    """The packed virtualenv with psycopg's binary build (about 70 MB; once a run)."""
+    return packed_virtualenv(tmp_path_factory.mktemp("packed-venv"), py_file, POSTGRES_CLIENT)
+
+
+@pytest.fixture(scope="session")
+def unpacked_venv(tmp_path_factory: pytest.TempPathFactory, packed_venv: Path) -> Path:
+    """The packed virtualenv unpacked on the driver's host (once a run)."""
+    return unpack(packed_venv, tmp_path_factory.mktemp(ARCHIVE_NAME))
+
+
+@pytest.fixture
+def bare_connect_server(bare_spark_cluster: SparkCluster,
+                        tmp_path_factory: pytest.TempPathFactory
+                        ) -> Iterator[BareConnectServer]:
+    """A Spark Connect server for the bare cluster (started by the suite with its settings,
+    the cluster's master among them) whose own Python workers run a bare Python as well;
+    stopped after the test, as its application holds every core of the cluster."""
+    python = bare_driver_python(tmp_path_factory.mktemp("bare-server-python") / "venv")
+    server = BareConnectServer(tmp_path_factory.mktemp("bare-connect"), python=str(python))
+    yield server
+    server.stop()
 
 
 class OnBareCluster(OnCluster, CrashSuite):
@@ -112,15 +148,20 @@ class TestShippedByPyFiles(OnBareCluster):
         return {**cluster.driver_conf(), "spark.submit.pyFiles": str(py_file)}
 
 
-@pytest.mark.long
-class TestShippedByAddPyFile(OnBareCluster):
-    """``SparkContext.addPyFile`` once the session is up, before the sink (a notebook)."""
+class ShippedBySession:
+    """The wheel shipped by the driver's session once it is up, before the sink is built (a
+    notebook's order): ``addPyFile``, or over Spark Connect ``addArtifacts(pyfile=True)``."""
 
     @pytest.fixture
     def target(self, sqlite_setup: SQLiteSetup, py_file: Path) -> Target:
         target = sqlite_setup.new_target()
-        return dataclasses.replace(target, factory=ADD_PY_FILE_FACTORY,
+        return dataclasses.replace(target, factory=SHIP_PY_FILE_FACTORY,
                                    options={**target.options, "py_file": str(py_file)})
+
+
+@pytest.mark.long
+class TestShippedByAddPyFile(ShippedBySession, OnBareCluster):
+    """``SparkContext.addPyFile`` once the session is up, before the sink (a notebook)."""
 
 
 @pytest.mark.long
@@ -134,8 +175,83 @@ class TestShippedByArchives(OnBareCluster):
                    tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
         archive = packed_environment(tmp_path_factory.mktemp("packed"), py_file,
                                      POSTGRES_CLIENT)
-        return {**cluster.driver_conf(),
-                **{key: value.format(archive=archive) for key, value in ARCHIVE_CONF.items()}}
+        return {**cluster.driver_conf(), **archives_conf(archive), **ON_EXECUTORS_PATH}
+
+
+@pytest.mark.long
+class TestShippedAsTheExecutorsPython(OnBareCluster):
+    """A packed virtualenv as the executors' own Python: ``spark.archives`` ships it as
+    ``environment`` and the driver's ``PYSPARK_PYTHON`` is ``./environment/bin/python``
+    (what Spark 4.3 reads for a driver started by Python; ``spark.pyspark.python`` and
+    ``spark.executorEnv.PYSPARK_PYTHON`` it ignores there). Nothing else puts twophase or
+    psycopg on the bare executors' path: the run proves they ran the archive's Python.
+
+    Spark starts the driver's own Python workers (a data source's planning and commit) by
+    the same relative path, from the driver's working directory: the driver finds the
+    virtualenv unpacked there, as in cluster mode (YARN, Kubernetes)."""
+
+    setup_fixture = "postgres_setup"
+
+    @pytest.fixture(autouse=True)
+    def _unpacked(self, unpacked_venv: Path) -> None:
+        self.unpacked = unpacked_venv
+
+    @pytest.fixture
+    def spark_conf(self, cluster: SparkCluster, packed_venv: Path) -> dict[str, str]:
+        return {**cluster.driver_conf(), **archives_conf(packed_venv)}
+
+    def run_driver(self, spec: DriverSpec, workdir: Path, crash_at: str | None) -> RunResult:
+        environment = workdir / ARCHIVE_NAME
+        if not environment.exists():
+            workdir.mkdir(parents=True, exist_ok=True)
+            environment.symlink_to(self.unpacked)
+        return super().run_driver(dataclasses.replace(spec, pyspark_python=PACKED_PYTHON),
+                                  workdir, crash_at)
+
+
+@pytest.mark.long
+class TestShippedByAddArtifacts(ShippedBySession, OnBareCluster, ConnectCrashSuite):
+    """Over Spark Connect: each client run ships the wheel by ``addArtifacts(pyfile=True)``
+    to the server, the driver (killed at the crash points), whose master is the bare
+    cluster. The server keeps the file with the client's session and puts it on the path of
+    the Python workers of that session's jobs: the executors' and its own (a bare Python
+    too), where nothing else has twophase.
+
+    Through batch jobs (:func:`twophase.spark.write`): Spark 4.3.0 starts a stream's Python
+    workers without its session's artifacts (a Python data source's writer tasks run with
+    ``SPARK_JOB_ARTIFACT_UUID=default``, their files' root the executor's directory, not the
+    session's, where the wheel is; the ``foreachBatch`` process lacks it too): a stream dies
+    with ``No module named 'twophase'``."""
+
+    @pytest.fixture(autouse=True)
+    def _server(self, bare_connect_server: BareConnectServer) -> None:
+        self.server = bare_connect_server
+
+    def test_a_driver_killed_at_every_point_in_turn_delivers_every_row_exactly_once(  # type: ignore[override]
+        self, target: Target, spark_conf: dict[str, str], tmp_path: Path
+    ) -> None:
+        """Batch jobs in place of the suite's stream: the first job killed before its
+        decision, run again and killed after it; the next job finishes the first's commit,
+        then writes its own rows: each row once. The state where the executors read it too
+        (a shared file system): over Connect the takeover runs in a Spark task, on an
+        executor here."""
+        feed = tmp_path / "feed"
+        expected = list(range(generate_feed(feed, files=2, rows_per_file=ROWS_PER_FILE)))
+        first, second = (DriverSpec.into(target, tmp_path, input_dir=str(part), batch=True,
+                                         state_location=str(tmp_path / "state"),
+                                         spark_conf=spark_conf)
+                         for part in sorted(feed.iterdir()))
+        for point in DECISION_POINTS:
+            crashed = self.run_driver(first, tmp_path / point, crash_at=point)
+            assert crashed.crashed, f"the server did not die at {point}: see {crashed.log}"
+            assert target.visible() == [], f"rows visible before a commit ({point})"
+        finished = self.run_driver(second, tmp_path / "finished", crash_at=None)
+        assert finished.returncode == 0, f"the last job failed: see {finished.log}"
+        assert target.visible() == expected, "rows lost or duplicated"
+        state = second.state_store().read()
+        assert state is not None and state.pending == ()
+        assert target.build().list_in_doubt(state.namespace) == [], "left in doubt"
+        assert target.in_doubt() == [], "left in doubt on the server"
 
 
 @pytest.mark.long  # CI time: in CI a query's start on executors without twophase (below)

@@ -45,7 +45,6 @@ def assert_exactly_once(reader: sqlite3.Connection, sink: SQLiteSink, expected: 
     assert sink.list_in_doubt("orders") == []
 
 
-@pytest.mark.parametrize("foreach_batch", [False, True], ids=["data-source", "foreach-batch"])
 def test_a_stream_delivers_every_row_exactly_once(
     spark: SparkSession, feed: Path, sqlite_sink: SQLiteSink, sqlite_reader: sqlite3.Connection,
     tmp_path: Path, foreach_batch: bool,

@@ -66,7 +66,6 @@ def eventually(condition: Callable[[], bool], what: str) -> None:
 # -- values ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("foreach_batch", [False, True], ids=["data-source", "foreach-batch"])
 def test_timestamps_are_stored_as_instants_whatever_the_zones(
     spark: SparkSession, feed: Path, sqlite_sink: SQLiteSink, orders_db: Path, tmp_path: Path,
     foreach_batch: bool,

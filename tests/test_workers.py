@@ -1,4 +1,5 @@
 """Spark's reused Python workers: the long-lived heap is kept out of their per-task collections
+and an unchanged archive on their path is not read again before every task
 (``twophase._workers``), in a process of their kind and only there."""
 
 from __future__ import annotations
@@ -6,6 +7,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import zipfile
+from pathlib import Path
 
 import pytest
 
@@ -48,3 +51,47 @@ def test_any_other_process_keeps_its_heap_as_it_is(units: int) -> None:
     frozen, walked = units_of_work(units, reused=False)
     assert set(frozen) == {0}
     assert walked > 10_000
+
+
+#: A worker's tasks as PySpark 4.1 runs them (``importlib.invalidate_caches()`` before each),
+#: with a zip archive on the path: how often the archive's directory is read, and whether a
+#: module added to the archive between tasks is then found.
+_TASKS_WITH_A_ZIP_ON_THE_PATH = """
+import importlib, sys, zipfile, zipimport
+from twophase._workers import keep_out_of_worker_collections
+archive = sys.argv[1]
+sys.path.insert(0, archive)
+import first_module  # the archive's directory, read once on import
+reads = []
+read_directory = zipimport._read_directory
+def counted(path):
+    reads.append(path)
+    return read_directory(path)
+zipimport._read_directory = counted
+for task in range(5):
+    importlib.invalidate_caches()  # what PySpark 4.1's worker does before every task
+    keep_out_of_worker_collections()
+with zipfile.ZipFile(archive, "a") as zf:  # the archive changes: it must be read again
+    zf.writestr("second_module.py", "VALUE = 2")
+importlib.invalidate_caches()
+import second_module
+print(len(reads), second_module.VALUE)
+"""
+
+
+@pytest.mark.parametrize("reused", [True, False], ids=["reused-worker", "other-process"])
+def test_a_reused_worker_reads_an_unchanged_archive_on_its_path_once(
+        tmp_path: Path, reused: bool) -> None:
+    archive = tmp_path / "includes.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        zf.writestr("first_module.py", "VALUE = 1")
+    env = {key: value for key, value in os.environ.items() if key != SPARK_REUSE_WORKER_ENV}
+    if reused:
+        env[SPARK_REUSE_WORKER_ENV] = "1"
+    run = subprocess.run([sys.executable, "-c", _TASKS_WITH_A_ZIP_ON_THE_PATH, str(archive)],
+                         env=env, capture_output=True, text=True, timeout=120, check=True)
+    reads, found = (int(n) for n in run.stdout.split())
+    assert found == 2  # a changed archive is read again: its new module imports
+    # reused: the first two tasks' reads (before the first unit of work, and the first the
+    # importer makes itself), then only the changed archive's; anywhere else one per task
+    assert reads == (3 if reused else 6)

@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from abc import abstractmethod
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, Self, TypeVar
 
-from twophase._classify import classified, transaction_id_reused
+from twophase._classify import classified, transaction_id_reused, transaction_lost
 from twophase._handle import Handle, TxnId
 from twophase._lake import LakeFiles, LakeIntents, LakeStorage, conform_table
 from twophase._rows import chunks
@@ -180,6 +181,23 @@ class LakeSink(TwoPhaseCommitSink[LakeTransaction], Generic[Record]):
             return committer.list_in_doubt(namespace)
 
 
+MS_PER_S = 1000
+
+
+@dataclass(frozen=True)
+class LakeCleanup:
+    """What deletes a lake table's unreferenced files, for :meth:`LakeCommitter.check_addable`'s
+    messages: its name (``"a VACUUM"``), the table's commit that holds a file (``"commit"``,
+    ``"snapshot"``), the setting of its age and that age, and what adding an older file would
+    risk (``""``, or ``", and adding it now could ..."``)."""
+
+    name: str
+    commit: str
+    age_setting: str
+    age_s: float
+    risk: str = ""
+
+
 class LakeCommitter(WholeBatchCommitter):
     """The driver's side of a lake sink (module docstring)."""
 
@@ -189,6 +207,22 @@ class LakeCommitter(WholeBatchCommitter):
     def committed_among(self, found: Mapping[TxnId, Sequence[str]]) -> set[TxnId]:
         """Those of ``found`` (transactions, with the files each created; none empty) whose
         files a commit of the table holds: the format's proof, on one read of the table."""
+
+    def check_addable(self, handle: Handle, path: str, *, created_ms: int,
+                      cleanup: LakeCleanup) -> None:
+        """Raise :class:`~twophase.errors.TransactionLostError` (nothing of the batch added)
+        unless ``handle``'s file at ``path``, created at ``created_ms`` (epoch milliseconds),
+        is still there and younger than the age at which ``cleanup`` may delete it."""
+        batch = handle.txn_id.batch
+        if self.sink.storage.stat(path) is None:
+            raise transaction_lost(handle, where=self.sink.where, why=(
+                f"its file {path} is gone from the table's data area (deleted by "
+                f"{cleanup.name} or by hand) and no {cleanup.commit} holds it; nothing of batch "
+                f"{batch} was added"))
+        if created_ms / MS_PER_S < time.time() - cleanup.age_s:
+            raise transaction_lost(handle, where=self.sink.where, why=(
+                f"its file {path} is older than {cleanup.age_setting}: {cleanup.name} may "
+                f"delete it at any moment{cleanup.risk}; nothing of batch {batch} was added"))
 
     def forget_settled(self, batch: int, handles: Sequence[Handle]) -> None:
         """Delete the intents of the batch's transactions (committed)."""

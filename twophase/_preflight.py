@@ -9,7 +9,8 @@ runs the executors' imports check (:func:`require_executor_imports`), raising if
 check            how it probes
 ===============  ==========================================================================
 imports          twophase and the sink's client libraries (the distributions of the extra
-                 named by ``sink.kind``) import here; with Spark, on every executor too
+                 named by ``sink.kind``; a group's, each member's) import here; with
+                 Spark, on every executor too
                  (one task each, shipped by value: it runs where twophase is missing),
                  their versions and pyspark's and pyarrow's equal the driver's
 target           ``sink.check_schema(columns)`` if columns are given, then the committer's
@@ -142,14 +143,32 @@ def client_distributions(kind: str) -> tuple[str, ...]:
     return tuple(names)
 
 
+def sink_clients(sink: TwoPhaseCommitSink[Any]) -> tuple[str, ...]:
+    """The client libraries (distributions) of ``sink``'s extras."""
+    return tuple(dict.fromkeys(name for extra in sink.client_extras()
+                               for name in client_distributions(extra)))
+
+
+def install_extras(sink: TwoPhaseCommitSink[Any]) -> str:
+    """What goes between the brackets of ``pip install 'twophase[...]'`` for ``sink``."""
+    return ",".join(sink.client_extras())
+
+
 def versions(distributions: Iterable[str]) -> dict[str, str | None]:
-    """Each distribution's installed version (None: not installed)."""
+    """Each distribution's installed version (None: not installed). One without package
+    metadata (pyspark from the ``pyspark.zip`` Spark puts on its workers' path) is asked its
+    module's ``__version__``. (Shipped by value to executors: stdlib only, no helpers.)"""
     found: dict[str, str | None] = {}
     for name in distributions:
         try:
             found[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
-            found[name] = None
+            try:
+                version = getattr(importlib.import_module(name.replace("-", "_")),
+                                  "__version__", None)
+            except Exception:  # any failure to import it: not installed
+                version = None
+            found[name] = version if isinstance(version, str) else None
     return found
 
 
@@ -161,13 +180,15 @@ def import_failures(distributions: Iterable[str]) -> dict[str, str]:
             modules.setdefault(owner.lower().replace("_", "-"), []).append(module)
     failures = {}
     for name in distributions:
-        found = modules.get(name.lower().replace("_", "-"))
-        if not found:
-            failures[name] = "not installed"
-            continue
+        # no package metadata (pyspark from Spark's pyspark.zip): the module named alike
+        found = modules.get(name.lower().replace("_", "-")) or [name.replace("-", "_")]
         for module in found:
             try:
                 importlib.import_module(module)
+            except ModuleNotFoundError as exc:
+                failures[name] = ("not installed" if exc.name == module else
+                                  f"import {module}: {type(exc).__name__}: {exc}")
+                break
             except Exception as exc:
                 failures[name] = f"import {module}: {type(exc).__name__}: {exc}"
                 break
@@ -176,12 +197,12 @@ def import_failures(distributions: Iterable[str]) -> dict[str, str]:
 
 def check_driver_imports(sink: TwoPhaseCommitSink[Any]) -> CheckResult:
     """twophase and the sink's client libraries import in this process."""
-    clients = client_distributions(sink.kind)
+    clients = sink_clients(sink)
     failures = import_failures(("twophase", *clients))
     if failures:
         return failed("imports (driver)", "; ".join(f"{name}: {why}"
                                                     for name, why in failures.items()),
-                      FIX_INSTALL.format(extra=sink.kind))
+                      FIX_INSTALL.format(extra=install_extras(sink)))
     return passed("imports (driver)", _listed(versions(("twophase", *clients))))
 
 
@@ -251,7 +272,7 @@ def ask_executors(spark: Any, distributions: tuple[str, ...]) -> ExecutorsSeen:
 
 
 def check_executor_imports(seen: ExecutorsSeen, driver: Mapping[str, str | None],
-                           kind: str) -> CheckResult:
+                           extras: str) -> CheckResult:
     """Every executor imports what the driver does, at the driver's versions."""
     problems: list[str] = []
     for report in seen.reports:
@@ -261,7 +282,7 @@ def check_executor_imports(seen: ExecutorsSeen, driver: Mapping[str, str | None]
                         for name, version in report.versions.items()
                         if version != driver[name] and name not in report.failures)
     if problems:
-        fix = FIX_SHIP.format(extra=kind) if any(r.failures for r in seen.reports) \
+        fix = FIX_SHIP.format(extra=extras) if any(r.failures for r in seen.reports) \
             else FIX_SAME_VERSIONS
         return failed("imports (executors)", "; ".join(sorted(set(problems))), fix)
     return passed("imports (executors)", f"{len(seen.reports)} executor(s) as the driver: "
@@ -288,15 +309,15 @@ def check_executor_clocks(seen: ExecutorsSeen) -> CheckResult:
 
 def check_executors(spark: Any, sink: TwoPhaseCommitSink[Any]) -> list[CheckResult]:
     """The executors' imports, versions and clocks, by one small job."""
-    names = (*FRAMEWORK_DISTRIBUTIONS, *client_distributions(sink.kind))
+    names, extras = (*FRAMEWORK_DISTRIBUTIONS, *sink_clients(sink)), install_extras(sink)
     try:
         seen = ask_executors(spark, names)
     except Exception as exc:  # the job itself failed: an executor cannot run a Python task
         log.warning("the executors' check job failed", exc_info=True)
         return [failed("imports (executors)", f"the check's job failed: "
                        f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
-                       FIX_SHIP.format(extra=sink.kind))]
-    return [check_executor_imports(seen, versions(names), sink.kind),
+                       FIX_SHIP.format(extra=extras))]
+    return [check_executor_imports(seen, versions(names), extras),
             check_executor_clocks(seen)]
 
 

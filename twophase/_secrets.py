@@ -141,6 +141,13 @@ class Credentials:
         self._options = options
         self._digest = _digest(options)
 
+    def __eq__(self, other: object) -> bool:
+        """Read the same secrets (a client made with either was made with the same ones)."""
+        return isinstance(other, Credentials) and other._digest == self._digest
+
+    def __hash__(self) -> int:
+        return hash(self._digest)
+
     def rotated(self) -> bool:
         """Whether the options read differently now (an unreadable one counts as unchanged:
         the refusal then stands, naming the credentials to fix)."""
@@ -220,8 +227,15 @@ class ClientCache(Generic[K, C]):
         """``attempt()`` (which uses :meth:`get`), once more with a new client if the server
         refused the credentials of ``key``'s client and their secret was rotated since it was
         made (:func:`retried_if_rotated`)."""
-        return retried_if_rotated(attempt, lambda: self._entry(key)[1], refused, what=what,
+        return retried_if_rotated(attempt, lambda: self._credentials(key), refused, what=what,
                                   renew=lambda used: self.drop(key, made_with=used))
+
+    def _credentials(self, key: K) -> Credentials:
+        """Those of ``key``'s client, or, with none yet, those the next one will be made with
+        (read now: a client whose making is refused is retried too)."""
+        with self._lock:
+            entry = self._clients.get((os.getpid(), key))
+        return entry[1] if entry is not None else Credentials(*self._secrets(key))
 
     def _entry(self, key: K) -> tuple[C, Credentials]:
         with self._lock:

@@ -9,12 +9,13 @@ driver's process for ``foreachBatch``) keeps the run's :class:`~twophase._pipeli
 its committers, and a batch committing behind the next (:attr:`RunConfig.pipelined`).
 
 On Spark Connect the caller is a client and the driver is the server: :func:`on_spark_side`
-runs the takeover in a task there, and :class:`ForeachBatchWriter` writes each batch through
-the batch data source writer (a Connect DataFrame has no RDD).
+runs the takeover in a task there, and :class:`ForeachBatchWriter` decides each batch in the
+server's Python process that runs it.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import pickle
@@ -59,6 +60,7 @@ QUERY_ID_PROPERTY = "sql.streaming.queryId"
 SPARK_CHECKPOINT_METADATA = "metadata"  # Spark's checkpoint file holding {"id": query id}
 CONNECT_MODULE = "pyspark.sql.connect."  # where Spark Connect's client classes live
 SPARK_SIDE_SCHEMA = "outcome binary"  # the one column of on_spark_side's one row
+MESSAGES_SCHEMA = "message binary"  # a foreachBatch task's pickled TwoPhaseMessage
 
 T = TypeVar("T")
 
@@ -365,13 +367,15 @@ def _instants_as_micros(df: DataFrame, instants: Sequence[int]) -> DataFrame:
 
 
 class ForeachBatchWriter:
-    """The ``foreachBatch`` adapter: same protocol, for Spark setups without pyarrow.
+    """The ``foreachBatch`` adapter: same protocol, the batch decided in this process.
 
-    In classic Spark an RDD job writes the batch's partitions and this function, in the
-    driver, decides their handles. On Spark Connect it runs in a Python process of the server
-    (the driver's host), for the whole run, and ``batch_df`` is a Connect DataFrame without an
-    RDD: the batch goes through the batch data source writer, whose ``commit`` decides it in
-    the driver (one decision per batch; a replay of a decided batch writes nothing).
+    A job writes the batch's partitions, each task from Arrow record batches (``mapInArrow``;
+    in classic Spark on a driver without pyarrow, from Spark's Rows), and this function decides
+    their handles and commits them: no Python process of Spark's data source path per batch
+    (on PySpark 4.1 each imported the sink again). In classic Spark it runs in the driver; on
+    Spark Connect in a Python process of the server (the driver's host) for the whole run,
+    where the tasks cannot tell the query id (the write is not the stream's job): it is read
+    from the checkpoint once per run and given to them.
     """
 
     def __init__(self, config: RunConfig) -> None:
@@ -379,37 +383,57 @@ class ForeachBatchWriter:
         self._query_id: str | None = None  # on Connect: read once per run
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
-        if is_connect(batch_df):
-            self._write_through_data_source(batch_df, batch_id)
-        else:
-            self._write_through_rdd(batch_df, batch_id)
-
-    def _write_through_data_source(self, batch_df: DataFrame, batch_id: int) -> None:
-        """Connect: tasks cannot tell the query id (the write is not the stream's job)."""
-        if self._query_id is None:
-            self._query_id = stream_query_id(batch_df.sparkSession, self.config)
-        config = replace(self.config, query_id=self._query_id, batch=batch_id)
-        batch_df.write.format(register_data_source(batch_df, config)).mode("append").save()
-
-    def _write_through_rdd(self, batch_df: DataFrame, batch_id: int) -> None:
         config = self.config
-        types = [column.type for column in config.columns]
-        instants, structs = positions(types, INSTANT_TYPE), positions(types, "struct<")
-
-        def write(rows: Iterable[Row]) -> Iterator[TwoPhaseMessage]:
-            _, query_id = _stream_task_ids()
-            plain = plain_rows(rows, instants=instants, structs=structs)
-            yield write_partition(config, rows_delivery(plain), batch=batch_id,
-                                  query_id=query_id)
-
-        exact = _instants_as_micros(batch_df, instants)
-        messages: list[WriterCommitMessage | None] = list(
-            exact.rdd.mapPartitions(write).collect())
+        if is_connect(batch_df):
+            if self._query_id is None:
+                self._query_id = stream_query_id(batch_df.sparkSession, config)
+            config = replace(config, query_id=self._query_id)
+        write = written_as_arrow if has_pyarrow() else written_as_rows
+        messages = write(batch_df, config, batch_id)
         try:
             commit_messages(config, messages, batch_id)
         except BaseException:
             abort_messages(config, messages, batch_id)
             raise
+
+
+def has_pyarrow() -> bool:
+    """Can this process (the driver) use Arrow? (Its executors are checked at the start.)"""
+    return importlib.util.find_spec("pyarrow") is not None
+
+
+def written_as_arrow(batch_df: DataFrame, config: RunConfig,
+                     batch: int) -> list[WriterCommitMessage | None]:
+    """Each partition of ``batch_df`` written and pre-committed by a task from Arrow record
+    batches (``mapInArrow``); their messages, collected. The query id is ``config``'s, or the
+    stream's the task belongs to."""
+
+    def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import pyarrow as pa  # noqa: PLC0415 - in the task's process
+
+        query_id = config.query_id or _stream_task_ids()[1]
+        message = write_partition(config, arrow_delivery(batches), batch=batch,
+                                  query_id=query_id)
+        yield pa.RecordBatch.from_pydict({"message": [pickle.dumps(message)]})
+
+    rows = batch_df.mapInArrow(write, MESSAGES_SCHEMA).collect()
+    return [pickle.loads(row[0]) for row in rows]  # noqa: S301 - from our own tasks
+
+
+def written_as_rows(batch_df: DataFrame, config: RunConfig,
+                    batch: int) -> list[WriterCommitMessage | None]:
+    """As :func:`written_as_arrow`, from Spark's Rows (an RDD job, classic Spark): for a driver
+    without pyarrow."""
+    types = [column.type for column in config.columns]
+    instants, structs = positions(types, INSTANT_TYPE), positions(types, "struct<")
+
+    def write(rows: Iterable[Row]) -> Iterator[TwoPhaseMessage]:
+        _, query_id = _stream_task_ids()
+        plain = plain_rows(rows, instants=instants, structs=structs)
+        yield write_partition(config, rows_delivery(plain), batch=batch, query_id=query_id)
+
+    exact = _instants_as_micros(batch_df, instants)
+    return list(exact.rdd.mapPartitions(write).collect())
 
 
 def is_connect(spark_object: DataFrame | SparkSession) -> bool:

@@ -139,6 +139,11 @@ class SinkGroup(TwoPhaseCommitSink[GroupTransaction]):
         members = ", ".join(f"{name}={sink!r}" for name, sink in self.members.items())
         return f"SinkGroup({members})"
 
+    def client_extras(self) -> tuple[str, ...]:
+        """Every member's extras."""
+        return tuple(dict.fromkeys(extra for member in self.members.values()
+                                   for extra in member.client_extras()))
+
     def default_namespace(self) -> str:
         return self.members[self.commit_order[0]].default_namespace()
 

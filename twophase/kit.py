@@ -51,7 +51,9 @@ piece                          what it does
                                handle (:class:`LakeTransaction`, :class:`LakeFileRecord`,
                                :func:`validate_max_file_bytes`)
 :class:`LakeCommitter`         a lake sink's driver side: one commit per batch, abort and the
-                               listing in doubt by intents; the format gives its proof
+                               listing in doubt by intents; the format gives its proof;
+                               :class:`LakeCleanup` names what deletes unreferenced files
+                               (``check_addable``)
 :func:`conform_table`          Arrow rows in a table's column order and types, NOT NULL checked
 :func:`lake_classifier`        a lake sink's classifier: S3 errors by the S3 table, the rest by
                                class (:data:`LAKE_FILE_RULES`, :data:`LAKE_FILE_CONDITIONS`:
@@ -107,6 +109,7 @@ from twophase._lake import (
     lake_storage,
 )
 from twophase._lake_sink import (
+    LakeCleanup,
     LakeCommitter,
     LakeFileRecord,
     LakeSink,
@@ -167,6 +170,7 @@ __all__ = [
     "ConnectionPool",
     "Credentials",
     "ErrorTable",
+    "LakeCleanup",
     "LakeCommitter",
     "LakeFileRecord",
     "LakeFileStat",

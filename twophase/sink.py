@@ -318,6 +318,12 @@ class TwoPhaseCommitSink(ABC, Generic[TxnT]):
         """The namespace used when the job names none (e.g. derived from the target's name)."""
         return self.kind
 
+    def client_extras(self) -> tuple[str, ...]:
+        """The extras of ``pip install 'twophase[...]'`` whose client libraries this sink needs
+        on the driver and on every executor (default: the one its ``kind`` names, if any): the
+        preflight and a query's start check that they import there."""
+        return (self.kind,)
+
     def check_schema(self, columns: Sequence[Column]) -> None:
         """Raise :class:`SchemaMismatchError` if rows of these columns cannot be written."""
 

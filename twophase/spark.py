@@ -116,7 +116,8 @@ def write_stream(
         query_name: Spark's query name.
         retry: how retryable errors are retried (default: :class:`RetryPolicy`).
         foreach_batch: drive the sink through ``foreachBatch`` instead of the Python Data
-            Source API (which needs pyarrow).
+            Source API: each partition written by a task from Arrow (``mapInArrow``; from
+            Spark's Rows on a driver without pyarrow), the batch decided in this process.
         accept_lost_state: start although the checkpoint has batches the state file does not
             know (it was deleted, or restored from an older backup). A batch that was decided
             but not done may then be written twice: only for someone who accepts that.

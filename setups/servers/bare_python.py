@@ -11,6 +11,12 @@ cache is equivalent and took 24 s here; the links cost nothing.)
 The links point into ``packages``: the driver's ``site-packages`` as the executors see it
 (:mod:`setups.servers.spark_cluster` mounts it at another path in the workers' mount
 namespace, where the bare virtualenv takes the driver's virtualenv's place).
+
+:func:`bare_driver_python` is one for a process of the driver's side whose Python workers'
+path Spark also sends to the bare executors (a Spark Connect server: one ``PYSPARK_PYTHON``
+for both): its links name the driver's ``site-packages`` by its path, which is the driver's
+on the driver's host and the bare virtualenv's (the same three distributions) in the workers'
+namespace, so it is bare on either side.
 """
 
 from __future__ import annotations
@@ -47,3 +53,9 @@ def bare_venv(venv: Path, packages: Path) -> Path:
         for name in top_level_entries(distribution):
             (site / name).symlink_to(packages / name)
     return venv
+
+
+def bare_driver_python(venv: Path) -> Path:
+    """The Python of a bare virtualenv at ``venv`` that is bare on the driver's host and on
+    the bare executors alike (see above)."""
+    return bare_venv(venv, site_packages(Path(sys.prefix))) / "bin" / "python"

@@ -11,8 +11,10 @@ Used as a pytest plugin (``pytest_plugins = ["setups.servers.kafka"]``) it provi
   when it is formatted, a certificate of ``tls_ca``, the StandardAuthorizer, ACLs granted by
   :meth:`KafkaBroker.grant`), with two more listeners whose certificates a client must refuse
   (another CA's, another host name's) and one that requires a client certificate of ``tls_ca``
-  (``ssl.client.auth=required``, mutual TLS; :attr:`KafkaBroker.client_cert_port`):
-  :class:`BrokerSecurity`.
+  (``ssl.client.auth=required``, mutual TLS; :attr:`KafkaBroker.client_cert_port`), and one
+  that ends every SASL session a client does not renew within :data:`SESSION_LIFETIME_MS`
+  (:attr:`KafkaBroker.reauth_port`): :class:`BrokerSecurity`. :meth:`KafkaBroker.set_password`
+  makes a SCRAM user or changes its password.
 * ``kafka_short_timeout_broker`` (module): a second broker whose
   ``transaction.max.timeout.ms`` is :data:`SHORT_MAX_TIMEOUT_MS`, for transactions that outlive
   their timeout.
@@ -58,7 +60,9 @@ from kafka.admin import (
     ResourcePatternFilter,
     ResourceType,
     TransactionState,
+    UserScramCredentialUpsertion,
 )
+from kafka.errors import KafkaError
 from kafka.structs import TopicPartition
 
 from setups.servers.local import free_port, stop_process
@@ -73,6 +77,9 @@ SPARK_JARS_HINT = ("run scripts/kafka-broker-jars spark (scripts/test does it th
                    "scripts/bootstrap with TWOPHASE_NEED_KAFKA=1)")
 HEAP = "-Xmx512m"
 READY_TIMEOUT_S = 90.0
+#: A starting broker refuses connections: kafka-python's backoff between them doubles up to
+#: 30 s by default, which would notice a broker up late by as much; capped here.
+READY_BACKOFF_MAX_MS = 500
 READ_TIMEOUT_S = 30.0
 POLL_MS = 200
 #: The broker answers a read's fetch at once when it has data; without data, after this.
@@ -153,6 +160,14 @@ WRONG_HOST_LISTENER = "WRONG_HOST"
 #: A listener of the secured broker that also requires a client certificate of the run's CA
 #: (SASL_SSL still: the principal is the SCRAM user, its ACLs as on the other listener).
 CLIENT_CERT_LISTENER = "CLIENT_CERT"
+#: A listener of the secured broker that ends a SASL session :data:`SESSION_LIFETIME_MS` after
+#: its login unless the client logs in again (KIP-368, ``connections.max.reauth.ms``): a
+#: password changed on the broker stops working on the connections made with it too, as on
+#: brokers whose operators revoke credentials.
+REAUTH_LISTENER = "REAUTH"
+SESSION_LIFETIME_MS = 2000
+#: How long :meth:`KafkaBroker.set_password` waits for one login with the new password.
+LOGIN_TIMEOUT_MS = 2000
 AUTHORIZER = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
 SCRAM_LOGIN = "org.apache.kafka.common.security.scram.ScramLoginModule"
 PLAIN_LOGIN = "org.apache.kafka.common.security.plain.PlainLoginModule"
@@ -211,7 +226,8 @@ class BrokerSecurity:
     cannot check SCRAM credentials: those live in the metadata they serve), its one user the
     broker. ``refused`` are further SASL_SSL listeners whose certificates a client must refuse;
     :data:`CLIENT_CERT_LISTENER`, if given a port, presents :attr:`certificate` and requires a
-    client certificate issued by the CA of :attr:`cafile` (the brokers' trust store).
+    client certificate issued by the CA of :attr:`cafile` (the brokers' trust store);
+    :data:`REAUTH_LISTENER`, if given one, ends sessions after :data:`SESSION_LIFETIME_MS`.
     """
 
     cafile: Path
@@ -293,6 +309,9 @@ class BrokerSecurity:
             }
         if CLIENT_CERT_LISTENER in ports:
             settings[f"listener.name.{CLIENT_CERT_LISTENER.lower()}.ssl.client.auth"] = "required"
+        if REAUTH_LISTENER in ports:
+            settings[f"listener.name.{REAUTH_LISTENER.lower()}.{SCRAM.lower()}."
+                     "connections.max.reauth.ms"] = str(SESSION_LIFETIME_MS)
         return settings
 
 
@@ -406,6 +425,8 @@ class KafkaBroker:
     refused_ports: dict[str, int] = field(default_factory=dict)
     #: The secured broker's listener that requires a client certificate (mutual TLS).
     client_cert_port: int | None = None
+    #: The secured broker's listener that ends SASL sessions (:data:`REAUTH_LISTENER`).
+    reauth_port: int | None = None
 
     @property
     def bootstrap_servers(self) -> str:
@@ -464,7 +485,9 @@ class KafkaBroker:
                                    f"{self._tail()}")
             with contextlib.suppress(Exception):
                 admin = KafkaAdminClient(bootstrap_servers=self.bootstrap_servers,
-                                         request_timeout_ms=3000, **self.client_configs())
+                                         request_timeout_ms=3000,
+                                         reconnect_backoff_max_ms=READY_BACKOFF_MAX_MS,
+                                         **self.client_configs())
                 try:
                     admin.describe_cluster()
                     return
@@ -528,6 +551,36 @@ class KafkaBroker:
                 time.sleep(0.05)
         finally:
             admin.close()
+
+    def set_password(self, user: str, password: str) -> None:
+        """Make ``user``'s SCRAM credential, or change its password (as the admin), and return
+        once the broker logs ``user`` in with it (the controller commits it, the broker
+        applies its metadata a moment later)."""
+        admin = self.admin()
+        try:
+            failed = {name: error for name, error in admin.alter_user_scram_credentials(
+                [UserScramCredentialUpsertion(user, SCRAM, password)]).items() if error}
+        finally:
+            admin.close()
+        if failed:
+            raise RuntimeError(f"the broker refused the SCRAM credential: {failed}")
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while not self._logs_in(user, password):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{user} cannot log in {READY_TIMEOUT_S}s after the "
+                                   "change of its password")
+
+    def _logs_in(self, user: str, password: str) -> bool:
+        """Whether a client logging in as ``user`` with ``password`` bootstraps."""
+        configs = {**self.client_configs(), "sasl_plain_username": user,
+                   "sasl_plain_password": password}
+        try:
+            admin = KafkaAdminClient(bootstrap_servers=self.bootstrap_servers,
+                                     bootstrap_timeout_ms=LOGIN_TIMEOUT_MS, **configs)
+        except KafkaError:
+            return False
+        admin.close()
+        return True
 
     def revoke(self, acls: Iterable[ACL]) -> None:
         """Delete exactly ``acls`` (as the admin)."""
@@ -639,9 +692,11 @@ def private_broker(home: Path, settings: dict[str, str] | None = None, *,
     if security is not None:
         broker.refused_ports = {name: free_port(HOST) for name in security.refused}
         broker.client_cert_port = free_port(HOST)
+        broker.reauth_port = free_port(HOST)
         overrides = {**security.settings({SECURED_LISTENER: broker.port,
                                           **broker.refused_ports,
-                                          CLIENT_CERT_LISTENER: broker.client_cert_port},
+                                          CLIENT_CERT_LISTENER: broker.client_cert_port,
+                                          REAUTH_LISTENER: broker.reauth_port},
                                          controller_port),
                      **overrides}
         log4j2 = AUTHORIZER_LOG4J2.format(log=broker.log, authorizer_log=broker.authorizer_log)

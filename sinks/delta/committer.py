@@ -45,7 +45,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -58,7 +57,7 @@ from twophase import (
     Handle,
     TxnId,
 )
-from twophase.kit import LakeCommitter, classified, lake_deadline, transaction_lost
+from twophase.kit import LakeCleanup, LakeCommitter, classified, lake_deadline
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable
@@ -138,19 +137,13 @@ class DeltaCommitter(LakeCommitter):
 
     def _addable(self, handle: Handle, retention_s: float) -> list[DataFile]:
         """The handle's files, each checked: still there, and within VACUUM's retention."""
-        files, oldest = self.sink.files_in(handle), time.time() - retention_s
+        files = self.sink.files_in(handle)
+        vacuum = LakeCleanup("a VACUUM", "commit", "the table's delta.deletedFileRetentionDuration",
+                             retention_s, risk=", and adding it now could resurrect rows an "
+                             "OPTIMIZE rewrote")
         for data_file in files:
-            if self.sink.storage.stat(data_file.path) is None:
-                raise transaction_lost(handle, where=self.sink.where, why=(
-                    f"its file {data_file.path} is gone from the table's data area (deleted by "
-                    "a VACUUM or by hand) and no commit references it; nothing of batch "
-                    f"{handle.txn_id.batch} was added"))
-            if data_file.modification_time / 1000 < oldest:
-                raise transaction_lost(handle, where=self.sink.where, why=(
-                    f"its file {data_file.path} is older than the table's "
-                    "delta.deletedFileRetentionDuration: VACUUM may delete it at any moment, "
-                    "and adding it now could resurrect rows an OPTIMIZE rewrote; nothing of "
-                    f"batch {handle.txn_id.batch} was added"))
+            self.check_addable(handle, data_file.path,
+                               created_ms=data_file.modification_time, cleanup=vacuum)
         return files
 
     # -- before a decision: an explicit app id -----------------------------------------------------

@@ -36,7 +36,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -48,14 +47,13 @@ from sinks.iceberg.errors import classify
 from sinks.iceberg.files import IcebergFile
 from sinks.iceberg.local_commit import IcebergLocalCommit, offer
 from twophase import CommitOutcome, Handle, TxnId
-from twophase.kit import LakeCommitter, classified, lake_deadline, transaction_lost
+from twophase.kit import LakeCleanup, LakeCommitter, classified, lake_deadline
 
 if TYPE_CHECKING:
     from sinks.iceberg.sink import IcebergSink
 
 log = logging.getLogger(__name__)
 
-MS_PER_S = 1000
 #: A query's batch: the app id and the batch id.
 BatchKey = tuple[str, int]
 
@@ -122,16 +120,11 @@ class IcebergCommitter(LakeCommitter):
 
     def _addable(self, table: Table, handle: Handle, data_file: IcebergFile) -> DataFile:
         """The file as its snapshot adds it, checked: still there, younger than orphan_age."""
-        if self.sink.storage.stat(data_file.path) is None:
-            raise transaction_lost(handle, where=self.sink.where, why=(
-                f"its file {data_file.path} is gone from the table's data area (deleted by an "
-                "orphan-file cleanup or by hand) and no snapshot adds it; nothing of batch "
-                f"{handle.txn_id.batch} was added"))
-        if data_file.created / MS_PER_S < time.time() - self.sink.orphan_age_s:
-            raise transaction_lost(handle, where=self.sink.where, why=(
-                f"its file {data_file.path} is older than orphan_age "
-                f"({self.sink.orphan_age_s:.0f} s): an orphan-file cleanup may delete it at "
-                f"any moment; nothing of batch {handle.txn_id.batch} was added"))
+        cleanup = LakeCleanup("an orphan-file cleanup", "snapshot",
+                              f"orphan_age ({self.sink.orphan_age_s:.0f} s)",
+                              self.sink.orphan_age_s)
+        self.check_addable(handle, data_file.path, created_ms=data_file.created,
+                           cleanup=cleanup)
         return snapshots.data_file(table, data_file, self.sink.storage.uri(data_file.path))
 
     def local_commit(self) -> IcebergLocalCommit | None:

@@ -8,7 +8,10 @@ itself to a broker that was down (``tests/test_kafka_sink.py`` kills and restart
 under it), so a connection failure is retried through the same client. It logs in again with
 the password it was made with: should the brokers refuse it after the password's ``Secret``
 changed (a rotation), :meth:`KafkaSettings.with_admin` makes it again with the new one
-(:class:`twophase.kit.ClientCache`). The executor's
+(:class:`twophase.kit.ClientCache`). kafka-python mostly reports a refused login as a
+connection lost, or a bootstrap timed out, and never names the user: where a client fails so,
+:meth:`KafkaSettings.login_checked` asks the brokers with one login of its own
+(:mod:`~sinks.kafka.login`). The executor's
 producer is librdkafka's (:mod:`~sinks.kafka.producer`): :meth:`KafkaSettings.librdkafka_configs`
 translates the same settings to its property names, so both clients connect alike.
 
@@ -37,21 +40,31 @@ before any SASL login) and reads the answer, and the alert is classified by
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import ssl
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+import kafka.errors as kerrors
 from kafka import KafkaAdminClient, KafkaConsumer
 
-from sinks.kafka.errors import client_certificate_refused, refused_credentials
+from sinks.kafka.errors import (
+    KAFKA_ERRORS,
+    classify,
+    client_certificate_refused,
+    login_in_question,
+    refused_credentials,
+)
+from sinks.kafka.login import PASSWORD_MECHANISMS, refusal
 from twophase import ConfigurationError
-from twophase.kit import ClientCache, SecretOption, reveal
+from twophase.kit import ClientCache, SecretOption, classified, reveal
 
 T = TypeVar("T")
+C = TypeVar("C")
 
 log = logging.getLogger(__name__)
 
@@ -167,12 +180,64 @@ class KafkaSettings:
         return self.security_protocol.upper() in TLS_PROTOCOLS
 
     def consumer(self, **configs: Any) -> KafkaConsumer:
-        self.verify_tls()
-        return KafkaConsumer(**self.client_configs(), enable_auto_commit=False, **configs)
+        return self._client(KafkaConsumer, enable_auto_commit=False, **configs)
 
     def new_admin(self) -> KafkaAdminClient:
+        return self._client(KafkaAdminClient)
+
+    def _client(self, kind: Callable[..., C], **configs: Any) -> C:
+        """A kafka-python client of ``kind``, which bootstraps as it is made: TLS checked
+        first (:meth:`verify_tls`), a failure classified, a refused login named as such
+        (:meth:`login_checked`)."""
         self.verify_tls()
-        return KafkaAdminClient(**self.client_configs())
+        common = self.client_configs()
+        what = f"connecting to {self.where}"
+        with classified(classify, what, KAFKA_ERRORS), \
+                self.login_checked(common.get("sasl_plain_password"), what):
+            return kind(**common, **configs)
+
+    @contextlib.contextmanager
+    def login_checked(self, password: str | None, what: str) -> Iterator[None]:
+        """The block (``what``), run by a client that logs in with ``password``. Should it
+        fail as if no broker could be reached, which is also how kafka-python reports a
+        refused SASL login (:mod:`~sinks.kafka.login`), or as refused, one login of our own
+        with that password tells: the brokers' refusal is raised as SASL_AUTHENTICATION_FAILED
+        (a :class:`ConfigurationError` naming the user, caused by their answer, which
+        :func:`~sinks.kafka.errors.refused_credentials` recognises)."""
+        try:
+            yield
+        except Exception as error:
+            refused = self._refusal(password) if login_in_question(error) else None
+            if refused is None:
+                raise
+            raise classify(refused, what) from refused
+
+    def _refusal(self, password: str | None) -> kerrors.SaslAuthenticationFailedError | None:
+        """The brokers' answer to one login with ``password``: their refusal, or None (the
+        login was accepted, the mechanism takes no password, or no broker answered).
+        Nothing here fails: the error that made us ask stands unless the brokers refuse."""
+        if self.sasl_mechanism not in PASSWORD_MECHANISMS or password is None:
+            return None
+        configs = {**self.client_configs(), "sasl_plain_password": password}
+        for server in self.bootstrap_servers.split(","):
+            host, port = _address(server)
+            try:
+                with self._connected(host, port) as sock:
+                    return refusal(sock, host, configs)
+            except (OSError, ValueError, kerrors.KafkaError):
+                log.debug("no SASL login with %s", server, exc_info=True)
+        return None
+
+    @contextlib.contextmanager
+    def _connected(self, host: str, port: int) -> Iterator[socket.socket]:
+        """A socket to the broker at ``host:port`` as the clients open one: with TLS, the
+        handshake made and the certificate verified (:meth:`tls_context`)."""
+        with socket.create_connection((host, port), self.connect_timeout_ms / 1000) as plain:
+            if not self.uses_tls:
+                yield plain
+                return
+            with self.tls_context().wrap_socket(plain, server_hostname=host) as secured:
+                yield secured
 
     def verify_tls(self) -> None:
         """With TLS, one handshake with a bootstrap broker as the clients make it: a
@@ -180,14 +245,11 @@ class KafkaSettings:
         the fix. A broker that cannot be reached is left to the clients (and their retries)."""
         if not self.uses_tls:
             return
-        context = self.tls_context()
         refused: ConfigurationError | None = None
         for server in self.bootstrap_servers.split(","):
-            host, _, port = server.strip().rpartition(":")
+            host, port = _address(server)
             try:
-                with socket.create_connection((host, int(port)),
-                                              self.connect_timeout_ms / 1000) as plain, \
-                        context.wrap_socket(plain, server_hostname=host) as secured:
+                with self._connected(host, port) as secured:
                     secured.sendall(API_VERSIONS_REQUEST)
                     secured.recv(ANSWER_SIZE_BYTES)
                     return
@@ -226,12 +288,26 @@ class KafkaSettings:
         """``operation(admin)`` with this process's admin client; should the brokers refuse
         its login after the password's Secret changed (a rotation), the client is made again
         with the new one and ``operation`` runs once more."""
-        return _admins.retried_if_rotated(self, lambda: operation(self.admin()),
-                                          refused_credentials, what=f"{what} ({self.where})")
+        what = f"{what} ({self.where})"
+        return _admins.retried_if_rotated(self, lambda: self._on_admin(operation, what),
+                                          refused_credentials, what=what)
+
+    def _on_admin(self, operation: Callable[[KafkaAdminClient], T], what: str) -> T:
+        """``operation`` on this process's admin client, a refused login named as such (the
+        client logs in again with the password it was made with)."""
+        admin = self.admin()
+        with self.login_checked(admin.config.get("sasl_plain_password"), what):
+            return operation(admin)
 
 
 _admins: ClientCache[KafkaSettings, KafkaAdminClient] = ClientCache(
     KafkaSettings.new_admin, lambda settings: settings.secrets, KafkaAdminClient.close)
+
+
+def _address(server: str) -> tuple[str, int]:
+    """The host and port of one of ``bootstrap_servers`` (``host:port``)."""
+    host, _, port = server.strip().rpartition(":")
+    return host, int(port)
 
 
 def _certificate_refused(server: str, error: ssl.SSLCertVerificationError) -> ConfigurationError:

@@ -29,6 +29,10 @@ a SASL failure, a TLS handshake refused     :class:`ConfigurationError` (credent
                                            verify_tls`); a SASL failure after the password's
                                            Secret changed: the admin client is made again
                                            with the new one (:func:`refused_credentials`)
+a refused SASL login that kafka-python      the brokers asked by one login of the sink's own
+reports as a broker not reached (or as      (:func:`login_in_question`,
+refused, without the user)                  :mod:`~sinks.kafka.login`): their refusal, naming
+                                           the user, as above
 the broker's TLS alert refusing the client  :func:`client_certificate_refused`:
 certificate (none given, or untrusted)      :class:`ConfigurationError` naming
                                            ``ssl_certfile=``/``ssl_keyfile=``
@@ -70,6 +74,9 @@ TOPIC_AUTHORIZATION_FAILED = "TOPIC_AUTHORIZATION_FAILED"
 SASL_AUTHENTICATION_FAILED = "SASL_AUTHENTICATION_FAILED"
 #: A producer found no metadata for a topic within max_block_ms (no such topic, auto-create off).
 NO_TOPIC_METADATA = "NO_TOPIC_METADATA"
+#: kafka-python's failures to reach a broker: also its words for a refused SASL login (it loses
+#: the broker's answer, see :mod:`~sinks.kafka.login`).
+UNREACHED = frozenset({"KafkaConnectionError", "NodeNotReadyError", "KafkaTimeoutError"})
 #: EndTxn answers that mean "this (producer id, epoch) can no longer decide the transaction".
 GONE = frozenset({PRODUCER_FENCED, INVALID_PRODUCER_EPOCH, INVALID_TXN_STATE,
                   TRANSACTIONAL_ID_NOT_FOUND, "UNKNOWN_PRODUCER_ID",
@@ -78,8 +85,7 @@ GONE = frozenset({PRODUCER_FENCED, INVALID_PRODUCER_EPOCH, INVALID_TXN_STATE,
 FIX_RETRY = "retried automatically; if it persists, check that the brokers are up and reachable"
 FIX_CONNECT = ("retried automatically; if it persists, check bootstrap_servers= and that the "
                "brokers are up and reachable from this host; with SASL, check "
-               "sasl_plain_username= and sasl_plain_password= too (kafka-python reports a "
-               "refused login as this timeout)")
+               "sasl_plain_username= and sasl_plain_password= too")
 FIX_TOPIC = ("create the topic (kafka-topics.sh --create --topic ...) or fix topic= / the "
              "topic column: the sink never creates data topics, and clusters should run with "
              "auto.create.topics.enable=false")
@@ -222,6 +228,15 @@ def refused_credentials(exc: BaseException) -> bool:
         return isinstance(error, KafkaError) and \
             LIBRDKAFKA_NAMES.get(error.name()) == SASL_AUTHENTICATION_FAILED
     return code_of(exc) == SASL_AUTHENTICATION_FAILED
+
+
+def login_in_question(exc: BaseException) -> bool:
+    """Whether kafka-python's ``exc`` (or, for a twophase error, the error it was classified
+    from) may be a refused SASL login: it failed to reach a broker (its words for a refusal
+    whose answer it lost), or it says the broker refused (naming no user)."""
+    cause = exc.__cause__ if isinstance(exc, TwoPhaseError) else exc
+    return isinstance(cause, kerrors.KafkaError) and \
+        code_of(cause) in UNREACHED | {SASL_AUTHENTICATION_FAILED}
 
 
 def client_certificate_refused(server: str, error: ssl.SSLError,

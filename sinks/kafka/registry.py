@@ -128,14 +128,19 @@ def read(settings: KafkaSettings, topic: str) -> dict[str, Entry]:
     that fails is dropped (the next read makes another); one refused a rotated password is
     made again with the new one at once (:class:`twophase.kit.ClientCache`)."""
     key = (settings, topic)
-    return _views.retried_if_rotated(key, lambda: _refreshed(key), refused_credentials,
-                                     what=f"reading the registry {topic} ({settings.where})")
+    what = f"reading the registry {topic} ({settings.where})"
+    return _views.retried_if_rotated(key, lambda: _refreshed(key, what), refused_credentials,
+                                     what=what)
 
 
-def _refreshed(key: tuple[KafkaSettings, str]) -> dict[str, Entry]:
+def _refreshed(key: tuple[KafkaSettings, str], what: str) -> dict[str, Entry]:
+    """The view's entries, a refused login named as such (its consumer logs in again with the
+    password it was made with: :meth:`~sinks.kafka.connection.KafkaSettings.login_checked`)."""
+    settings, _topic = key
     view = _views.get(key)
     try:
-        return view.refresh()
+        with settings.login_checked(view.consumer.config.get("sasl_plain_password"), what):
+            return view.refresh()
     except Exception:
         _views.drop(key)
         raise

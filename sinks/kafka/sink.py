@@ -83,7 +83,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from kafka.admin import ConfigResource, ConfigResourceType, TransactionState
+from kafka.admin import (
+    ConfigResource,
+    ConfigResourceType,
+    TransactionDescription,
+    TransactionState,
+)
 
 from sinks.kafka import registry
 from sinks.kafka.adapter import ProducerIdentity
@@ -369,16 +374,12 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTransaction]):
         return None if deadline_ms is None else int(deadline_ms) / 1000
 
     def list_in_doubt(self, namespace: str) -> list[Handle]:
-        """Open transactions of ``namespace``'s pooled ids, named by the registry."""
-        with classified(classify, f"listing open transactions of {namespace}", KAFKA_ERRORS):
-            admin = self.settings.admin()
-            tids = list_ids(
-                admin, namespace_pattern(self.transactional_id_prefix, namespace),
-                [TransactionState.ONGOING])
-            if not tids:
-                return []
-            descriptions = describe(admin, tids)
-            entries = registry.read(self.settings, self.registry_topic)
+        """Open transactions of ``namespace``'s pooled ids, named by the registry (through this
+        process's admin client, made again should the brokers refuse a rotated password:
+        :meth:`~sinks.kafka.connection.KafkaSettings.with_admin`)."""
+        what = f"listing open transactions of {namespace}"
+        descriptions, entries = self.settings.with_admin(
+            lambda admin: self._open_transactions(admin, namespace, what), what)
         handles = []
         for tid, description in sorted(descriptions.items()):
             entry = entries.get(tid)
@@ -393,6 +394,17 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTransaction]):
                 epoch=entry.epoch, deadline_ms=entry.deadline_ms,
                 timeout_ms=description.transaction_timeout_ms))
         return sorted(handles, key=lambda handle: handle.txn_id)
+
+    def _open_transactions(self, admin: Any, namespace: str, what: str
+                           ) -> tuple[dict[str, TransactionDescription], dict[str, registry.Entry]]:
+        """The coordinators' descriptions of ``namespace``'s open transactions, and the
+        registry's entries (not read while none is open)."""
+        with classified(classify, what, KAFKA_ERRORS):
+            tids = list_ids(admin, namespace_pattern(self.transactional_id_prefix, namespace),
+                            [TransactionState.ONGOING])
+            if not tids:
+                return {}, {}
+            return describe(admin, tids), registry.read(self.settings, self.registry_topic)
 
 
 def _identity(admin: Any, tid: str) -> ProducerIdentity:

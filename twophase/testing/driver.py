@@ -97,6 +97,12 @@ class DriverSpec:
     stop_when_done: bool = False
     #: Serve the query's Prometheus metrics on this port while the driver runs.
     metrics_port: int | None = None
+    #: The Python that Spark starts its Python workers with (``PYSPARK_PYTHON``), on the
+    #: executors and on the driver (where a data source's planning and commit run), say
+    #: ``./environment/bin/python`` of a packed virtualenv shipped by ``spark.archives``: a
+    #: relative path starts from each one's working directory (an executor's, where Spark
+    #: unpacks the archive; the driver's). None: the driver's own Python.
+    pyspark_python: str | None = None
 
     @classmethod
     def into(cls, target: Target, workdir: Path, **settings: Any) -> DriverSpec:
@@ -231,11 +237,11 @@ def _wait(process: subprocess.Popen[bytes], timeout_s: float,
 # -- the child ----------------------------------------------------------------------------
 
 
-def local_session(app_name: str, cores: int = 2,
-                  conf: dict[str, str] | None = None) -> SparkSession:
-    """A SparkSession tuned for small machines, with workers on this Python: local with
-    ``cores``, unless ``conf`` names a ``spark.master``."""
-    os.environ["PYSPARK_PYTHON"] = sys.executable
+def local_session(app_name: str, cores: int = 2, conf: dict[str, str] | None = None,
+                  python: str | None = None) -> SparkSession:
+    """A SparkSession tuned for small machines, with workers on this Python (or ``python``):
+    local with ``cores``, unless ``conf`` names a ``spark.master``."""
+    os.environ["PYSPARK_PYTHON"] = python or sys.executable
     builder = SparkSession.builder.master(f"local[{cores}]").appName(app_name)
     for key, value in {**SPARK_CONF, **(conf or {})}.items():
         builder = builder.config(key, value)
@@ -300,7 +306,8 @@ def _session(spec: DriverSpec) -> SparkSession:
     conf = {"spark.local.dir": tempfile.gettempdir(), **spec.spark_conf}
     if "spark.master" in spec.spark_conf and CRASH_ENV in os.environ:
         conf.update(executor_crash_conf(os.environ[CRASH_ENV], Path(tempfile.gettempdir())))
-    return local_session("twophase-driver", spec.cores or spec.partitions, conf)
+    return local_session("twophase-driver", spec.cores or spec.partitions, conf,
+                         python=spec.pyspark_python)
 
 
 def executor_crash_conf(crash_at: str, scratch: Path) -> dict[str, str]:
