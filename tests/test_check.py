@@ -4,14 +4,16 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import http.client
 import http.server
 import importlib.metadata
 import json
+import pickle
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,7 @@ from twophase._eligibility import is_orphan
 from twophase._handle import PROBE_QUERY_ID, TxnId
 from twophase._loader import build_sink
 from twophase._preflight import (
+    EXECUTOR_TARGET_CHECK,
     ExecutorReport,
     ExecutorsSeen,
     Outcome,
@@ -69,8 +72,10 @@ def rows_of(output: str) -> dict[str, str]:
     return {check: result for check, result in rows if result}
 
 
-@pytest.mark.parametrize("setup_name", ["sqlite_setup", "mysql_setup", "postgres_setup",
-                                        "kafka_setup", "s3_setup"])
+@pytest.mark.parametrize("setup_name", [
+    "sqlite_setup", "mysql_setup", "postgres_setup", "kafka_setup", "s3_setup",
+    # the secured servers: verified TLS, SASL_SSL with ACLs, IAM-checked keys
+    "secured_mysql_setup", "secured_postgres_setup", "kafka_secured_setup", "s3_secured_setup"])
 def test_every_check_passes_on_a_sound_target(setup_name: str, tmp_path: Path,
                                               request: pytest.FixtureRequest) -> None:
     setup: SinkSetup = request.getfixturevalue(setup_name)
@@ -153,10 +158,36 @@ def test_the_executors_report_the_drivers_versions_and_clock(sqlite_setup: SinkS
                                                              spark: Any) -> None:
     target = sqlite_setup.new_target()
     sink = build_sink(target.factory, target.options)
-    results = {r.check: r for r in run_checks(sink, "orders", spark=spark)}
+    results = {r.check: r for r in run_checks(sink, "orders", columns=ORDER_COLUMNS,
+                                              spark=spark)}
     assert results["imports (executors)"].outcome is Outcome.PASSED, results
     assert "pyspark" in results["imports (executors)"].cause
     assert results["clocks (executors)"].outcome is Outcome.PASSED, results
+    assert results[EXECUTOR_TARGET_CHECK].outcome is Outcome.PASSED, results
+    assert sink.list_in_doubt("orders") == []
+
+
+#: A proxy no executor can reach (the discard port, closed): what a firewall between the
+#: executors and the target does, while the driver reaches it.
+CLOSED_PROXY = "http://127.0.0.1:9"
+
+
+def test_an_executor_that_cannot_reach_the_target_fails_naming_it(
+        s3_setup: SinkSetup, moto_server: MotoServer, spark: Any,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    target = s3_setup.new_target()
+    sink = build_sink(target.factory, target.options)
+    for name in ("HTTP_PROXY", "http_proxy"):  # the executors' Python workers' environment
+        monkeypatch.setitem(spark.sparkContext.environment, name, CLOSED_PROXY)
+    results = {r.check: r for r in run_checks(sink, "orders", columns=ORDER_COLUMNS,
+                                              spark=spark)}
+    assert results["grants (probe)"].outcome is Outcome.PASSED, results  # from the driver
+    refused = results[EXECUTOR_TARGET_CHECK]
+    assert refused.outcome is Outcome.FAILED, results
+    assert "proxy" in refused.cause.lower() and refused.fix, refused
+    assert sink.list_in_doubt("orders") == []
+    assert moto_server.client().list_multipart_uploads(
+        Bucket=target.options["bucket"]).get("Uploads", []) == []
 
 
 def test_the_executors_of_a_group_import_each_members_client(orders_db: Path,
@@ -251,21 +282,49 @@ def condition_dropping_relay(upstream: str) -> Iterator[str]:
 _BARE_EXECUTOR = """
 import pickle, sys
 task = pickle.loads(sys.stdin.buffer.read())
-(host, versions, failures, clock), = task(("pyspark", "twophase"), [])
-print(versions["pyspark"], versions["twophase"], sorted(failures))
+(seen,) = task([])
+sys.stdout.buffer.write(pickle.dumps(seen))
 """
+
+
+def bare_executor_reports(path: Sequence[Path], distributions: tuple[str, ...],
+                          cwd: Path) -> ExecutorReport:
+    """What the executors' check task reports in a Python whose path is Spark's own zips and
+    ``path`` only (``python -S``: no site-packages), the task pickled by value as Spark
+    ships it."""
+    spark_lib = Path(pyspark.__file__).parent / "python" / "lib"
+    entries = [*map(str, path), *sorted(str(p) for p in spark_lib.glob("*.zip"))]
+    task = cloudpickle.dumps(  # type: ignore[no-untyped-call]
+        functools.partial(shipped_by_value(report_here, versions, import_failures),
+                          distributions))
+    run = subprocess.run([sys.executable, "-S", "-c", _BARE_EXECUTOR], input=task,
+                         capture_output=True, timeout=60, check=True,
+                         env={"PYTHONPATH": ":".join(entries)}, cwd=cwd)
+    return ExecutorReport(*pickle.loads(run.stdout))
 
 
 def test_the_executors_check_reads_pyspark_from_sparks_own_zip(tmp_path: Path) -> None:
     """pyspark.zip, which Spark puts on its workers' path, has no package metadata: its
     version is read from the module (a packed venv without pyspark is not refused)."""
-    spark_lib = Path(pyspark.__file__).parent / "python" / "lib"
-    zips = sorted(str(path) for path in spark_lib.glob("*.zip"))
-    task = cloudpickle.dumps(  # type: ignore[no-untyped-call]
-        shipped_by_value(report_here, versions, import_failures))
-    run = subprocess.run([sys.executable, "-S", "-c", _BARE_EXECUTOR], input=task,
-                         capture_output=True, timeout=60, check=True,
-                         env={"PYTHONPATH": ":".join(zips)}, cwd=tmp_path)
-    pyspark_version, twophase_version, failures = run.stdout.decode().split(" ", 2)
-    assert pyspark_version == pyspark.__version__
-    assert twophase_version == "None" and failures.strip() == "['twophase']"
+    report = bare_executor_reports([], ("pyspark", "twophase"), tmp_path)
+    assert report.versions == {"pyspark": pyspark.__version__, "twophase": None}
+    assert report.failures == {"twophase": "not installed"}
+
+
+def test_a_version_mismatch_on_an_executor_fails_naming_both_versions(tmp_path: Path) -> None:
+    """An executor whose pyarrow (installed, with its metadata) is not the driver's."""
+    site = tmp_path / "site-packages"
+    (site / "pyarrow").mkdir(parents=True)
+    (site / "pyarrow" / "__init__.py").write_text('__version__ = "0.0.1"\n')
+    (site / "pyarrow-0.0.1.dist-info").mkdir()
+    (site / "pyarrow-0.0.1.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: pyarrow\nVersion: 0.0.1\n")
+    names = ("pyspark", "pyarrow")
+    report = bare_executor_reports([site], names, tmp_path)
+    result = check_executor_imports(ExecutorsSeen((report,), 0.0, 0.0), versions(names),
+                                    "sqlite")
+    assert result.outcome is Outcome.FAILED
+    assert (f"{report.host}: pyarrow 0.0.1, the driver has "
+            f"{importlib.metadata.version('pyarrow')}") in result.cause
+    assert "pyspark" not in result.cause  # Spark's own zip: the driver's version
+    assert "same versions" in result.fix

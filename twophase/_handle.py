@@ -132,11 +132,13 @@ class TxnId:
         )
 
     @classmethod
-    def probe(cls, namespace: str, *, clock: Callable[[], float] = time.time) -> TxnId:
+    def probe(cls, namespace: str, *, attempt: int = 0,
+              clock: Callable[[], float] = time.time) -> TxnId:
         """The id of a preflight probe transaction of ``namespace``, opened now (see
-        :data:`PROBE_QUERY_ID`): epoch 0, which no run holds, batch 0, the probe partition."""
-        return cls(validate_namespace(namespace), PROBE_QUERY_KEY, 0, 0, PROBE_PARTITION, 0,
-                   int(clock()))
+        :data:`PROBE_QUERY_ID`): epoch 0, which no run holds, batch 0, the probe partition;
+        ``attempt`` tells apart probes made at once (the driver's 0, each executor's own)."""
+        return cls(validate_namespace(namespace), PROBE_QUERY_KEY, 0, 0, PROBE_PARTITION,
+                   attempt, int(clock()))
 
     @property
     def is_probe(self) -> bool:

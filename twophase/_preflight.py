@@ -8,8 +8,8 @@ runs the executors' imports check (:func:`require_executor_imports`), raising if
 ===============  ==========================================================================
 check            how it probes
 ===============  ==========================================================================
-imports          twophase and the sink's client libraries (the distributions of the extra
-                 named by ``sink.kind``; a group's, each member's) import here; with
+imports          twophase and the sink's client libraries (the distributions of the extras
+                 ``sink.client_extras()`` names: a group's, each member's) import here; with
                  Spark, on every executor too
                  (one task each, shipped by value: it runs where twophase is missing),
                  their versions and pyspark's and pyarrow's equal the driver's
@@ -20,6 +20,9 @@ grants           a probe transaction (:meth:`TxnId.probe`: a reserved query id n
                  cleanup takes for its own) begun, written with no rows, pre-committed and
                  aborted; then the in-doubt listing holds no probe. A sink whose probe would
                  be visible (``invisible_probe = False``) is reported as not verified
+executors'       with Spark, once the executors' imports passed ("target (executors)"): the
+target           same probe made by every executor, each under its own id (``attempt`` 1,
+                 2, ...), as its tasks begin and pre-commit theirs; then none left in doubt
 state location   a probe file beside the state file, written by the state store's own
                  storage: created, replaced naming its version, and (with conditional
                  writes, S3) a create over it and a replace naming a stale version refused;
@@ -50,7 +53,13 @@ from twophase._retry import RetryPolicy
 from twophase._storage import Storage, is_s3, storage_at
 from twophase._task import rows_delivery, run_transaction
 from twophase.errors import ConfigurationError, TwoPhaseError
-from twophase.sink import Column, Committer, TransactionContext, TwoPhaseCommitSink
+from twophase.sink import (
+    AbortOutcome,
+    Column,
+    Committer,
+    TransactionContext,
+    TwoPhaseCommitSink,
+)
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +94,7 @@ FIX_PROBE_LEFT = ("python -m twophase.cleanup --sink ... --options ... aborts th
                   "are older than its orphan age")
 FIX_VISIBLE_PROBE = ("the first batch verifies it: watch its commit (python -m twophase.status "
                      "LOCATION)")
+EXECUTOR_TARGET_CHECK = "target (executors)"
 FIX_CLOCKS = "synchronise the clocks of the driver and every executor (NTP)"
 FIX_UNEXPECTED = "an unclassified error: see the log above, fix the cause"
 _EXTRA_RE = re.compile(r"""extra\s*==\s*["']([^"']+)["']""")
@@ -257,12 +267,18 @@ class ExecutorsSeen:
     ended: float
 
 
-def ask_executors(spark: Any, distributions: tuple[str, ...]) -> ExecutorsSeen:
-    """One task per executor (local mode: one), each reporting :class:`ExecutorReport`."""
+def executor_tasks(spark: Any) -> int:
+    """As many tasks as ``spark`` has executors (local mode: one), one for each (as Spark
+    spreads them: a check's best effort)."""
     context = spark.sparkContext
     # the block managers: every executor's and the driver's (one in local mode)
     managers = int(context._jsc.sc().getExecutorMemoryStatus().size())
-    tasks = 1 if context.master.startswith("local") else max(1, managers - 1)
+    return 1 if context.master.startswith("local") else max(1, managers - 1)
+
+
+def ask_executors(spark: Any, distributions: tuple[str, ...]) -> ExecutorsSeen:
+    """One task per executor (local mode: one), each reporting :class:`ExecutorReport`."""
+    context, tasks = spark.sparkContext, executor_tasks(spark)
     task = shipped_by_value(report_here, versions, import_failures)
     started = time.time()
     seen = (context.parallelize(range(tasks), tasks)
@@ -377,9 +393,7 @@ def check_probe(sink: TwoPhaseCommitSink[Any], namespace: str,
     txn_id = TxnId.probe(namespace)
     with sink.committer() as committer:
         try:
-            handle = run_transaction(sink, TransactionContext(txn_id, tuple(columns)),
-                                     rows_delivery(()), retry=PROBE_RETRY)
-            outcome = committer.abort(handle)
+            outcome = probe_transaction(sink, committer, txn_id, columns)
         finally:
             left = probes_left(committer, namespace)
     if left:
@@ -387,6 +401,60 @@ def check_probe(sink: TwoPhaseCommitSink[Any], namespace: str,
                       f"abort: {', '.join(str(h.txn_id) for h in left)}", FIX_PROBE_LEFT)
     return passed("grants (probe)", f"probe {txn_id} begun, pre-committed and aborted "
                   f"({outcome.value}); no probe left in doubt")
+
+
+def probe_transaction(sink: TwoPhaseCommitSink[Any], committer: Committer, txn_id: TxnId,
+                      columns: Sequence[Column]) -> AbortOutcome:
+    """The transaction ``txn_id`` begun, pre-committed with no rows and aborted."""
+    handle = run_transaction(sink, TransactionContext(txn_id, tuple(columns)),
+                             rows_delivery(()), retry=PROBE_RETRY)
+    return committer.abort(handle)
+
+
+#: What an executor's probe reports: its host, and the failure's cause and fix (None: passed).
+ExecutorProbe = tuple[str, str | None, str | None]
+
+
+def check_executor_targets(spark: Any, sink: TwoPhaseCommitSink[Any], namespace: str,
+                           columns: Sequence[Column]) -> CheckResult:
+    """From every executor, what its tasks need of the target: a probe transaction of its own
+    (``TxnId.probe(attempt=k)``) begun, pre-committed with no rows and aborted there, as its
+    tasks begin and pre-commit theirs (the network, TLS, the credentials and grants as the
+    executor sees them); then, from here, no probe left in doubt."""
+    if not sink.invisible_probe:
+        return CheckResult(EXECUTOR_TARGET_CHECK, Outcome.UNVERIFIED,
+                           f"a {sink.kind} sink's transaction is not probed from the executors "
+                           "either", FIX_VISIBLE_PROBE)
+    tasks = executor_tasks(spark)
+
+    def probe_here(index: int, _rows: Iterable[Any]) -> Iterator[ExecutorProbe]:
+        host = socket.gethostname()
+        try:
+            with sink.committer() as committer:
+                probe_transaction(sink, committer, TxnId.probe(namespace, attempt=index + 1),
+                                  columns)
+        except TwoPhaseError as exc:
+            yield host, exc.cause, exc.fix or FIX_UNEXPECTED
+        except Exception as exc:
+            yield host, f"{type(exc).__name__}: {exc}", FIX_UNEXPECTED
+        else:
+            yield host, None, None
+
+    reports: list[ExecutorProbe] = (spark.sparkContext.parallelize(range(tasks), tasks)
+                                    .mapPartitionsWithIndex(probe_here).collect())
+    with sink.committer() as committer:
+        left = probes_left(committer, namespace)
+    refused = {host: (cause, fix) for host, cause, fix in reports if cause is not None}
+    if refused:
+        return failed(EXECUTOR_TARGET_CHECK, "; ".join(
+            f"{host}: {cause}" for host, (cause, _fix) in sorted(refused.items())),
+            "; ".join(sorted({fix for _cause, fix in refused.values() if fix})))
+    if left:
+        return failed(EXECUTOR_TARGET_CHECK, f"probe transaction(s) still in doubt after "
+                      f"their abort: {', '.join(str(h.txn_id) for h in left)}",
+                      FIX_PROBE_LEFT)
+    return passed(EXECUTOR_TARGET_CHECK, f"{len(reports)} executor(s) began, pre-committed "
+                  f"and aborted a probe transaction of their own; no probe left in doubt")
 
 
 def probes_left(committer: Committer, namespace: str) -> list[Handle]:
@@ -459,6 +527,10 @@ def run_checks(sink: TwoPhaseCommitSink[Any], namespace: str, *,
         results.extend(check_executors(spark, sink))
     results.append(guarded("target", lambda: check_target(sink, namespace, columns)))
     results.append(guarded("grants (probe)", lambda: check_probe(sink, namespace, columns)))
+    if spark is not None and all(r.outcome is not Outcome.FAILED for r in results
+                                 if r.check == "imports (executors)"):
+        results.append(guarded(EXECUTOR_TARGET_CHECK, lambda: check_executor_targets(
+            spark, sink, namespace, columns)))
     results.extend(guarded(STATE_CHECK, functools.partial(
         check_state_location, location, state_options if is_s3(location) else None))
         for location in states)

@@ -13,6 +13,7 @@ its cause and its fix:
 * grants: a probe transaction under the namespace, with a reserved query id no run or cleanup
   takes for its own, begun, pre-committed with no rows and aborted, and none left in doubt (a
   sink whose probe would be visible, HTTP, says what it could not verify instead);
+* target (executors): with ``--master``, the same probe made by every executor, each its own;
 * state location: a probe file beside the state file takes the state store's writes
   (conditional writes on S3), then is removed;
 * clocks: with Spark, every executor's clock near the driver's.
