@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, Self, TypeVa
 
 from twophase._classify import classified, transaction_id_reused, transaction_lost
 from twophase._handle import Handle, TxnId
-from twophase._lake import LakeFiles, LakeIntents, LakeStorage, conform_table
+from twophase._lake import MS_PER_S, LakeFiles, LakeIntents, LakeStorage, conform_table
 from twophase._rows import chunks
 from twophase._whole_batch import WholeBatchCommitter
 from twophase.errors import ConfigurationError, FatalError, SchemaMismatchError, TwoPhaseError
@@ -179,9 +179,6 @@ class LakeSink(TwoPhaseCommitSink[LakeTransaction], Generic[Record]):
         committer's :meth:`LakeCommitter.list_in_doubt`)."""
         with self.committer() as committer:
             return committer.list_in_doubt(namespace)
-
-
-MS_PER_S = 1000
 
 
 @dataclass(frozen=True)

@@ -94,6 +94,7 @@ FIX_PROBE_LEFT = ("python -m twophase.cleanup --sink ... --options ... aborts th
                   "are older than its orphan age")
 FIX_VISIBLE_PROBE = ("the first batch verifies it: watch its commit (python -m twophase.status "
                      "LOCATION)")
+EXECUTOR_IMPORTS_CHECK = "imports (executors)"
 EXECUTOR_TARGET_CHECK = "target (executors)"
 FIX_CLOCKS = "synchronise the clocks of the driver and every executor (NTP)"
 FIX_UNEXPECTED = "an unclassified error: see the log above, fix the cause"
@@ -300,8 +301,8 @@ def check_executor_imports(seen: ExecutorsSeen, driver: Mapping[str, str | None]
     if problems:
         fix = FIX_SHIP.format(extra=extras) if any(r.failures for r in seen.reports) \
             else FIX_SAME_VERSIONS
-        return failed("imports (executors)", "; ".join(sorted(set(problems))), fix)
-    return passed("imports (executors)", f"{len(seen.reports)} executor(s) as the driver: "
+        return failed(EXECUTOR_IMPORTS_CHECK, "; ".join(sorted(set(problems))), fix)
+    return passed(EXECUTOR_IMPORTS_CHECK, f"{len(seen.reports)} executor(s) as the driver: "
                   f"{_listed(driver)}")
 
 
@@ -330,7 +331,7 @@ def check_executors(spark: Any, sink: TwoPhaseCommitSink[Any]) -> list[CheckResu
         seen = ask_executors(spark, names)
     except Exception as exc:  # the job itself failed: an executor cannot run a Python task
         log.warning("the executors' check job failed", exc_info=True)
-        return [failed("imports (executors)", f"the check's job failed: "
+        return [failed(EXECUTOR_IMPORTS_CHECK, f"the check's job failed: "
                        f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
                        FIX_SHIP.format(extra=extras))]
     return [check_executor_imports(seen, versions(names), extras),
@@ -348,7 +349,7 @@ def require_executor_imports(spark: Any, sink: TwoPhaseCommitSink[Any]) -> None:
     for result in check_executors(spark, sink):
         if result.outcome is not Outcome.FAILED:
             log.info("%s: %s", result.check, result.cause)
-        elif result.check == "imports (executors)":
+        elif result.check == EXECUTOR_IMPORTS_CHECK:
             raise ConfigurationError(f"the executors cannot run the {sink.kind} sink: "
                                      f"{result.cause}.", fix=result.fix)
         else:
@@ -397,8 +398,7 @@ def check_probe(sink: TwoPhaseCommitSink[Any], namespace: str,
         finally:
             left = probes_left(committer, namespace)
     if left:
-        return failed("grants (probe)", f"probe transaction(s) still in doubt after their "
-                      f"abort: {', '.join(str(h.txn_id) for h in left)}", FIX_PROBE_LEFT)
+        return probes_still_in_doubt("grants (probe)", left)
     return passed("grants (probe)", f"probe {txn_id} begun, pre-committed and aborted "
                   f"({outcome.value}); no probe left in doubt")
 
@@ -411,8 +411,8 @@ def probe_transaction(sink: TwoPhaseCommitSink[Any], committer: Committer, txn_i
     return committer.abort(handle)
 
 
-#: What an executor's probe reports: its host, and the failure's cause and fix (None: passed).
-ExecutorProbe = tuple[str, str | None, str | None]
+#: What an executor's probe reports: its host, and its result there.
+ExecutorProbe = tuple[str, CheckResult]
 
 
 def check_executor_targets(spark: Any, sink: TwoPhaseCommitSink[Any], namespace: str,
@@ -428,33 +428,33 @@ def check_executor_targets(spark: Any, sink: TwoPhaseCommitSink[Any], namespace:
     tasks = executor_tasks(spark)
 
     def probe_here(index: int, _rows: Iterable[Any]) -> Iterator[ExecutorProbe]:
-        host = socket.gethostname()
-        try:
+        def probe() -> CheckResult:
             with sink.committer() as committer:
-                probe_transaction(sink, committer, TxnId.probe(namespace, attempt=index + 1),
-                                  columns)
-        except TwoPhaseError as exc:
-            yield host, exc.cause, exc.fix or FIX_UNEXPECTED
-        except Exception as exc:
-            yield host, f"{type(exc).__name__}: {exc}", FIX_UNEXPECTED
-        else:
-            yield host, None, None
+                outcome = probe_transaction(sink, committer,
+                                            TxnId.probe(namespace, attempt=index + 1), columns)
+            return passed(EXECUTOR_TARGET_CHECK, outcome.value)
+
+        yield socket.gethostname(), guarded(EXECUTOR_TARGET_CHECK, probe)
 
     reports: list[ExecutorProbe] = (spark.sparkContext.parallelize(range(tasks), tasks)
                                     .mapPartitionsWithIndex(probe_here).collect())
     with sink.committer() as committer:
         left = probes_left(committer, namespace)
-    refused = {host: (cause, fix) for host, cause, fix in reports if cause is not None}
+    refused = {host: result for host, result in reports if result.outcome is Outcome.FAILED}
     if refused:
         return failed(EXECUTOR_TARGET_CHECK, "; ".join(
-            f"{host}: {cause}" for host, (cause, _fix) in sorted(refused.items())),
-            "; ".join(sorted({fix for _cause, fix in refused.values() if fix})))
+            f"{host}: {result.cause}" for host, result in sorted(refused.items())),
+            "; ".join(sorted({result.fix for result in refused.values() if result.fix})))
     if left:
-        return failed(EXECUTOR_TARGET_CHECK, f"probe transaction(s) still in doubt after "
-                      f"their abort: {', '.join(str(h.txn_id) for h in left)}",
-                      FIX_PROBE_LEFT)
+        return probes_still_in_doubt(EXECUTOR_TARGET_CHECK, left)
     return passed(EXECUTOR_TARGET_CHECK, f"{len(reports)} executor(s) began, pre-committed "
                   f"and aborted a probe transaction of their own; no probe left in doubt")
+
+
+def probes_still_in_doubt(check: str, left: Sequence[Handle]) -> CheckResult:
+    """``check`` failed: probe transactions ``left`` in doubt after their abort."""
+    return failed(check, f"probe transaction(s) still in doubt after their abort: "
+                  f"{', '.join(str(h.txn_id) for h in left)}", FIX_PROBE_LEFT)
 
 
 def probes_left(committer: Committer, namespace: str) -> list[Handle]:
@@ -528,7 +528,7 @@ def run_checks(sink: TwoPhaseCommitSink[Any], namespace: str, *,
     results.append(guarded("target", lambda: check_target(sink, namespace, columns)))
     results.append(guarded("grants (probe)", lambda: check_probe(sink, namespace, columns)))
     if spark is not None and all(r.outcome is not Outcome.FAILED for r in results
-                                 if r.check == "imports (executors)"):
+                                 if r.check == EXECUTOR_IMPORTS_CHECK):
         results.append(guarded(EXECUTOR_TARGET_CHECK, lambda: check_executor_targets(
             spark, sink, namespace, columns)))
     results.extend(guarded(STATE_CHECK, functools.partial(
