@@ -5,6 +5,7 @@ Run from the repository root (never in CI; the peers' jars come from Maven Centr
 
     nice .venv/bin/python -m bench.spark_peers mysql s3 sqlite http \\
         [--files 4] [--rows-per-file 100000] [--rounds 3] [--foreach-batch]
+        [--pipelined-commits]
 
 The stream: ``--files`` Parquet files of order rows (``twophase.testing.driver.FEED_SCHEMA``:
 ``event_id`` unique, ``order_id``, ``status``, ``ts``), generated once before any clock starts,
@@ -233,7 +234,8 @@ def read_parquet_feed(spark: SparkSession, workdir: Path) -> DataFrame:
             .parquet(str(workdir / "feed")).repartition(PARTITIONS))
 
 
-#: ``write_stream``'s options of the twophase writer (``--foreach-batch``: ``foreach_batch``).
+#: ``write_stream``'s options of the twophase writer (``--foreach-batch``: ``foreach_batch``;
+#: ``--pipelined-commits``: ``pipelined_commits`` as well).
 TWOPHASE_OPTIONS: dict[str, Any] = {}
 
 
@@ -317,9 +319,14 @@ def check(contest: Contest, writer: str, target: Target, expected: int) -> None:
                          f"distinct) visible in {where}, {expected} written")
 
 
+#: How the report names the twophase writer's options.
+OPTION_LABELS = {"foreach_batch": "foreachBatch", "pipelined_commits": "commits behind"}
+
+
 def report(contest: Contest, runs: list[Run], rows: int) -> str:
     """The markdown table of one contest."""
-    sink = f"{contest.sink} (foreachBatch)" if TWOPHASE_OPTIONS else contest.sink
+    sink = contest.sink + "".join(f" ({label})" for option, label in OPTION_LABELS.items()
+                                  if TWOPHASE_OPTIONS.get(option))
     labels = {TWOPHASE: sink, PEER: contest.peer_name, NOOP: "Spark noop"}
     by_writer = {name: [run for run in runs if run.writer == name] for name in labels}
     rates = {name: [rows / run.seconds for run in group] for name, group in by_writer.items()}
@@ -350,9 +357,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS)
     parser.add_argument("--foreach-batch", action="store_true",
                         help="the twophase writer through foreachBatch (foreach_batch=True)")
+    parser.add_argument("--pipelined-commits", action="store_true",
+                        help="with --foreach-batch: each batch commits behind the next "
+                             "(pipelined_commits=True)")
     args = parser.parse_args()
+    if args.pipelined_commits and not args.foreach_batch:
+        parser.error("--pipelined-commits needs --foreach-batch (the streams end by themselves)")
     if args.foreach_batch:
         TWOPHASE_OPTIONS["foreach_batch"] = True
+    if args.pipelined_commits:
+        TWOPHASE_OPTIONS["pipelined_commits"] = True
     peers = {name: load_peer(name) for name in args.sinks}
     jars = [jar for peer in peers.values() for jar in peer.jars()]
     conf = {key: value for peer in peers.values() for key, value in peer.conf().items()}

@@ -152,20 +152,31 @@ def test_a_failed_commit_behind_is_finished_by_the_next_batch_first(
     ({"once": True}, False, False),
     (None, True, False),
 ])
+@pytest.mark.parametrize("foreach_batch", [False, True])
 def test_by_default_a_stream_pipelines_when_it_runs_until_stopped_in_classic_spark(
-        trigger: dict[str, Any] | None, *, connect: bool, expected: bool) -> None:
-    assert _pipelined(None, trigger, connect=connect) is expected
-    assert _pipelined(False, trigger, connect=connect) is False
+        trigger: dict[str, Any] | None, *, connect: bool, expected: bool,
+        foreach_batch: bool) -> None:
+    assert _pipelined(None, trigger, connect=connect, foreach_batch=foreach_batch) is expected
+    assert _pipelined(False, trigger, connect=connect, foreach_batch=foreach_batch) is False
 
 
-@pytest.mark.parametrize(("trigger", "connect", "message"), [
-    ({"availableNow": True}, False, "ends by itself"),
-    (None, True, "over Spark Connect"),
+@pytest.mark.parametrize("trigger", [{"availableNow": True}, {"once": True}])
+def test_a_query_that_ends_by_itself_pipelines_when_asked_through_foreach_batch(
+        trigger: dict[str, Any]) -> None:
+    assert _pipelined(True, trigger, connect=False, foreach_batch=True) is True
+
+
+@pytest.mark.parametrize(("trigger", "connect", "foreach_batch", "message", "fix"), [
+    ({"availableNow": True}, False, False, "ends by itself", "pass foreach_batch=True"),
+    ({"once": True}, False, False, "ends by itself", "pass foreach_batch=True"),
+    (None, True, False, "over Spark Connect", "leave pipelined_commits out"),
+    (None, True, True, "over Spark Connect", "leave pipelined_commits out"),
 ])
 def test_pipelined_commits_where_nothing_could_commit_behind_are_refused(
-        trigger: dict[str, Any] | None, *, connect: bool, message: str) -> None:
-    with pytest.raises(ConfigurationError, match=f"{message}.*Fix: leave pipelined_commits out"):
-        _pipelined(True, trigger, connect=connect)
+        trigger: dict[str, Any] | None, *, connect: bool, foreach_batch: bool, message: str,
+        fix: str) -> None:
+    with pytest.raises(ConfigurationError, match=f"{message}.*Fix: {fix}"):
+        _pipelined(True, trigger, connect=connect, foreach_batch=foreach_batch)
 
 
 def test_a_long_lived_coordinator_sweeps_at_its_first_batch_after_a_failure_and_by_interval(

@@ -10,14 +10,11 @@ import datetime as dt
 import json
 import math
 import re
-import subprocess
-import sys
 import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from setups.delta import DeltaSetup, data_files, delta_scan, reader, s3_storage_options
-from setups.lake import YOUNG_ENOUGH, commit_batch
+from setups.lake import commit_batch
 from setups.s3 import MOTO_HEAD_BUCKET
 from setups.servers.moto import MotoServer
 from setups.sqlite import SQLiteSetup
@@ -38,7 +35,6 @@ from sinks.delta.errors import classify, iam_policy
 from sinks.delta.schema import RETENTION_PROPERTY
 from sinks.delta.snapshot import app_id_of
 from sinks.delta.stats import FileStats
-from tests.test_cleanup import running_query
 from twophase import (
     AbortOutcome,
     Column,
@@ -50,14 +46,12 @@ from twophase import (
     RetryPolicy,
     SchemaMismatchError,
     TransactionLostError,
-    cleanup,
 )
 from twophase._coordinator import Coordinator
-from twophase._state import Decision, StateStore
+from twophase._state import StateStore
 from twophase.testing import GroupTarget
 from twophase.testing.contract import (
     NAMESPACE,
-    OPENED_AT,
     ORDER_COLUMNS,
     QUERY_ID,
     SinkContract,
@@ -505,52 +499,6 @@ def test_through_the_coordinator_each_batch_is_one_commit_and_orphans_are_swept(
     assert state is not None and [record.already_committed for record in state.history] == [
         0, 0, 0]
     assert sink.list_in_doubt(NAMESPACE) == []
-
-
-# -- operable: cleanup and status ----------------------------------------------------------------
-
-@pytest.mark.parametrize("where", ["delta_setup", "delta_s3_setup"])
-def test_cleanup_and_status_know_delta_handles_and_settle_leaves_nothing_in_doubt(
-        where: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
-    """The cron commands against a table: a decided batch rolled forward (after an OPTIMIZE of
-    the batches before it), an orphan of an earlier run aborted, then ``--settle`` aborts the
-    crashed current run's undecided transaction; every committed row stays, once."""
-    setup: DeltaSetup = request.getfixturevalue(where)
-    target = setup.new_target()
-    sink = target.build()
-    assert isinstance(sink, DeltaSink)
-    sink.check_schema(ORDER_COLUMNS)
-    store = running_query(tmp_path, epoch_bumps=2)
-    for batch in range(3):  # committed batches, then compacted
-        commit_batch(sink, [prepare(sink, orders(10 * batch, 2), epoch=2, batch=batch)])
-    DeltaTable(sink.table_uri, storage_options=sink.storage_options or None).optimize.compact()
-    decided = prepare(sink, orders(30, 3), epoch=2, batch=3)
-    store.update(lambda s: replace(s, last_done_batch=2,
-                                   pending=(Decision(3, 2, OPENED_AT, (decided,)),)), epoch=None)
-    orphan = prepare(sink, orders(40, 1), epoch=1, batch=7)
-    undecided = prepare(sink, orders(50, 1), epoch=2, batch=4)
-    argv = ["--sink", "sinks.delta:DeltaSink", "--options",
-            json.dumps({key: value for key, value in target.options.items()
-                        if key != "create"}), "--state", str(store.location),
-            "--older-than", YOUNG_ENOUGH]
-
-    status = subprocess.run([sys.executable, "-m", "twophase.status", str(store.location),
-                             *argv[:4]],
-                            capture_output=True, text=True, check=True)
-    assert f"{decided.txn_id} (delta, 3 rows)" in status.stdout
-    assert f"undecided  {undecided.txn_id}" in status.stdout
-
-    assert cleanup.main(argv) in (cleanup.EXIT_OK, cleanup.EXIT_ATTENTION)
-    assert {str(h.txn_id) for h in sink.list_in_doubt(NAMESPACE)} == {str(undecided.txn_id)}
-    assert cleanup.main([*argv, "--settle"]) == cleanup.EXIT_OK
-
-    assert sink.list_in_doubt(NAMESPACE) == []
-    assert sorted(setup.visible(target)) == [0, 1, 10, 11, 20, 21, 30, 31, 32]
-    compacted = DeltaTable(sink.table_uri, storage_options=sink.storage_options or None).vacuum(
-        retention_hours=0, dry_run=True, enforce_retention_duration=False)
-    assert len(compacted) == 3, "the OPTIMIZE's tombstones: VACUUM's, not cleanup's"
-    assert setup.in_doubt(target) == sorted(compacted)  # no orphan's file, no intent left
-    assert str(orphan.txn_id) not in " ".join(compacted)
 
 
 # -- S3 grants -----------------------------------------------------------------------------------

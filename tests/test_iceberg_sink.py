@@ -4,15 +4,11 @@ lost files, refusals. Every table is read back by DuckDB's Iceberg reader."""
 
 from __future__ import annotations
 
-import json
 import secrets
-import subprocess
-import sys
 import threading
 import uuid
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -21,13 +17,12 @@ from pyiceberg.types import NestedField, StringType
 
 from setups import IcebergSetup, Target
 from setups.iceberg import CATALOG_NAME, iceberg_scan
-from setups.lake import YOUNG_ENOUGH, commit_batch
+from setups.lake import commit_batch
 from setups.servers.local import free_port
 from setups.servers.postgres import PostgresServer
 from sinks.iceberg import IcebergSink
 from sinks.iceberg.schema import SPARK_TO_ICEBERG
 from sinks.iceberg.snapshots import SUMMARY_BATCH, app_id_of, batch_property
-from tests.test_cleanup import running_query
 from twophase import (
     Column,
     CommitOutcome,
@@ -37,12 +32,9 @@ from twophase import (
     RetryableError,
     SchemaMismatchError,
     TransactionLostError,
-    cleanup,
 )
-from twophase._state import Decision
 from twophase.testing.contract import (
     NAMESPACE,
-    OPENED_AT,
     ORDER_COLUMNS,
     SinkContract,
     orders,
@@ -263,48 +255,6 @@ def test_a_transaction_id_used_twice_never_overwrites_the_committed_file(
     with pytest.raises(FatalError, match=r"already committed once.*Fix: "):
         prepare(sink, orders(10, 2))
     assert sorted(iceberg_setup.visible(target)) == [0, 1]
-
-
-# -- operable: cleanup and status ----------------------------------------------------------------
-
-@pytest.mark.parametrize("where", ["iceberg_setup", "iceberg_s3_setup"])
-def test_cleanup_and_status_know_iceberg_handles_and_settle_leaves_nothing_in_doubt(
-        where: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
-    """The cron commands against a table: a decided batch rolled forward (after a rewrite of
-    the batches before it), an orphan of an earlier run aborted, then ``--settle`` aborts the
-    crashed current run's undecided transaction; every committed row stays, once."""
-    setup: IcebergSetup = request.getfixturevalue(where)
-    target = setup.new_target()
-    sink = built(target)
-    store = running_query(tmp_path, epoch_bumps=2)
-    for batch in range(3):  # committed batches, then rewritten
-        commit_batch(sink, [prepare(sink, orders(10 * batch, 2), epoch=2, batch=batch)])
-    table = setup.table(target)
-    assert table is not None
-    table.overwrite(table.scan().to_arrow())
-    decided = prepare(sink, orders(30, 3), epoch=2, batch=3)
-    store.update(lambda s: replace(s, last_done_batch=2,
-                                   pending=(Decision(3, 2, OPENED_AT, (decided,)),)), epoch=None)
-    orphan = prepare(sink, orders(40, 1), epoch=1, batch=7)
-    undecided = prepare(sink, orders(50, 1), epoch=2, batch=4)
-    argv = ["--sink", "sinks.iceberg:IcebergSink", "--options",
-            json.dumps({key: value for key, value in target.options.items()
-                        if key != "create"}), "--state", str(store.location),
-            "--older-than", YOUNG_ENOUGH]
-
-    status = subprocess.run([sys.executable, "-m", "twophase.status", str(store.location),
-                             *argv[:4]], capture_output=True, text=True, check=True)
-    assert f"{decided.txn_id} (iceberg, 3 rows)" in status.stdout
-    assert f"undecided  {undecided.txn_id}" in status.stdout
-
-    assert cleanup.main(argv) in (cleanup.EXIT_OK, cleanup.EXIT_ATTENTION)
-    assert {str(h.txn_id) for h in sink.list_in_doubt(NAMESPACE)} == {str(undecided.txn_id)}
-    assert cleanup.main([*argv, "--settle"]) == cleanup.EXIT_OK
-
-    assert sink.list_in_doubt(NAMESPACE) == []
-    assert sorted(setup.visible(target)) == [0, 1, 10, 11, 20, 21, 30, 31, 32]
-    assert setup.in_doubt(target) == []  # no orphan's file, no intent left, nothing committed lost
-    assert str(orphan.txn_id) not in " ".join(setup.files_under(table.location()))
 
 
 def test_after_snapshot_expiry_the_table_property_proves_a_committed_batch(

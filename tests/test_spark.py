@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -13,8 +15,8 @@ import pytest
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
 
-from sinks.sqlite import SQLiteSink
-from twophase import ConfigurationError, SchemaMismatchError
+from sinks.sqlite import SQLiteCommitter, SQLiteSink
+from twophase import CommitOutcome, ConfigurationError, Handle, SchemaMismatchError
 from twophase._state import Decision, StateStore
 from twophase.spark import write, write_stream
 from twophase.testing.contract import OPENED_AT, QUERY_ID, prepare
@@ -23,6 +25,10 @@ from twophase.testing.driver import FEED_SCHEMA, generate_feed, read_feed
 pytestmark = pytest.mark.spark
 
 FILES, ROWS_PER_FILE = 4, 150
+#: A commit slowed so that not waiting for it shows.
+SLOW_COMMIT_S = 0.4
+#: The name of the thread a batch commits behind the next on (twophase._pipeline).
+COMMIT_BEHIND_THREAD = "twophase-commit-behind"
 
 
 @pytest.fixture
@@ -56,6 +62,30 @@ def test_a_stream_delivers_every_row_exactly_once(
     assert (state.last_done_batch, state.pending) == (FILES - 1, ())
     assert [r.rows for r in state.history] == [ROWS_PER_FILE] * FILES
     assert all(r.txns == 2 for r in state.history)
+
+
+def test_a_query_that_ends_by_itself_and_pipelines_returns_once_its_last_batch_is_visible(
+    spark: SparkSession, feed: Path, sqlite_sink: SQLiteSink, sqlite_reader: sqlite3.Connection,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``availableNow`` with ``pipelined_commits=True`` (foreachBatch): each batch commits
+    behind the next on a thread of this process, slowed here so that a query reported finished
+    before its last commit would show it; ``awaitTermination`` returns after that commit."""
+    behind: list[bool] = []
+    commit = SQLiteCommitter.commit
+
+    def slow_commit(self: SQLiteCommitter, handle: Handle) -> CommitOutcome:
+        behind.append(threading.current_thread().name.startswith(COMMIT_BEHIND_THREAD))
+        time.sleep(SLOW_COMMIT_S)
+        return commit(self, handle)
+
+    monkeypatch.setattr(SQLiteCommitter, "commit", slow_commit)
+    run_to_end(spark, feed, sqlite_sink, tmp_path / "ckpt", foreach_batch=True,
+               pipelined_commits=True)
+    assert_exactly_once(sqlite_reader, sqlite_sink, FILES * ROWS_PER_FILE)
+    state = StateStore(tmp_path / "ckpt" / "twophase").read()
+    assert state is not None and (state.last_done_batch, state.pending) == (FILES - 1, ())
+    assert behind and all(behind), "a batch committed in the callback, not behind it"
 
 
 def test_a_batch_spark_replays_after_the_sink_committed_commits_nothing_twice(

@@ -42,6 +42,17 @@ class TestPipelinedCrashes(TestSQLiteCrashes):
     crash_points: tuple[str, ...] = (COMMITTING_BEHIND, MID_COMMIT)
 
 
+class TestPipelinedAvailableNowCrashes(TestSQLiteCrashes):
+    """A query that ends by itself (``availableNow``) asked to pipeline, through foreachBatch:
+    the driver killed while a batch commits behind the next and, the last run, its query's
+    ``awaitTermination`` returning only once the last batch is visible."""
+
+    check_lost_state = False
+    foreach_batch = True
+    pipelined_commits = True
+    crash_points = (COMMITTING_BEHIND, MID_COMMIT)
+
+
 @pytest.mark.long
 class TestPipelinedForeachBatchCrashes(TestPipelinedCrashes):
     """The same through foreachBatch: the commit behind runs in the driver's own process."""

@@ -26,8 +26,10 @@ The callback's process is Spark's: if the commit behind is not in this process (
 the callback to another Python worker), the callback waits for the state to show ``N - 1``
 committed, as long as :data:`COMMITTING_ELSEWHERE_WAIT_S`, and then commits it itself.
 
-A query that ends by itself (``availableNow``, ``once``) and a batch job commit in the
-callback, as before: nothing runs after their last batch to wait for its commit.
+A batch job commits in the callback, as before: nothing runs after its one batch to wait for
+the commit. So does a query that ends by itself (``availableNow``, ``once``) unless it asks
+(``pipelined_commits=True``, through ``foreachBatch`` only): its commits behind then run in
+the driver's own process, and the query's ``awaitTermination`` waits for the last one.
 """
 
 from __future__ import annotations

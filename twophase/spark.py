@@ -128,6 +128,8 @@ def write_stream(
             "Latency"). By default on for a query that runs until stopped (no trigger, or
             ``processingTime``) in classic Spark, off for one that ends by itself
             (``availableNow``, ``once``) and over Spark Connect, where it cannot be on.
+            ``True`` with a trigger that ends by itself needs ``foreach_batch=True``: the
+            commits behind then run in this process, which ``awaitTermination`` waits for.
             The returned query's ``stop``, ``awaitTermination`` and ``processAllAvailable``
             return once every batch the query decided is visible.
 
@@ -144,7 +146,8 @@ def write_stream(
         raise ConfigurationError("write_stream needs checkpoint_location.",
                                  fix="pass checkpoint_location='/path/to/checkpoint'")
     sink = as_sink(sink, commit_order=commit_order, columns=columns)
-    pipelined = _pipelined(pipelined_commits, trigger, connect=is_connect(df))
+    pipelined = _pipelined(pipelined_commits, trigger, connect=is_connect(df),
+                           foreach_batch=foreach_batch)
     writer = _stream_writer(df, checkpoint_location, trigger=trigger, query_name=query_name)
     store = (StateStore(state_location, state_options) if state_location
              else StateStore.for_checkpoint(checkpoint_location, state_options))
@@ -202,8 +205,14 @@ def write(
 
 
 def _pipelined(chosen: bool | None, trigger: Mapping[str, Any] | None, *,
-               connect: bool) -> bool:
-    """Whether a stream commits behind the next batch (see ``pipelined_commits``)."""
+               connect: bool, foreach_batch: bool) -> bool:
+    """Whether a stream commits behind the next batch (see ``pipelined_commits``).
+
+    A query that ends by itself pipelines only when asked and only through ``foreachBatch``
+    in classic Spark: the commit behind its last batch then runs in this process, and the
+    returned query's ``awaitTermination`` waits for it. On the data source path it would run
+    in a Python worker of Spark's, which may be gone once the query has ended.
+    """
     ends = any((trigger or {}).get(name) for name in ENDING_TRIGGERS)
     if chosen is None:
         return not (ends or connect)
@@ -213,12 +222,14 @@ def _pipelined(chosen: bool | None, trigger: Mapping[str, Any] | None, *,
             "Python process of the server that does not outlive it, so nothing could "
             "commit a batch behind the next one.",
             fix="leave pipelined_commits out (commits run in each batch)")
-    if chosen and ends:
+    if chosen and ends and not foreach_batch:
         raise ConfigurationError(
-            f"pipelined_commits=True with the trigger {dict(trigger or {})!r}: the query "
-            "ends by itself after its last batch, and nothing would be left to commit that "
-            "batch behind it.", fix="leave pipelined_commits out for a query that ends by "
-            "itself, or use processingTime (or no trigger) to pipeline commits")
+            f"pipelined_commits=True with the trigger {dict(trigger or {})!r} on the data "
+            "source path: the query ends by itself after its last batch, whose commit behind "
+            "would run in a Python worker of Spark's that may be gone by then.",
+            fix="pass foreach_batch=True as well (the commits behind then run in this "
+                "process, and awaitTermination waits for the last one), or leave "
+                "pipelined_commits out")
     return chosen
 
 

@@ -118,6 +118,8 @@ class CrashSuite(TargetSuite):
     #: ``{"processingTime": "0 seconds"}``) commits each batch behind the next, and each run
     #: stops its query once the feed is written.
     trigger: dict[str, Any] | None = None
+    #: ``write_stream``'s ``pipelined_commits`` (None: its default for the trigger).
+    pipelined_commits: bool | None = None
     fresh_host_per_run = False
     rows_per_file = ROWS_PER_FILE
 
@@ -155,6 +157,7 @@ class CrashSuite(TargetSuite):
         spec = DriverSpec.into(target, tmp_path, checkpoint=str(driver_disk / "ckpt"),
                                foreach_batch=self.foreach_batch, state_location=state[0],
                                state_options=state[1], spark_conf=spark_conf,
+                               pipelined_commits=self.pipelined_commits,
                                **({} if self.trigger is None else
                                   {"trigger": self.trigger, "stop_when_done": True}))
         if source is not None:

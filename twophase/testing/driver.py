@@ -95,6 +95,8 @@ class DriverSpec:
     #: Stop the query once every file of the feed is written (``processAllAvailable``, then
     #: ``stop``): for a trigger that runs until stopped, as ``processingTime``.
     stop_when_done: bool = False
+    #: ``write_stream``'s ``pipelined_commits`` (None: its default).
+    pipelined_commits: bool | None = None
     #: Serve the query's Prometheus metrics on this port while the driver runs.
     metrics_port: int | None = None
     #: The Python that Spark starts its Python workers with (``PYSPARK_PYTHON``), on the
@@ -290,7 +292,8 @@ def run_driver(spec: DriverSpec) -> None:
                          state_location=spec.state_location,
                          state_options=spec.state_options or None,
                          trigger=spec.trigger, foreach_batch=spec.foreach_batch,
-                         metrics_port=spec.metrics_port)
+                         metrics_port=spec.metrics_port,
+                         pipelined_commits=spec.pipelined_commits)
     if spec.stop_when_done:
         query.processAllAvailable()
         query.stop()
