@@ -17,6 +17,7 @@ from pyspark.sql import SparkSession
 
 from sinks.sqlite import SQLiteCommitter, SQLiteSink
 from twophase import CommitOutcome, ConfigurationError, Handle, SchemaMismatchError
+from twophase._pipeline import COMMIT_BEHIND_THREAD
 from twophase._state import Decision, StateStore
 from twophase.spark import write, write_stream
 from twophase.testing.contract import OPENED_AT, QUERY_ID, prepare
@@ -27,8 +28,6 @@ pytestmark = pytest.mark.spark
 FILES, ROWS_PER_FILE = 4, 150
 #: A commit slowed so that not waiting for it shows.
 SLOW_COMMIT_S = 0.4
-#: The name of the thread a batch commits behind the next on (twophase._pipeline).
-COMMIT_BEHIND_THREAD = "twophase-commit-behind"
 
 
 @pytest.fixture

@@ -56,6 +56,8 @@ log = logging.getLogger(__name__)
 COMMITTING_ELSEWHERE_WAIT_S = 10.0
 #: How often the state is read meanwhile.
 STATE_POLL_S = 0.005
+#: The name (prefix) of the thread a batch commits behind the next one on.
+COMMIT_BEHIND_THREAD = "twophase-commit-behind"
 
 
 class Committing(Protocol):
@@ -136,7 +138,7 @@ class CommitPipeline:
     def _on_a_thread(self, _batch: int, work: Callable[[], None]) -> Future[None]:
         if self._threads is None:
             self._threads = ThreadPoolExecutor(max_workers=1,
-                                               thread_name_prefix="twophase-commit-behind")
+                                               thread_name_prefix=COMMIT_BEHIND_THREAD)
         return self._threads.submit(work)
 
     def _wait_for_commits_elsewhere(self, batch: int) -> None:
