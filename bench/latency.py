@@ -5,7 +5,8 @@ Run from the repository root (never in CI)::
 
     nice .venv/bin/python -m bench.latency kafka mysql [postgres sqlite s3 http] \\
         [--events 20000] [--rate 1000] [--trigger default 1s] [--rounds 1] \\
-        [--baseline /path/to/other/checkout] [--out /tmp/twophase-latency]
+        [--baseline /path/to/other/checkout] [--foreach-batch] [--python-floor] \\
+        [--out /tmp/twophase-latency]
 
 What it measures: a producer writes ``--events`` JSON events (``event_id``, ``order_id``,
 ``status``, ``ts`` = its produce time) into a fresh topic of one private Kafka broker
@@ -26,7 +27,10 @@ Writers, the order turning every round: ``twophase`` (``twophase.spark.write_str
 setup's sink, as ``bench/peer_<name>.py`` leaves it; with ``--foreach-batch`` also
 ``twophase foreachBatch``, the same with ``foreach_batch=True``), ``peer`` (the at-least-once
 writer of ``bench/latency_peers.py``) and, with ``--baseline TREE``, ``twophase@baseline``: the
-same query with ``TREE``'s ``twophase`` and ``sinks``. Each query runs in a process of its own
+same query with ``TREE``'s ``twophase`` and ``sinks``; with ``--python-floor`` (Kafka) also
+``plain Python data source``: a Python data source producing each task's rows with a plain
+producer, at least once (``bench.latency_peers.PlainProduce``), the floor of any Python sink on
+that path. Each query runs in a process of its own
 (``bench/latency_runner.py``, one SparkSession, ``PYTHONPATH`` the tree under test, checked in a
 Spark task) until the reader has seen every event.
 
@@ -104,6 +108,13 @@ ROOT = Path(__file__).resolve().parent.parent
 RUNNER = Path(__file__).resolve().parent / "latency_runner.py"
 TWOPHASE, PEER, BASELINE = "twophase", "peer", "twophase@baseline"
 FOREACH_BATCH = "twophase foreachBatch"  # write_stream(..., foreach_batch=True)
+PYTHON_FLOOR = "plain Python data source"  # bench.latency_peers.PlainProduce
+#: Writers that deliver at least once (a repeat is theirs to make).
+AT_LEAST_ONCE = frozenset({PEER, PYTHON_FLOOR})
+#: How ``bench/latency_runner.py`` names the writers that are not twophase's.
+RUNNER_WRITERS = {PEER: "peer", PYTHON_FLOOR: "python_floor"}
+#: Targets the Python floor writes to.
+PYTHON_FLOOR_TARGETS = ("kafka",)
 
 
 class RunFailedError(Exception):
@@ -456,7 +467,7 @@ def run_once(run: RunSpec, kind: TargetKind, setup: SinkSetup, source: KafkaSetu
     workdir.mkdir(parents=True)
     target = setup.new_target(**kind.overrides)
     source_topic = source.broker.new_topic("events")
-    spec = {"writer": PEER if run.writer == PEER else TWOPHASE, "target": run.target,
+    spec = {"writer": RUNNER_WRITERS.get(run.writer, TWOPHASE), "target": run.target,
             "factory": target.factory, "options": target.options,
             "peer_options": kind.peer_options(setup, target),
             "bootstrap_servers": source.broker.bootstrap_servers, "source_topic": source_topic,
@@ -494,7 +505,7 @@ def checked(run: Run, spec: RunSpec) -> Run:
     another tree's twophase than ``spec.tree``'s (:class:`RunFailedError`)."""
     if run.result["error"]:
         raise RunFailedError(f"the query failed: {run.result['error']}")
-    if run.missing or (run.writer != PEER and run.repeated):
+    if run.missing or (run.writer not in AT_LEAST_ONCE and run.repeated):
         raise RunFailedError(f"{run.missing} events never visible, {run.repeated} "
                              "visible more than once")
     if not run.latencies_ms():
@@ -603,11 +614,14 @@ def plot(runs: list[Run], peer_names: dict[str, str], path: Path) -> str:
 # --- main -------------------------------------------------------------------------------------
 
 def schedule(targets: list[str], triggers: list[str], rounds: int, baseline: Path | None,
-             *, foreach_batch: bool = False) -> Iterator[RunSpec]:
+             *, foreach_batch: bool = False, python_floor: bool = False) -> Iterator[RunSpec]:
     """Every run, the writers' order turning every round."""
-    writers = ([(TWOPHASE, ROOT), (PEER, ROOT)] + ([(BASELINE, baseline)] if baseline else [])
-               + ([(FOREACH_BATCH, ROOT)] if foreach_batch else []))
     for target in targets:
+        writers = ([(TWOPHASE, ROOT), (PEER, ROOT)]
+                   + ([(BASELINE, baseline)] if baseline else [])
+                   + ([(FOREACH_BATCH, ROOT)] if foreach_batch else [])
+                   + ([(PYTHON_FLOOR, ROOT)]
+                      if python_floor and target in PYTHON_FLOOR_TARGETS else []))
         for trigger in triggers:
             for number in range(rounds):
                 turn = number % len(writers)
@@ -631,6 +645,9 @@ def main() -> None:
     parser.add_argument("--foreach-batch", action="store_true",
                         help=f"adds the writer '{FOREACH_BATCH}' (write_stream's "
                              "foreach_batch=True)")
+    parser.add_argument("--python-floor", action="store_true",
+                        help=f"adds the writer '{PYTHON_FLOOR}' (at least once, no "
+                             f"transaction) for {', '.join(PYTHON_FLOOR_TARGETS)}")
     parser.add_argument("--out", type=Path, default=Path(DEFAULT_OUT))
     args = parser.parse_args()
     baseline = args.baseline.resolve() if args.baseline else None
@@ -645,7 +662,8 @@ def main() -> None:
                   for name in args.targets}
         source_jars = spark_kafka_jars()
         for number, run in enumerate(schedule(args.targets, args.trigger, args.rounds,
-                                              baseline, foreach_batch=args.foreach_batch)):
+                                              baseline, foreach_batch=args.foreach_batch,
+                                              python_floor=args.python_floor)):
             kind = TARGETS[run.target]
             try:
                 done = checked(run_once(run, kind, setups[run.target], source,

@@ -12,21 +12,27 @@ pick instead, run as a streaming query by ``bench/latency_runner.py``.
 * iceberg: pyiceberg's ``table.append`` of the batch, the table created by the first.
 
 ``options`` come from ``bench/latency.py`` (its target's ``peer_options``).
+
+And, for Kafka, the floor of every Python sink on Spark's data source path
+(``bench/latency.py --python-floor``): :class:`PlainProduce`, at least once, no transaction.
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
+import json
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import boto3
 import pyarrow.parquet as pq
+from confluent_kafka import Producer
 from deltalake import write_deltalake
 from pyiceberg.catalog import load_catalog
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.datasource import DataSource, DataSourceStreamWriter, WriterCommitMessage
 from pyspark.sql.streaming.query import StreamingQuery
 from pyspark.sql.streaming.readwriter import DataStreamWriter
 
@@ -35,6 +41,8 @@ from bench.spark_peers import JDBC_BATCH_SIZE
 
 #: ``(batch, batch_id)`` of ``foreachBatch``.
 BatchWriter = Callable[[DataFrame, int], None]
+#: How long a plain producer's flush may take before the task fails.
+FLUSH_TIMEOUT_S = 60.0
 
 
 def with_trigger(writer: DataStreamWriter, trigger: str | None, checkpoint: str
@@ -104,6 +112,55 @@ def iceberg_batch(options: dict[str, Any]) -> BatchWriter:
 BATCH_WRITERS: dict[str, Callable[[dict[str, Any]], BatchWriter]] = {
     "mysql": jdbc_batch, "postgres": jdbc_batch, "sqlite": sqlite_batch, "s3": s3_batch,
     "delta": delta_batch, "iceberg": iceberg_batch}
+
+
+class PlainProduce(DataSource):
+    """At least once through Spark's Python data source: each task produces its rows as JSON
+    (key ``order_id``) with a plain producer kept by its Python worker, and flushes; the
+    commit does nothing. What it costs over Spark's Kafka sink is the data source path's own
+    (Python workers, Arrow, the writer made again and the commit run each batch): no Python
+    sink on that path can be faster."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "plain_kafka_produce"
+
+    def streamWriter(self, schema: Any, overwrite: bool) -> DataSourceStreamWriter:  # noqa: N802
+        return PlainProduceWriter(dict(self.options))
+
+
+_producers: dict[str, Producer] = {}
+
+
+class PlainProduceWriter(DataSourceStreamWriter):
+    def __init__(self, options: dict[str, str]) -> None:
+        self.options = options
+
+    def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
+        servers, topic = self.options["bootstrap_servers"], self.options["topic"]
+        producer = _producers.get(servers)
+        if producer is None:
+            producer = _producers[servers] = Producer({"bootstrap.servers": servers,
+                                                       "linger.ms": 0})
+        for row in iterator:
+            record = row.asDict()
+            producer.produce(topic, key=str(record["order_id"]).encode(),
+                             value=json.dumps(record, default=str).encode())
+            producer.poll(0)
+        if producer.flush(FLUSH_TIMEOUT_S):
+            raise RuntimeError(f"records to {topic} not delivered in {FLUSH_TIMEOUT_S:g} s")
+        return WriterCommitMessage()
+
+    def commit(self, messages: list[Any], batchId: int) -> None:  # noqa: N803
+        pass
+
+
+def start_python_floor(spark: SparkSession, feed: DataFrame, options: dict[str, Any],
+                       checkpoint: str, trigger: str | None) -> StreamingQuery:
+    """:class:`PlainProduce` writing ``feed`` into the Kafka target, started."""
+    spark.dataSource.register(PlainProduce)
+    writer = feed.writeStream.format(PlainProduce.name()).options(**options)
+    return with_trigger(writer, trigger, checkpoint).start()
 
 
 def start(spark: SparkSession, target: str, feed: DataFrame, options: dict[str, Any],

@@ -7,7 +7,8 @@ Run by ``bench/latency.py`` (never by hand): ``-P`` keeps this script's folder o
 ``PYTHONPATH``) come from ``<tree>``: the checkout under test, or ``--baseline``'s. The spec
 (JSON, :func:`main`) names the writer (``twophase``: ``write_stream`` into the sink the spec's
 ``factory`` builds from its ``options``; ``peer``: the target's at-least-once writer of
-``bench/latency_peers.py``, from this checkout), the Kafka source topic, the trigger and the
+``bench/latency_peers.py``, from this checkout; ``python_floor``: its plain Python data source
+into Kafka), the Kafka source topic, the trigger and the
 checkpoint.
 
 The query reads the topic from its earliest offset (JSON events, repartitioned to 2
@@ -86,7 +87,12 @@ def start_twophase(feed: DataFrame, spec: dict[str, Any]) -> StreamingQuery:
 
 
 def start_peer(spark: SparkSession, feed: DataFrame, spec: dict[str, Any]) -> StreamingQuery:
+    """The target's at-least-once writer (``peer``), or the Python floor (``python_floor``)."""
     peers = importlib.import_module("bench.latency_peers")
+    if spec["writer"] == "python_floor":
+        floor: StreamingQuery = peers.start_python_floor(
+            spark, feed, spec["peer_options"], spec["checkpoint"], spec["trigger"])
+        return floor
     query: StreamingQuery = peers.start(spark, spec["target"], feed, spec["peer_options"],
                                         spec["checkpoint"], spec["trigger"])
     return query

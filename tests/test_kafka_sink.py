@@ -43,6 +43,9 @@ from twophase.testing.contract import (
     prepare,
 )
 
+#: How long a test keeps the broker down: long enough for idle clients' reconnects to back off.
+BROKER_DOWN_S = 8
+
 
 def make_sink(broker: KafkaBroker, topic: str, **options: Any) -> KafkaSink:
     """A sink with a pool of its own (the prefix is the topic), checked as the driver does."""
@@ -159,6 +162,19 @@ def test_a_broker_killed_while_pre_committed_then_restarted_and_the_commit_succe
     assert outcome is CommitOutcome.COMMITTED
     assert kafka_broker.event_ids(kafka_topic) == [0, 1, 2, 3, 4]
     assert commit(sink, handle) is CommitOutcome.ALREADY_COMMITTED
+
+
+def test_a_new_querys_checks_pass_at_once_after_the_broker_was_down_and_came_back(
+        kafka_broker: KafkaBroker, kafka_topic: str) -> None:
+    """This process's admin client, idle while the broker was down, backed off its reconnects;
+    the next query's start checks (and its first batch) must not fail on that backoff."""
+    make_sink(kafka_broker, kafka_topic)  # the process's admin client is made and connected
+    kafka_broker.kill()  # SIGKILL
+    time.sleep(BROKER_DOWN_S)  # the idle client's reconnects back off meanwhile
+    kafka_broker.start()
+    sink = make_sink(kafka_broker, kafka_topic)  # right away
+    assert commit(sink, prepare(sink, orders(0, 2))) is CommitOutcome.COMMITTED
+    assert kafka_broker.event_ids(kafka_topic) == [0, 1]
 
 
 # -- the pool ----------------------------------------------------------------------------------

@@ -4,8 +4,11 @@ The sink holds only settings (they are pickled to executors); clients are made w
 used. The admin client (EndTxn, listing, describing: on the driver, in cleanup, and on an
 executor before it takes a transactional id) is made at most once per process and settings and
 kept: kafka-python's admin client is safe to call from several threads, and it reconnects by
-itself to a broker that was down (``tests/test_kafka_sink.py`` kills and restarts the broker
-under it), so a connection failure is retried through the same client. It logs in again with
+itself to a broker that was down, backing off at most :data:`RECONNECT_BACKOFF_MAX_MS` between
+tries; a call that finds every connection still backing off runs again for a few backoffs
+(``tests/test_kafka_sink.py`` kills and restarts the broker under it), so a connection failure
+is retried through the same client. Every admin call goes through
+:meth:`KafkaSettings.with_admin`. It logs in again with
 the password it was made with: should the brokers refuse it after the password's ``Secret``
 changed (a rotation), :meth:`KafkaSettings.with_admin` makes it again with the new one
 (:class:`twophase.kit.ClientCache`). kafka-python mostly reports a refused login as a
@@ -45,6 +48,7 @@ import logging
 import socket
 import ssl
 import struct
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -57,6 +61,7 @@ from sinks.kafka.errors import (
     classify,
     client_certificate_refused,
     login_in_question,
+    no_connection_ready,
     refused_credentials,
 )
 from sinks.kafka.login import PASSWORD_MECHANISMS, refusal
@@ -73,6 +78,12 @@ DEFAULT_REQUEST_TIMEOUT_MS = 30_000
 DEFAULT_CONNECT_TIMEOUT_MS = 30_000
 #: How long a producer waits for metadata (a topic, the cluster) before it gives up.
 DEFAULT_MAX_BLOCK_MS = 30_000
+#: The longest wait between reconnects to a broker that is down (the Java clients' default;
+#: kafka-python's admin client would keep a broker that came back unused for up to 30 s).
+RECONNECT_BACKOFF_MAX_MS = 1_000
+#: How long an admin call waits for a connection out of its reconnect backoff (a few backoffs).
+CONNECTION_READY_WAIT_S = 3 * RECONNECT_BACKOFF_MAX_MS / 1000
+CONNECTION_READY_POLL_S = 0.1
 #: Protocols that speak TLS (the others are plain text).
 TLS_PROTOCOLS = frozenset({"SSL", "SASL_SSL"})
 #: OpenSSL's verify codes of a certificate valid, but not for the name (or address) dialled.
@@ -150,6 +161,7 @@ class KafkaSettings:
             "client_id": self.client_id,
             "request_timeout_ms": self.request_timeout_ms,
             "bootstrap_timeout_ms": self.connect_timeout_ms,
+            "reconnect_backoff_max_ms": RECONNECT_BACKOFF_MAX_MS,
         }
         return {key: value for key, value in configs.items() if value is not None} | dict(
             self.extra)
@@ -294,10 +306,22 @@ class KafkaSettings:
 
     def _on_admin(self, operation: Callable[[KafkaAdminClient], T], what: str) -> T:
         """``operation`` on this process's admin client, a refused login named as such (the
-        client logs in again with the password it was made with)."""
-        admin = self.admin()
-        with self.login_checked(admin.config.get("sasl_plain_password"), what):
-            return operation(admin)
+        client logs in again with the password it was made with). Should it find no
+        connection ready (the client waits out a reconnect backoff, as after a broker was
+        down), it runs again for up to :data:`CONNECTION_READY_WAIT_S`: every admin operation
+        may run again (commits and aborts prove what an earlier run did)."""
+        deadline = time.monotonic() + CONNECTION_READY_WAIT_S
+        while True:
+            admin = self.admin()
+            try:
+                with self.login_checked(admin.config.get("sasl_plain_password"), what):
+                    return operation(admin)
+            except Exception as error:
+                if not (no_connection_ready(error) and time.monotonic() < deadline):
+                    raise
+                log.info("%s: no broker connection is ready yet (reconnect backoff); trying "
+                         "again", what)
+                time.sleep(CONNECTION_READY_POLL_S)
 
 
 _admins: ClientCache[KafkaSettings, KafkaAdminClient] = ClientCache(

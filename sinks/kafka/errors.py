@@ -239,6 +239,14 @@ def login_in_question(exc: BaseException) -> bool:
         code_of(cause) in UNREACHED | {SASL_AUTHENTICATION_FAILED}
 
 
+def no_connection_ready(exc: BaseException) -> bool:
+    """Whether kafka-python's ``exc`` (or, for a twophase error, the error it was classified
+    from) says the request was never sent: every broker connection was waiting out its
+    reconnect backoff (as after a broker that was down came back)."""
+    cause = exc.__cause__ if isinstance(exc, TwoPhaseError) else exc
+    return isinstance(cause, kerrors.NodeNotReadyError)
+
+
 def client_certificate_refused(server: str, error: ssl.SSLError,
                                certfile: str | None) -> ConfigurationError | None:
     """The broker at ``server`` refused the TLS session over the client certificate (the sink

@@ -228,8 +228,11 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTransaction]):
     def check_schema(self, columns: Sequence[Column]) -> None:
         """Columns fit; the topic exists; the timeout fits the brokers; the registry exists."""
         self.shape.check(columns)
-        with classified(classify, f"checking {self.where}", KAFKA_ERRORS):
-            admin = self.settings.admin()
+        what = f"checking {self.where}"
+        self.settings.with_admin(lambda admin: self._check_cluster(admin, what), what)
+
+    def _check_cluster(self, admin: Any, what: str) -> None:
+        with classified(classify, what, KAFKA_ERRORS):
             if self.shape.topic is not None:
                 self._check_topic(admin, self.shape.topic)
             self._check_timeout(admin)
@@ -276,8 +279,11 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTransaction]):
     # -- executor ------------------------------------------------------------------------------
 
     def begin_transaction(self, ctx: TransactionContext) -> KafkaTransaction:
-        with classified(classify, f"opening transaction {ctx.txn_id}", KAFKA_ERRORS):
-            admin = self.settings.admin()
+        what = f"opening transaction {ctx.txn_id}"
+        return self.settings.with_admin(lambda admin: self._begin(ctx, admin, what), what)
+
+    def _begin(self, ctx: TransactionContext, admin: Any, what: str) -> KafkaTransaction:
+        with classified(classify, what, KAFKA_ERRORS):
             producer = self._producer_of_free_slot(admin, ctx.txn_id)
             opened_ms = int(time.time() * 1000)
             try:
