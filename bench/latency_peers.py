@@ -27,12 +27,18 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import boto3
+import pyarrow as pa
 import pyarrow.parquet as pq
 from confluent_kafka import Producer
 from deltalake import write_deltalake
 from pyiceberg.catalog import load_catalog
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.datasource import DataSource, DataSourceStreamWriter, WriterCommitMessage
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceStreamArrowWriter,
+    DataSourceStreamWriter,
+    WriterCommitMessage,
+)
 from pyspark.sql.streaming.query import StreamingQuery
 from pyspark.sql.streaming.readwriter import DataStreamWriter
 
@@ -115,11 +121,11 @@ BATCH_WRITERS: dict[str, Callable[[dict[str, Any]], BatchWriter]] = {
 
 
 class PlainProduce(DataSource):
-    """At least once through Spark's Python data source: each task produces its rows as JSON
-    (key ``order_id``) with a plain producer kept by its Python worker, and flushes; the
-    commit does nothing. What it costs over Spark's Kafka sink is the data source path's own
-    (Python workers, Arrow, the writer made again and the commit run each batch): no Python
-    sink on that path can be faster."""
+    """At least once through Spark's Python data source: each task produces its rows (from
+    Arrow, as twophase's writer gets them) as JSON (key ``order_id``) with a plain producer
+    kept by its Python worker, and flushes; the commit does nothing. What it costs over
+    Spark's Kafka sink is the data source path's own (Python workers, Arrow, the writer made
+    again and the commit run each batch): no Python sink on that path can be faster."""
 
     @classmethod
     def name(cls) -> str:
@@ -132,21 +138,20 @@ class PlainProduce(DataSource):
 _producers: dict[str, Producer] = {}
 
 
-class PlainProduceWriter(DataSourceStreamWriter):
+class PlainProduceWriter(DataSourceStreamArrowWriter):
     def __init__(self, options: dict[str, str]) -> None:
         self.options = options
 
-    def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
         servers, topic = self.options["bootstrap_servers"], self.options["topic"]
         producer = _producers.get(servers)
         if producer is None:
             producer = _producers[servers] = Producer({"bootstrap.servers": servers,
                                                        "linger.ms": 0})
-        for row in iterator:
-            record = row.asDict()
-            producer.produce(topic, key=str(record["order_id"]).encode(),
-                             value=json.dumps(record, default=str).encode())
-            producer.poll(0)
+        for batch in iterator:
+            for record in batch.to_pylist():
+                producer.produce(topic, json.dumps(record, default=str).encode(),
+                                 str(record["order_id"]).encode())
         if producer.flush(FLUSH_TIMEOUT_S):
             raise RuntimeError(f"records to {topic} not delivered in {FLUSH_TIMEOUT_S:g} s")
         return WriterCommitMessage()
