@@ -160,11 +160,18 @@ class PlainProduceWriter(DataSourceStreamArrowWriter):
         pass
 
 
+def data_source_writer(spark: SparkSession, source: type[DataSource], feed: DataFrame,
+                       options: dict[str, Any]) -> DataStreamWriter:
+    """``feed`` written by the Python data source ``source`` (registered now) with
+    ``options``."""
+    spark.dataSource.register(source)
+    return feed.writeStream.format(source.name()).options(**options)
+
+
 def start_python_floor(spark: SparkSession, feed: DataFrame, options: dict[str, Any],
                        checkpoint: str, trigger: str | None) -> StreamingQuery:
     """:class:`PlainProduce` writing ``feed`` into the Kafka target, started."""
-    spark.dataSource.register(PlainProduce)
-    writer = feed.writeStream.format(PlainProduce.name()).options(**options)
+    writer = data_source_writer(spark, PlainProduce, feed, options)
     return with_trigger(writer, trigger, checkpoint).start()
 
 
@@ -174,8 +181,7 @@ def start(spark: SparkSession, target: str, feed: DataFrame, options: dict[str, 
     if target == "kafka":
         writer = kafka_writer(feed, options)
     elif target == "http":
-        spark.dataSource.register(PlainPost)
-        writer = feed.writeStream.format(PlainPost.name()).options(**options)
+        writer = data_source_writer(spark, PlainPost, feed, options)
     else:
         writer = feed.writeStream.foreachBatch(BATCH_WRITERS[target](options))
     return with_trigger(writer, trigger, checkpoint).start()
