@@ -54,7 +54,10 @@ with its offset, ``2026-11-01T09:30:00.000000+00:00``, whatever the workers' tim
 as ``2026-11-01``; a ``DECIMAL`` as its exact digits. Everything else is stored as it comes.
 
 Modes: ``insert`` appends; ``upsert`` replaces rows with the same ``key`` (later rows win,
-batches apply in order).
+batches apply in order); ``keyed`` keeps the latest state of each ``key`` by ``version``
+(:mod:`twophase._keyed`: a late or repeated change is a no-op, a delete keeps a tombstone in
+``"_twophase_tombstones_<table>"``). The keyed mode changes no phase: the staged rows are
+applied at commit, reduced to the newest change per key in SQL, so rows need no routing by key.
 """
 from __future__ import annotations
 
@@ -65,7 +68,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from datetime import date, datetime
+from datetime import UTC, date, datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -87,17 +90,23 @@ from twophase import (
 )
 from twophase.kit import (
     DEFAULT_CHUNK_SIZE,
+    DEFAULT_TOMBSTONE_RETENTION_S,
+    TOMBSTONE_TIME_COLUMN,
     ErrorTable,
+    Keyed,
     Mode,
     TableColumn,
     as_utc,
     check_columns,
     chunks,
     classified,
+    keyed_apply_statements,
     namespace_from,
+    tombstone_table_name,
     transaction_id_reused,
     transaction_lost,
     validate_chunk_size,
+    validate_keyed,
     validate_mode,
 )
 
@@ -107,10 +116,15 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DEFAULT_BUSY_TIMEOUT_S = 60.0
+SQLITE_MAX_NAME = 128  # SQLite sets no limit; long names are cut like other databases'
 PREPARED_TABLE = "_twophase_prepared"
 COMMITTED_TABLE = "_twophase_committed"
 STAGE_PREFIX = "_twophase_stage:"
 STAGE_SEPARATOR = ":"  # never in a transaction id
+#: The keyed mode's scratch table of one commit (temporary: the connection's own).
+CHANGES_TABLE = "_twophase_changes"
+#: SQLite's current time in seconds since the epoch (a tombstone's ``deleted_at``).
+NOW_SQL = "((julianday('now') - 2440587.5) * 86400.0)"
 
 
 def quote(identifier: str) -> str:
@@ -141,6 +155,9 @@ class SQLiteSink(TwoPhaseCommitSink[SQLiteTransaction]):
         *,
         mode: Mode = "insert",
         key: Sequence[str] = (),
+        version: str | None = None,
+        deleted: str | None = None,
+        tombstone_retention_s: float = DEFAULT_TOMBSTONE_RETENTION_S,
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S,
     ) -> None:
@@ -150,6 +167,8 @@ class SQLiteSink(TwoPhaseCommitSink[SQLiteTransaction]):
         self.table = table
         self.mode = validate_mode("SQLiteSink", mode, key)
         self.key = tuple(key)
+        self.keyed = validate_keyed("SQLiteSink", mode, key, version, deleted,
+                                    tombstone_retention_s=tombstone_retention_s)
         self.chunk_size = validate_chunk_size("SQLiteSink", chunk_size)
 
     def __repr__(self) -> str:
@@ -173,8 +192,17 @@ class SQLiteSink(TwoPhaseCommitSink[SQLiteTransaction]):
 
     # -- driver: before the first write ----------------------------------------------------
 
+    @property
+    def tombstones(self) -> str:
+        """The keyed mode's table of deleted keys (key, version, ``deleted_at``)."""
+        return tombstone_table_name(self.table, max_length=SQLITE_MAX_NAME)
+
     def check_schema(self, columns: Sequence[Column]) -> None:
-        """The kit's column checks (:func:`twophase.kit.check_columns`) on the table."""
+        """The kit's column checks (:func:`twophase.kit.check_columns`) on the table; in the
+        keyed mode on the written columns (not the delete marker), the key a unique key."""
+        if self.keyed is not None:
+            self.keyed.check_rows(self.where, [column.name for column in columns])
+            columns = [c for c in columns if c.name != self.keyed.deleted]
         with self.database.reading("schema check") as connection:
             catalog = table_columns(connection, self.table)
             unique_keys = unique_keys_of(connection, self.table) if self.upsert_key else []
@@ -218,7 +246,7 @@ class SQLiteSink(TwoPhaseCommitSink[SQLiteTransaction]):
             if recorded(conn, COMMITTED_TABLE, txn_id):
                 raise transaction_id_reused(txn.ctx.txn_id, where=self.where)
             conn.execute("SAVEPOINT trial")
-            apply_staged(conn, self.table, txn.stage, self.upsert_key)  # a bad row fails now
+            self.apply_staged(conn, txn.stage)  # a bad row fails now
             conn.execute("ROLLBACK TO trial")
             conn.execute(f"INSERT INTO {PREPARED_TABLE} (txn_id, target, rows, prepared_at) "
                          "VALUES (?, ?, ?, ?)", (txn_id, self.table, txn.rows, time.time()))
@@ -259,8 +287,18 @@ class SQLiteSink(TwoPhaseCommitSink[SQLiteTransaction]):
 
     @property
     def upsert_key(self) -> tuple[str, ...] | None:
-        """The key rows are upserted on, None in insert mode."""
-        return self.key if self.mode == "upsert" else None
+        """The key rows are upserted on (or kept by, in the keyed mode), None in insert mode."""
+        return self.key if self.mode != "insert" else None
+
+    def apply_staged(self, connection: sqlite3.Connection, stage: str) -> None:
+        """The staged rows into the table, as the mode says, in the caller's transaction."""
+        if self.keyed is None:
+            apply_staged(connection, self.table, stage, self.upsert_key)
+            return
+        create_tombstones(connection, self.tombstones, self.keyed)
+        for statement in keyed_statements(self.keyed, self.table, self.tombstones,
+                                          stage, column_names(connection, stage)):
+            connection.execute(statement)
 
 
 @dataclass(frozen=True)
@@ -326,6 +364,27 @@ def apply_staged(connection: sqlite3.Connection, table: str, stage: str,
         sql += f" ON CONFLICT ({', '.join(map(quote, upsert_key))}) DO " + (
             f"UPDATE SET {updates}" if updates else "NOTHING")
     connection.execute(sql)
+
+
+def keyed_statements(keyed: Keyed, table: str, tombstones: str, stage: str,
+                     staged: Sequence[str]) -> list[str]:
+    """The keyed mode's statements (:func:`twophase.kit.keyed_apply_statements`) over one
+    staging table: a row is a delete where its marker is true (1) or ``'d'``; rows of one
+    version apply in the order they were staged."""
+    marker = quote(keyed.deleted) if keyed.deleted else None
+    return keyed_apply_statements(
+        keyed, quote=quote, source=quote(stage), target=quote(table),
+        tombstones=quote(tombstones), scratch=quote(CHANGES_TABLE),
+        columns=keyed.written(staged), order="rowid", now=NOW_SQL,
+        deleted=f"COALESCE({marker} IN (1, 'd'), 0)" if marker else "0")
+
+
+def create_tombstones(connection: sqlite3.Connection, tombstones: str, keyed: Keyed) -> None:
+    """The keyed mode's table of deleted keys, unless it exists."""
+    key = ", ".join(map(quote, keyed.key))
+    connection.execute(
+        f"CREATE TABLE IF NOT EXISTS {quote(tombstones)} ({key}, {quote(keyed.version)}, "
+        f"{quote(TOMBSTONE_TIME_COLUMN)} REAL NOT NULL, PRIMARY KEY ({key}))")
 
 
 def create_bookkeeping(connection: sqlite3.Connection) -> None:
@@ -494,7 +553,7 @@ class SQLiteCommitter(Committer):
                     why="it is neither prepared nor recorded as committed: aborted outside "
                     "this query (a cleanup with a too short threshold?), or its proof of "
                     "commit was purged")
-            apply_staged(c, sink.table, stage, sink.upsert_key)
+            sink.apply_staged(c, stage)
             drop_staged(c, txn_id, stage)
             c.execute(f"INSERT INTO {COMMITTED_TABLE} (txn_id, target, rows, committed_at) "
                       "VALUES (?, ?, ?, ?)", (txn_id, sink.table, handle.rows, time.time()))
@@ -511,6 +570,31 @@ class SQLiteCommitter(Committer):
                     fix="this is a bug in the caller: a committed transaction was decided")
             dropped = drop_staged(c, txn_id, self.sink.stage_table(handle.txn_id))
             return AbortOutcome.ABORTED if dropped else AbortOutcome.NOT_FOUND
+
+    def purge_tombstones(self, older_than: datetime) -> int:
+        """Delete the keyed mode's tombstones of deletes applied before ``older_than``."""
+        sink = self.sink
+        if sink.keyed is None:
+            return 0
+        with self._lock, sink.database.transaction("purge of tombstones", self._connected()) as c:
+            create_tombstones(c, sink.tombstones, sink.keyed)
+            return c.execute(f"DELETE FROM {quote(sink.tombstones)} WHERE "
+                             f"{quote(TOMBSTONE_TIME_COLUMN)} < ?",
+                             (as_utc(older_than).timestamp(),)).rowcount
+
+    def tombstones(self) -> tuple[int, datetime | None]:
+        """How many tombstones the keyed mode keeps, and when the oldest one's delete was
+        applied (None without any)."""
+        sink = self.sink
+        if sink.keyed is None:
+            return 0, None
+        with sink.database.reading("count of tombstones") as c:
+            if not has_table(c, sink.tombstones):
+                return 0, None
+            count, oldest = c.execute(
+                f"SELECT count(*), min({quote(TOMBSTONE_TIME_COLUMN)}) "
+                f"FROM {quote(sink.tombstones)}").fetchone()
+        return count, None if oldest is None else datetime.fromtimestamp(oldest, UTC)
 
     def _connected(self) -> sqlite3.Connection:
         if self._connection is None:

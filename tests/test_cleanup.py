@@ -6,6 +6,7 @@ import json
 import sqlite3
 import subprocess
 import sys
+import time
 import urllib.request
 from dataclasses import replace
 from pathlib import Path
@@ -28,6 +29,7 @@ from twophase.testing.contract import (
     orders,
     prepare,
 )
+from twophase.testing.keyed import KEYED_COLUMNS
 
 HOUR = 3600.0
 
@@ -346,3 +348,33 @@ def test_settle_finishes_decided_batches_and_aborts_every_undecided_transaction(
                                                ("7d", 604_800.0), ("3 mins", 180.0)])
 def test_durations_are_read_in_their_unit(text: str, seconds: float) -> None:
     assert cleanup.parse_duration(text) == seconds
+
+
+def test_cleanup_purges_tombstones_past_the_sinks_retention_and_status_counts_them(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "live.db"
+    with sqlite3.connect(path) as connection:
+        connection.execute("CREATE TABLE live (order_id INTEGER PRIMARY KEY, status TEXT, "
+                           "version INTEGER NOT NULL)")
+    options = {"path": str(path), "table": "live", "mode": "keyed", "key": ["order_id"],
+               "version": "version", "deleted": "op", "tombstone_retention_s": HOUR}
+    sink = SQLiteSink(**options)  # type: ignore[arg-type]
+    sink.commit(prepare(sink, [(1, None, 3, "d"), (2, None, 4, "d")], columns=KEYED_COLUMNS))
+    store = running_query(tmp_path)
+    status = subprocess.run(
+        [sys.executable, "-m", "twophase.status", str(store.location),
+         "--sink", "sinks.sqlite:SQLiteSink", "--options", json.dumps(options)],
+        capture_output=True, text=True, check=True)
+    assert "tombstones: 2 deleted keys remembered, the oldest deleted 0.0 h ago" in status.stdout
+
+    def purges(report: cleanup.Report) -> list[str]:
+        return [a.reason for a in report.actions if a.subject.startswith("tombstones")]
+
+    now = time.time()
+    assert purges(run_cleanup(target(sink, store), now=now)) == ["0 purged"]
+    assert purges(run_cleanup(target(sink, store), now=now + HOUR + 60, dry_run=True)) == [
+        "past the tombstone retention"]
+    assert purges(run_cleanup(target(sink, store), now=now + HOUR + 60)) == ["2 purged"]
+    with sink.committer() as committer:
+        assert committer.tombstones() == (0, None)

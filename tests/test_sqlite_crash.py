@@ -5,10 +5,17 @@ commits each batch behind the next: killed while a decided batch commits behind 
 
 from __future__ import annotations
 
+import contextlib
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
 import pytest
 
+from setups.sqlite import STAGED
 from twophase._crash import COMMITTING_BEHIND, CRASH_POINTS, MID_COMMIT
-from twophase.testing.crash import DECISION_POINTS, CrashSuite
+from twophase.testing.crash import DECISION_POINTS, CrashSuite, KeyedCrashSuite, KeyedFeedTarget
 
 pytestmark = [pytest.mark.spark, pytest.mark.crash]
 
@@ -21,9 +28,11 @@ class TestSQLiteCrashes(CrashSuite):
     check_lost_state = True  # the state deleted with a decided batch pending: refused
 
 
+@pytest.mark.long
 class TestForeachBatchCrashes(TestSQLiteCrashes):
-    """Either side of the decision in CI (CI time: the adapters share the coordinator, whose
-    every point runs above; every point through foreachBatch: tests/test_postgres_crash.py,
+    """Either side of the decision (``-m long``; in CI the keyed suite below runs through
+    foreachBatch either side of the decision: the adapters share the coordinator, whose every
+    point runs above; every point through foreachBatch: tests/test_postgres_crash.py,
     ``-m long``)."""
 
     check_lost_state = False
@@ -59,3 +68,40 @@ class TestPipelinedForeachBatchCrashes(TestPipelinedCrashes):
 
     foreach_batch = True
     crash_points = (*CRASH_POINTS, COMMITTING_BEHIND)
+
+
+@dataclass(eq=False)
+class SQLiteKeyedFeedTarget(KeyedFeedTarget):
+    def state(self) -> dict[int, int]:
+        with contextlib.closing(sqlite3.connect(self.options["path"])) as connection:
+            return dict(connection.execute("SELECT order_id, event_id FROM live"))
+
+    def in_doubt(self) -> list[Any]:
+        with contextlib.closing(sqlite3.connect(self.options["path"])) as connection:
+            return list(connection.execute(STAGED))
+
+
+class TestSQLiteKeyedCrashes(KeyedCrashSuite):
+    """A change stream (late, repeated, deleting changes) in the keyed mode through the
+    foreachBatch adapter, the driver killed either side of the decision: the table equals the
+    feed's newest changes (the plain feed through foreachBatch: ``-m long``)."""
+
+    foreach_batch = True
+
+    @pytest.fixture
+    def target(self, tmp_path: Path) -> SQLiteKeyedFeedTarget:
+        path = tmp_path / "live.db"
+        with contextlib.closing(sqlite3.connect(path)) as connection, connection:
+            connection.execute("CREATE TABLE live (order_id INTEGER PRIMARY KEY, "
+                               "event_id INTEGER NOT NULL, ts TEXT)")
+        return SQLiteKeyedFeedTarget("sinks.sqlite:SQLiteSink", {
+            "path": str(path), "table": "live", "mode": "keyed", "key": ["order_id"],
+            "version": "event_id", "deleted": "status"})
+
+
+@pytest.mark.long
+class TestSQLiteKeyedCrashesAtEveryPoint(TestSQLiteKeyedCrashes):
+    """The same at every crash point, on the data source path."""
+
+    foreach_batch = False
+    crash_points = CRASH_POINTS

@@ -8,7 +8,8 @@ For each target (a sink plus the state locations of the queries writing into it)
    already finished, or older than ``older_than`` (default: twice the query's trigger interval,
    at least 10 minutes). Transactions of queries with no configured state are only reported,
    unless ``abort_unknown`` is set (they might belong to a query you did not list);
-3. purge proofs of commit older than ``retention`` (default 7 days).
+3. purge proofs of commit older than ``retention`` (default 7 days), and the keyed mode's
+   tombstones older than the sink's own ``tombstone_retention_s`` (each member's in a group).
 
 It never bumps an epoch, so it is safe while the queries run. One JSON line per action goes to
 stdout, a log line per action to stderr. Exit codes: 0 all well, 1 an action failed, 2 bad
@@ -67,6 +68,7 @@ from twophase._aborts import abort_through
 from twophase._coordinator import Coordinator
 from twophase._eligibility import is_orphan
 from twophase._handle import Handle, validate_namespace
+from twophase._keyed import Keyed
 from twophase._loader import build_sink
 from twophase._retry import DEFAULT_RETRY
 from twophase._secrets import resolved
@@ -78,6 +80,7 @@ from twophase.errors import (
     TransactionLostError,
     TwoPhaseError,
 )
+from twophase.group import GroupCommitter
 from twophase.sink import Committer, TwoPhaseCommitSink
 
 log = logging.getLogger(__name__)
@@ -173,6 +176,7 @@ def clean(target: Target, report: Report, *, dry_run: bool,
         _abort_orphans(target, committer, [state for _, state in known], report,
                        dry_run=dry_run, now=clock())
         _purge(target, committer, report, dry_run=dry_run, now=clock())
+        _purge_tombstones(target, committer, report, dry_run=dry_run, now=clock())
 
 
 def _roll_forward(target: Target, store: StateStore, state: State, report: Report, *,
@@ -285,6 +289,33 @@ def _purge(target: Target, committer: Committer, report: Report, *, dry_run: boo
         except TwoPhaseError as exc:
             action.done, action.error = False, str(exc)
     report.add(action)
+
+
+def _purge_tombstones(target: Target, committer: Committer, report: Report, *, dry_run: bool,
+                      now: float) -> None:
+    for name, keyed, part in keyed_parts(target.sink, committer):
+        before = datetime.fromtimestamp(now - keyed.tombstone_retention_s, tz=UTC)
+        of = f" of member {name}" if name else ""
+        action = Action("purge", target.namespace, f"tombstones{of} before {before.isoformat()}",
+                        "past the tombstone retention", not dry_run)
+        if not dry_run:
+            try:
+                action.reason = f"{part.purge_tombstones(before)} purged"
+            except TwoPhaseError as exc:
+                action.done, action.error = False, str(exc)
+        report.add(action)
+
+
+def keyed_parts(sink: TwoPhaseCommitSink[Any], committer: Committer
+                ) -> list[tuple[str, Keyed, Committer]]:
+    """The sink, or each member of a group, that keeps tombstones (the keyed mode): its name
+    in the group ("" alone), its keyed mode and its committer."""
+    if isinstance(committer, GroupCommitter):
+        return [(name, keyed, committer.member(name))
+                for name, member in committer.sink.members.items()
+                if isinstance(keyed := getattr(member, "keyed", None), Keyed)]
+    keyed = getattr(sink, "keyed", None)
+    return [("", keyed, committer)] if isinstance(keyed, Keyed) else []
 
 
 def settle(target: Target, report: Report) -> None:

@@ -147,6 +147,24 @@ class SinkGroup(TwoPhaseCommitSink[GroupTransaction]):
     def default_namespace(self) -> str:
         return self.members[self.commit_order[0]].default_namespace()
 
+    def route_key(self) -> tuple[str, ...] | None:
+        """The key columns that every member which needs rows routed by key shares (routing by
+        them keeps each member's whole key in one task), None if no member needs routing."""
+        keys = {name: key for name, sink in self.members.items()
+                if (key := sink.route_key()) is not None}
+        if not keys:
+            return None
+        shared = tuple(column for column in next(iter(keys.values()))
+                       if all(column in key for key in keys.values()))
+        if not shared:
+            raise ConfigurationError(
+                f"the sink group's keyed members write under locks by keys that share no "
+                f"column ({', '.join(f'{name}: {list(key)}' for name, key in keys.items())}): "
+                "no routing of the rows keeps every key of a batch in one task.",
+                fix="give the keyed members a common key column, or put them in groups of "
+                    "their own")
+        return shared
+
     # -- driver: before the first write ----------------------------------------------------
 
     def check_schema(self, columns: Sequence[Column]) -> None:
@@ -295,6 +313,7 @@ class GroupCommitter(Committer):
     ``list_in_doubt``           every member's, one handle per partition transaction
     ``commit`` / ``abort``      a partition handle's member transactions, in commit order
     ``purge_commit_records``    every member's
+    ``tombstones``              every member's, added up (the oldest of all)
     ==========================  ==============================================================
     """
 
@@ -409,6 +428,11 @@ class GroupCommitter(Committer):
             with naming(name):
                 purged += self.member(name).purge_commit_records(namespaces[name], older_than)
         return purged
+
+    def tombstones(self) -> tuple[int, datetime | None]:
+        counts = [self.member(name).tombstones() for name in self.sink.commit_order]
+        oldest = [when for _, when in counts if when is not None]
+        return sum(count for count, _ in counts), min(oldest, default=None)
 
     def _each_member(self, handle: Handle, step: Callable[[Committer, Handle], R]) -> list[R]:
         """``step`` (commit or abort) of every member transaction ``handle`` stands for, in

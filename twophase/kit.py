@@ -7,7 +7,13 @@ piece                          what it does
 =============================  ================================================================
 :func:`chunks`                 groups rows into lists of at most ``chunk_size`` (bounded memory)
 :func:`validate_chunk_size`    the option check every chunking sink makes
-:func:`validate_mode`          ``mode="insert"`` / ``"upsert"`` and the ``key`` upsert needs
+:func:`validate_mode`          ``mode="insert"`` / ``"upsert"`` / ``"keyed"`` and the ``key``
+                               they need
+:class:`Keyed`                 the keyed mode's one meaning (newest version wins, deletes keep
+                               tombstones): :func:`validate_keyed`, :meth:`Keyed.reduce` and
+                               :func:`newer_than` for a writer under locks,
+                               :func:`keyed_apply_statements` for a publisher in SQL,
+                               :func:`tombstone_table_name` (see :mod:`twophase._keyed`)
 :func:`namespace_from`         a default namespace from a target's name (table, topic, prefix)
 :class:`ErrorTable`            system error code -> retryable / fatal / config / schema + fix;
                                by exact code, by condition (the message), by code class
@@ -93,6 +99,19 @@ from twophase._handle import (
     query_key,
     validate_namespace,
 )
+from twophase._keyed import (
+    DEFAULT_TOMBSTONE_RETENTION_S,
+    DELETED_FLAG,
+    KEYED,
+    TOMBSTONE_TIME_COLUMN,
+    Change,
+    Keyed,
+    is_delete,
+    keyed_apply_statements,
+    newer_than,
+    tombstone_table_name,
+    validate_keyed,
+)
 from twophase._lake import (
     DEFAULT_MAX_FILE_BYTES,
     INTENTS_DIRECTORY,
@@ -155,21 +174,27 @@ __all__ = [
     "DEFAULT_COMMIT_PARALLELISM",
     "DEFAULT_MAX_FILE_BYTES",
     "DEFAULT_S3_MAX_ATTEMPTS",
+    "DEFAULT_TOMBSTONE_RETENTION_S",
+    "DELETED_FLAG",
     "FIX_LAKE_DISK",
     "FIX_LAKE_RETRY",
     "FIX_LAKE_VALUES",
     "INSTANT_TYPE",
     "INTENTS_DIRECTORY",
+    "KEYED",
     "LAKE_FILE_CONDITIONS",
     "LAKE_FILE_RULES",
     "LAKE_S3_PERMISSIONS",
     "MODES",
     "S3_OPTIONS",
+    "TOMBSTONE_TIME_COLUMN",
+    "Change",
     "ClientCache",
     "Condition",
     "ConnectionPool",
     "Credentials",
     "ErrorTable",
+    "Keyed",
     "LakeCleanup",
     "LakeCommitter",
     "LakeFileRecord",
@@ -197,20 +222,25 @@ __all__ = [
     "chunks",
     "classified",
     "conform_table",
+    "is_delete",
+    "keyed_apply_statements",
     "lake_classifier",
     "lake_deadline",
     "lake_iam_policy",
     "lake_storage",
     "namespace_from",
+    "newer_than",
     "query_key",
     "retried_if_rotated",
     "reveal",
     "rows_of",
     "scrubbed",
     "split_s3_location",
+    "tombstone_table_name",
     "transaction_id_reused",
     "transaction_lost",
     "validate_chunk_size",
+    "validate_keyed",
     "validate_max_file_bytes",
     "validate_mode",
     "validate_namespace",
@@ -222,8 +252,8 @@ C = TypeVar("C")
 #: Rows a sink writes per round trip unless told otherwise.
 DEFAULT_CHUNK_SIZE = 10_000
 
-Mode = Literal["insert", "upsert"]
-MODES: tuple[Mode, ...] = ("insert", "upsert")
+Mode = Literal["insert", "upsert", "keyed"]
+MODES: tuple[Mode, ...] = ("insert", "upsert", "keyed")
 
 _FIX_UNCLASSIFIED = "fix the cause named above, then restart the query"
 
@@ -240,14 +270,15 @@ def validate_chunk_size(sink: str, chunk_size: int) -> int:
 
 def validate_mode(sink: str, mode: str, key: Sequence[str] = (), *,
                   key_required: bool = True) -> Mode:
-    """``mode`` if it is one of :data:`MODES` and upsert has the key it needs."""
+    """``mode`` if it is one of :data:`MODES` and upsert has the key it needs (the keyed
+    mode's own options: :func:`validate_keyed`)."""
     if mode not in MODES:
         raise ConfigurationError(f"{sink}: unknown mode {mode!r}.",
-                                 fix="use mode='insert' or mode='upsert'")
-    if mode == "upsert" and key_required and not key:
-        raise ConfigurationError(f"{sink}: mode='upsert' needs the key columns.",
+                                 fix="use mode='insert', 'upsert' or 'keyed'")
+    if mode in ("upsert", KEYED) and (key_required or mode == KEYED) and not key:
+        raise ConfigurationError(f"{sink}: mode={mode!r} needs the key columns.",
                                  fix="pass key=('id',) naming a unique key of the target")
-    return "upsert" if mode == "upsert" else "insert"
+    return next(known for known in MODES if known == mode)
 
 
 def namespace_from(name: str, fallback: str) -> str:

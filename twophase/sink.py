@@ -255,6 +255,17 @@ class Committer:
         """Forget old proofs of commit (see ``sink.purge_commit_records``)."""
         return self.sink.purge_commit_records(namespace, older_than)
 
+    def purge_tombstones(self, older_than: datetime) -> int:
+        """Delete the keyed mode's tombstones of deletes applied before ``older_than``
+        (``python -m twophase.cleanup`` passes now less the sink's ``tombstone_retention_s``);
+        how many. A sink that keeps none: 0."""
+        return 0
+
+    def tombstones(self) -> tuple[int, datetime | None]:
+        """How many tombstones the keyed mode keeps and when the oldest one's delete was
+        applied (``python -m twophase.status --sink``). A sink that keeps none: ``(0, None)``."""
+        return 0, None
+
     def commit_stages(self, handles: Sequence[Handle]) -> list[CommitStage]:
         """The order in which a decision's handles commit: by default all at once, through
         this committer (a sink group's committer gives one stage per member)."""
@@ -326,6 +337,14 @@ class TwoPhaseCommitSink(ABC, Generic[TxnT]):
 
     def check_schema(self, columns: Sequence[Column]) -> None:
         """Raise :class:`SchemaMismatchError` if rows of these columns cannot be written."""
+
+    def route_key(self) -> tuple[str, ...] | None:
+        """The columns by which Spark must route rows so that every key of a batch is written
+        by one task, or None (the default) where any partitioning will do. A sink that writes
+        keyed changes under locks held until the decision (``mode="keyed"`` into MySQL XA or
+        PostgreSQL prepared transactions) returns its key: a key written by two tasks of one
+        batch would wait on a lock that only the decision, which waits for both, releases."""
+        return None
 
     @abstractmethod
     def begin_transaction(self, ctx: TransactionContext) -> TxnT: ...

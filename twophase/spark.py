@@ -70,6 +70,9 @@ SPARK_COMMITS_DIR = "commits"  # Spark's log of finished batches
 ENDING_TRIGGERS = ("availableNow", "once")
 #: The triggers whose value is an interval, and how the server measures one (NULL: none).
 INTERVAL_TRIGGERS = ("processingTime", "continuous", "realTime")
+#: Partitions a keyed stream is routed into over Spark Connect when the server's session sets
+#: no ``spark.default.parallelism`` (the client cannot see its cores).
+DEFAULT_KEY_PARTITIONS = 8
 INTERVAL_MICROS_SQL = ("SELECT unix_micros(TIMESTAMP'2000-01-01' + try_cast(:interval AS INTERVAL))"
                        " - unix_micros(TIMESTAMP'2000-01-01')")
 
@@ -91,6 +94,7 @@ def write_stream(
     accept_lost_state: bool = False,
     metrics_port: int | str | None = None,
     pipelined_commits: bool | None = None,
+    route_by_key: int | bool = True,
 ) -> StreamingQuery:
     """Start a streaming query that writes ``df`` into ``sink`` exactly once.
 
@@ -132,6 +136,14 @@ def write_stream(
             commits behind then run in this process, which ``awaitTermination`` waits for.
             The returned query's ``stop``, ``awaitTermination`` and ``processAllAvailable``
             return once every batch the query decided is visible.
+        route_by_key: for a sink that needs every key of a batch in one task (``mode="keyed"``
+            into MySQL XA or PostgreSQL prepared transactions: see ``route_key``), how rows are
+            routed by key before the writer: ``True`` (the default) into as many partitions as
+            ``spark.default.parallelism`` (classic Spark: the cores), a number into that many
+            (never ``spark.sql.shuffle.partitions``, which the checkpoint pins), ``False`` for
+            a stream that is keyed already (each key in one partition of every batch: if it is
+            not, a task waits on another's lock until the lock timeout names it). One shuffle;
+            a sink without a ``route_key`` is never routed.
 
     Everything that can be checked is checked before this run takes the query over from an
     earlier one (fencing it): the options, the trigger, the state against the checkpoint, and
@@ -146,6 +158,7 @@ def write_stream(
         raise ConfigurationError("write_stream needs checkpoint_location.",
                                  fix="pass checkpoint_location='/path/to/checkpoint'")
     sink = as_sink(sink, commit_order=commit_order, columns=columns)
+    df = routed_by_key(df, sink, route_by_key)
     pipelined = _pipelined(pipelined_commits, trigger, connect=is_connect(df),
                            foreach_batch=foreach_batch)
     writer = _stream_writer(df, checkpoint_location, trigger=trigger, query_name=query_name)
@@ -181,18 +194,21 @@ def write(
     namespace: str | None = None,
     retry: RetryPolicy | None = None,
     metrics_port: int | str | None = None,
+    route_by_key: int | bool = True,
 ) -> None:
     """Write a (batch) DataFrame into ``sink`` as one all-or-nothing transaction set.
 
     Each call is one batch of the "query" that ``state_location`` identifies: its transactions
     are decided together, and a later call first finishes a call that crashed after deciding.
     ``metrics_port`` serves its metrics as for :func:`write_stream`, while this process runs;
-    several sinks by name, ``commit_order`` and ``columns`` make a group, as there.
+    several sinks by name, ``commit_order`` and ``columns`` make a group, and ``route_by_key``
+    routes a keyed sink's rows, as there.
     """
     if not state_location:
         raise ConfigurationError("write needs state_location (a directory or S3 prefix).",
                                  fix="pass state_location='/path/to/state' or 's3://b/state'")
     sink = as_sink(sink, commit_order=commit_order, columns=columns)
+    df = routed_by_key(df, sink, route_by_key)
     if df.isStreaming:
         raise ConfigurationError("twophase.spark.write got a streaming DataFrame.",
                                  fix="use twophase.spark.write_stream for streams")
@@ -202,6 +218,44 @@ def write(
                          settings={"kind": "batch"})
     config = replace(_where_the_driver_is(df, takeover.of_job), sink=sink)
     df.write.format(register_data_source(df, config)).mode("append").save()
+
+
+def routed_by_key(df: DataFrame, sink: TwoPhaseCommitSink[Any],
+                  route_by_key: int | bool) -> DataFrame:
+    """``df`` repartitioned by the sink's :meth:`~twophase.TwoPhaseCommitSink.route_key` into
+    ``route_by_key`` partitions (``True``: the session's default parallelism), unchanged when
+    the sink needs no routing or ``route_by_key`` is False (see :func:`write_stream`)."""
+    if isinstance(route_by_key, bool):
+        partitions = default_parallelism(df) if route_by_key else 0
+    elif isinstance(route_by_key, int) and route_by_key > 0:
+        partitions = route_by_key
+    else:
+        raise ConfigurationError(
+            f"route_by_key={route_by_key!r} is neither a number of partitions nor a bool.",
+            fix="leave it True (the default parallelism), pass a positive int, or False for "
+                "a stream already keyed")
+    key = sink.route_key()
+    if key is None or not partitions:
+        return df
+    if missing := [column for column in key if column not in df.columns]:
+        raise SchemaMismatchError(
+            f"the rows are routed by the key {list(key)}, but the DataFrame has no column "
+            f"{', '.join(map(repr, missing))} (its columns: {', '.join(df.columns)}).",
+            fix="select the key columns in the DataFrame")
+    log.info("routing rows by %s into %d partitions (every key of a batch in one task)",
+             list(key), partitions)
+    return df.repartition(partitions, *key)
+
+
+def default_parallelism(df: DataFrame) -> int:
+    """``spark.default.parallelism`` if set, else classic Spark's default (the cores of a local
+    session, the executors' cores of a cluster), else :data:`DEFAULT_KEY_PARTITIONS`."""
+    spark = df.sparkSession
+    if configured := spark.conf.get("spark.default.parallelism", None):
+        return int(configured)
+    if is_connect(df):
+        return DEFAULT_KEY_PARTITIONS
+    return int(spark.sparkContext.defaultParallelism)
 
 
 def _pipelined(chosen: bool | None, trigger: Mapping[str, Any] | None, *,

@@ -21,6 +21,7 @@ import argparse
 import json
 import sys
 import time
+from datetime import datetime
 
 from twophase._eligibility import undecided_handles
 from twophase._handle import Handle
@@ -120,20 +121,35 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     try:
         options = resolved(json.loads(args.options))
-        undecided = _undecided(state, args.sink, options) if args.sink else None
+        undecided, tombstones = (_in_target(state, args.sink, options) if args.sink
+                                 else (None, (0, None)))
     except (TwoPhaseError, ValueError) as exc:
         sys.stderr.write(f"cannot list the target's transactions: {exc}\n")
         return 1
     output = (json.dumps(state.to_json(), indent=1) if args.json
-              else describe(store, state, time.time(), undecided))
+              else describe(store, state, time.time(), undecided)
+              + describe_tombstones(*tombstones, time.time()))
     sys.stdout.write(output + "\n")
     return 0
 
 
-def _undecided(state: State, sink_class: str, options: dict[str, object]) -> list[Handle]:
-    """The query's transactions in the target that no decision references."""
+def _in_target(state: State, sink_class: str, options: dict[str, object]
+               ) -> tuple[list[Handle], tuple[int, datetime | None]]:
+    """The query's transactions in the target that no decision references, and the keyed
+    mode's tombstones (count, oldest)."""
     with build_sink(sink_class, options).committer() as committer:
-        return undecided_handles(committer.list_in_doubt(state.namespace), state)
+        undecided = undecided_handles(committer.list_in_doubt(state.namespace), state)
+        return undecided, committer.tombstones()
+
+
+def describe_tombstones(count: int, oldest: datetime | None, now: float) -> str:
+    """A line on the keyed mode's tombstones ("" where the sink keeps none)."""
+    if not count or oldest is None:
+        return ""
+    age_h = (now - oldest.timestamp()) / 3600
+    return (f"\ntombstones: {count} deleted keys remembered, the oldest deleted {age_h:.1f} h "
+            "ago (purged by python -m twophase.cleanup after the sink's "
+            "tombstone_retention_s)")
 
 
 if __name__ == "__main__":

@@ -55,6 +55,7 @@ from __future__ import annotations
 import os
 import shutil
 import warnings
+from abc import abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -65,13 +66,21 @@ import pytest
 from twophase._crash import AFTER_DECISION, AFTER_PRE_COMMIT, BEFORE_DECISION, CRASH_POINTS
 from twophase._state import StateStore
 from twophase.sink import TwoPhaseCommitSink
-from twophase.testing.driver import DriverSpec, RunResult, crash_marker, generate_feed, launch
+from twophase.testing.driver import (
+    DriverSpec,
+    KeyedFeed,
+    RunResult,
+    crash_marker,
+    generate_feed,
+    generate_keyed_feed,
+    launch,
+)
 from twophase.testing.suite import TargetSuite
 from twophase.testing.target import Target
 
 #: The public API (the deprecated :class:`SinkTarget` is kept out of it).
 __all__ = ["DECISION_POINTS", "EXECUTOR_POINTS", "LOST_STATE_MESSAGE", "ROWS_PER_FILE",
-           "CrashSuite", "FeedSource"]
+           "CrashSuite", "FeedSource", "KeyedCrashSuite", "KeyedFeedTarget"]
 
 ROWS_PER_FILE = 100
 #: Crash points reached in a task: on a cluster they kill the task's executor, not the driver.
@@ -152,8 +161,7 @@ class CrashSuite(TargetSuite):
         assert not self.check_lost_state or AFTER_DECISION in self.crash_points, \
             f"check_lost_state needs {AFTER_DECISION} among the crash points"
         files = len(self.crash_points) + 2  # a batch before the first crash, one after the last
-        expected = list(range(generate_feed(tmp_path / "feed", files=files,
-                                            rows_per_file=self.rows_per_file)))
+        expected = self.make_feed(tmp_path / "feed", files)
         spec = DriverSpec.into(target, tmp_path, checkpoint=str(driver_disk / "ckpt"),
                                foreach_batch=self.foreach_batch, state_location=state[0],
                                state_options=state[1], spark_conf=spark_conf,
@@ -171,21 +179,36 @@ class CrashSuite(TargetSuite):
             else:
                 assert crashed.crashed, f"the driver did not die at {point}@{batch}: " \
                     f"{_tail(crashed)}"
-            seen = target.visible()
-            assert len(seen) == len(set(seen)), f"a row is visible twice after a crash at {point}"
-            assert set(seen) <= set(expected)
+            seen = self.check_after_crash(target, expected, point)
             if self.check_lost_state and point == AFTER_DECISION:
                 self._refused_without_state(spec, runs / f"without-state-{point}", target,
                                             seen)
         finished = self._launch(spec, runs, len(self.crash_points) + 1)
         assert finished.returncode == 0, f"the last run failed: {_tail(finished)}"
-        assert target.visible() == expected, "rows lost or duplicated"
+        self.check_delivered(target, expected)
         final = spec.state_store().read()
         assert final is not None
         assert (final.pending, final.last_done_batch) == ((), files - 1)
         assert target.build().list_in_doubt(final.namespace) == [], "left in doubt"
         assert target.in_doubt() == [], "left in doubt on the server"
         self.check_finished(given)
+
+    def make_feed(self, feed_dir: Path, files: int) -> Any:
+        """Write the feed's ``files`` JSON files into ``feed_dir``; return what the target must
+        hold in the end (here: every event_id, once)."""
+        return list(range(generate_feed(feed_dir, files=files, rows_per_file=self.rows_per_file)))
+
+    def check_after_crash(self, target: Target, expected: Any, point: str) -> list[int]:
+        """What the target shows after a crash at ``point`` is possible (here: no row twice,
+        none that is not in the feed); return what a reader sees."""
+        seen = target.visible()
+        assert len(seen) == len(set(seen)), f"a row is visible twice after a crash at {point}"
+        assert set(seen) <= set(expected)
+        return seen
+
+    def check_delivered(self, target: Target, expected: Any) -> None:
+        """Once the feed is done the target holds ``expected`` (here: every row exactly once)."""
+        assert target.visible() == expected, "rows lost or duplicated"
 
     def check_finished(self, target: Any) -> None:
         """More checks on the target once every row is delivered (none by default): ``target``
@@ -231,6 +254,46 @@ class CrashSuite(TargetSuite):
             assert target.visible() == seen
         finally:
             os.rename(aside, state_dir)
+
+
+@dataclass(eq=False)
+class KeyedFeedTarget(Target):
+    """A fresh, empty table ``(order_id PRIMARY KEY, event_id, ts)`` and, in ``options``, a
+    sink over it in the keyed mode: ``key=("order_id",)``, ``version="event_id"``,
+    ``deleted="status"`` (the keyed feed's ``'d'``; read, never written)."""
+
+    @abstractmethod
+    def state(self) -> dict[int, int]:
+        """``order_id -> event_id`` of every row a reader of the table sees."""
+
+    def visible(self) -> list[int]:
+        return sorted(self.state().values())
+
+
+class KeyedCrashSuite(CrashSuite):
+    """The crash suite over a change stream into a sink in the keyed mode (give it a
+    ``target`` fixture returning a :class:`KeyedFeedTarget`): late, repeated and deleting
+    changes (:func:`~twophase.testing.driver.generate_keyed_feed`), the driver killed at each
+    point; after each crash every row a reader sees is a change of the feed, in the end the
+    table equals the reference computed from the feed (each key's newest change; deleted keys
+    absent), nothing in doubt. Either side of the decision by default."""
+
+    crash_points: tuple[str, ...] = DECISION_POINTS
+
+    def make_feed(self, feed_dir: Path, files: int) -> KeyedFeed:
+        return generate_keyed_feed(feed_dir, files=files, rows_per_file=self.rows_per_file)
+
+    def check_after_crash(self, target: Target, expected: Any, point: str) -> list[int]:
+        assert isinstance(target, KeyedFeedTarget) and isinstance(expected, KeyedFeed)
+        stray = set(target.state().items()) - expected.upserts
+        assert not stray, f"after a crash at {point} the table holds rows no change of the " \
+            f"feed wrote: {sorted(stray)[:5]}"
+        return target.visible()
+
+    def check_delivered(self, target: Target, expected: Any) -> None:
+        assert isinstance(target, KeyedFeedTarget) and isinstance(expected, KeyedFeed)
+        assert target.state() == expected.newest, "the table differs from the feed's newest " \
+            "changes"
 
 
 def _on_cluster(spark_conf: dict[str, str]) -> bool:

@@ -154,6 +154,56 @@ def generate_feed(input_dir: Path, *, files: int, rows_per_file: int, seed: int 
     return event_id
 
 
+#: The keys of a keyed feed: few, so that one batch changes a key several times.
+KEYED_FEED_KEYS = 40
+#: The ``status`` that marks a delete in a keyed feed (Debezium's ``op`` for one).
+KEYED_FEED_DELETE = "d"
+
+
+@dataclass(frozen=True)
+class KeyedFeed:
+    """What a keyed feed must leave in a table: ``newest``, ``order_id -> event_id`` of each
+    key's newest change whose newest change is no delete; and ``upserts``, every
+    ``(order_id, event_id)`` the feed writes (a row a reader may see before the end)."""
+
+    newest: dict[int, int]
+    upserts: frozenset[tuple[int, int]]
+
+
+def generate_keyed_feed(input_dir: Path, *, files: int, rows_per_file: int,
+                        seed: int = 47) -> KeyedFeed:
+    """Write ``files`` JSON files of changes (:data:`FEED_SCHEMA`: ``order_id`` the key, one of
+    :data:`KEYED_FEED_KEYS`, ``event_id`` its version, ``status`` ``'d'`` a delete) the way a
+    change stream delivers them: each file's rows out of order, one change in ten late (in
+    the next file or the one after), one in twenty delivered again in a later file. Return
+    the reference computed from the feed (:class:`KeyedFeed`)."""
+    input_dir.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(seed)  # noqa: S311 - test data, not secrets
+    placed: list[list[dict[str, Any]]] = [[] for _ in range(files)]
+    newest: dict[int, dict[str, Any]] = {}
+    for event_id in range(files * rows_per_file):
+        change = {**_order_event(rng, event_id), "order_id": rng.randrange(KEYED_FEED_KEYS)}
+        if rng.random() < 0.2:
+            change["status"] = KEYED_FEED_DELETE
+        newest[change["order_id"]] = change
+        home = event_id // rows_per_file
+        late = rng.choice((1, 2)) if rng.random() < 0.1 else 0
+        placed[min(files - 1, home + late)].append(change)
+        if rng.random() < 0.05 and home + 1 < files:
+            placed[rng.randrange(home + 1, files)].append(change)
+    first_mtime = int(time.time()) - files
+    for number, changes in enumerate(placed):
+        rng.shuffle(changes)
+        path = input_dir / f"changes-{number:05d}.json"
+        path.write_text("".join(json.dumps(change) + "\n" for change in changes))
+        os.utime(path, (first_mtime + number, first_mtime + number))
+    return KeyedFeed(
+        newest={key: change["event_id"] for key, change in newest.items()
+                if change["status"] != KEYED_FEED_DELETE},
+        upserts=frozenset((change["order_id"], change["event_id"]) for changes in placed
+                          for change in changes if change["status"] != KEYED_FEED_DELETE))
+
+
 def _order_event(rng: random.Random, event_id: int) -> dict[str, Any]:
     ts = FEED_START + timedelta(seconds=event_id)
     return {
