@@ -222,12 +222,16 @@ class SQLiteSink(TwoPhaseCommitSink[SQLiteTransaction]):
 
     def write(self, txn: SQLiteTransaction, rows: Iterable[Sequence[Any]]) -> None:
         convert = _row_converter(txn.ctx.columns)
+        if self.keyed is not None:
+            rows = self.keyed.require_present(rows, txn.ctx.column_names)
         for chunk in chunks(rows, self.chunk_size):
             self._stage(txn, [convert(row) for row in chunk])
 
     def write_arrow(self, txn: SQLiteTransaction, batches: Iterable[pa.RecordBatch]) -> None:
         """Record batches, their dates, times and decimals made text by Arrow, not per row."""
         for batch in batches:
+            if self.keyed is not None:
+                self.keyed.require_present_arrow(batch)
             for start in range(0, batch.num_rows, self.chunk_size):
                 columns = _as_sqlite_values(batch.slice(start, self.chunk_size))
                 self._stage(txn, list(zip(*(c.to_pylist() for c in columns), strict=True)))

@@ -31,7 +31,7 @@ from twophase._state import StateStore
 from twophase.cleanup import Report, clean
 from twophase.cleanup import Target as CleanupTarget
 from twophase.sink import CommitStage
-from twophase.status import _undecided as status_undecided
+from twophase.status import _in_target as status_in_target
 from twophase.testing.contract import NAMESPACE, QUERY_ID, context
 
 CALLS: list[str] = []
@@ -247,9 +247,9 @@ def test_the_framework_reaches_the_driver_side_through_the_committer_alone(
     report = Report()
     clean(CleanupTarget(sink, (store,), NAMESPACE), report, dry_run=False)
     assert report.exit_code == 0, report.actions
-    undecided = status_undecided(store.read_existing(), "tests.test_commit_home:_NotOnTheSink",
-                                 {})
-    assert undecided == []
+    undecided, tombstones = status_in_target(
+        store.read_existing(), "tests.test_commit_home:_NotOnTheSink", {})
+    assert (undecided, tombstones) == ([], (0, None))
     assert set(CALLS) >= {f"committer.{name}" for name in (
         "fence", "list_in_doubt", "commit_deadline", "check_committable", "commit_stages",
         "commit", "finish_batch", "abort", "purge_commit_records", "close")}

@@ -10,7 +10,9 @@ from typing import Any
 import pytest
 
 from sinks.sqlite import SQLiteSink
-from twophase.testing.keyed import KeyedContract, KeyedTarget, State
+from twophase import SchemaMismatchError
+from twophase.testing.contract import prepare
+from twophase.testing.keyed import KEYED_COLUMNS, KeyedContract, KeyedTarget, State
 
 
 class SQLiteKeyedTarget(KeyedTarget):
@@ -40,3 +42,13 @@ class TestSQLiteKeyed(KeyedContract):
     @pytest.fixture
     def keyed_target(self, tmp_path: Path) -> SQLiteKeyedTarget:
         return SQLiteKeyedTarget(tmp_path / "state.db")
+
+
+@pytest.mark.parametrize("arrow", [False, True], ids=["rows", "arrow"])
+def test_a_change_without_a_version_is_refused_at_its_write(tmp_path: Path, arrow: bool) -> None:
+    target = SQLiteKeyedTarget(tmp_path / "state.db")
+    sink = target.sink()
+    with pytest.raises(SchemaMismatchError, match="null key or version"):
+        prepare(sink, [(1, "paid", 1, "u"), (2, "paid", None, "u")], columns=KEYED_COLUMNS,
+                arrow=arrow)
+    assert target.state() == {}

@@ -40,7 +40,7 @@ reads), and a publisher that applies staged rows in SQL (:func:`keyed_apply_stat
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
@@ -130,9 +130,7 @@ class Keyed:
         import pyarrow as pa  # noqa: PLC0415 - only the Arrow path needs pyarrow
         import pyarrow.compute as pc  # noqa: PLC0415
 
-        for name in (*self.key, self.version):
-            if table.column(name).null_count:
-                raise self._null((name,), None)
+        self.require_present_arrow(table)
         if table.num_rows < 2:
             return table
         seq = pa.array(range(table.num_rows), pa.int64())
@@ -147,6 +145,22 @@ class Keyed:
         keep = pa.concat_arrays([pa.array([True]), *pa.chunked_array(first).chunks])
         reduced = ordered.filter(keep)
         return reduced.sort_by(_SEQ).drop_columns([_SEQ])
+
+    def require_present(self, rows: Iterable[Sequence[Any]], columns: Sequence[str]
+                        ) -> Iterator[Sequence[Any]]:
+        """``rows`` as they come, refused (SchemaMismatchError) at the first whose key or
+        version is null: for a sink that stages rows and reduces them later, in SQL."""
+        at = [columns.index(name) for name in (*self.key, self.version)]
+        for row in rows:
+            if any(row[i] is None for i in at):
+                raise self._null(tuple(row[i] for i in at[:-1]), row[at[-1]])
+            yield row
+
+    def require_present_arrow(self, batch: pa.RecordBatch | pa.Table) -> None:
+        """The same for Arrow columns."""
+        for name in (*self.key, self.version):
+            if batch.column(name).null_count:
+                raise self._null((name,), None)
 
     def _null(self, key: tuple[Any, ...], version: Any) -> SchemaMismatchError:
         return SchemaMismatchError(
@@ -164,7 +178,9 @@ def is_delete(mark: Any) -> bool:
 def newer_than(changes: Iterable[Change],
                current: Mapping[tuple[Any, ...], Any]) -> list[Change]:
     """The changes whose version is newer than their key's current version (``current``: the
-    target's rows and tombstones, the newest of the two per key; an absent key has none)."""
+    target's rows and tombstones, the newest of the two per key; an absent key, or a stored
+    NULL version, has none). Python compares the values: a sink gives ``current`` keys and
+    versions of the types its changes carry (aware datetimes, the key's case as written)."""
     return [change for change in changes
             if (held := current.get(change.key)) is None or change.version > held]
 
@@ -241,16 +257,17 @@ def keyed_apply_statements(keyed: Keyed, *, quote: Callable[[str], str], source:
     return [
         f"CREATE TEMPORARY TABLE {scratch} AS SELECT {names}, {flag} FROM ("
         f"SELECT {names}, ({deleted}) AS {flag}, ROW_NUMBER() OVER (PARTITION BY "
-        f"{', '.join(key)} ORDER BY {version} DESC, {order} ASC) AS {_RANK} "
+        f"{', '.join(key)} ORDER BY {version} DESC NULLS LAST, {order} ASC) AS {_RANK} "
         f"FROM {source}) ranked WHERE {_RANK} = 1",
         f"DELETE FROM {scratch} WHERE {not_newer(target)} OR {not_newer(tombstones)}",
         f"DELETE FROM {target} AS t WHERE EXISTS (SELECT 1 FROM {scratch} s WHERE "
         f"s.{flag} AND {on_key})",
-        f"INSERT INTO {tombstones} ({', '.join(key)}, {version}, "
+        f"INSERT INTO {tombstones} AS t ({', '.join(key)}, {version}, "
         f"{quote(TOMBSTONE_TIME_COLUMN)}) SELECT {', '.join(key)}, {version}, {now} "
         f"FROM {scratch} WHERE {flag} ON CONFLICT ({', '.join(key)}) DO UPDATE SET "
         f"{version} = excluded.{version}, "
-        f"{quote(TOMBSTONE_TIME_COLUMN)} = excluded.{quote(TOMBSTONE_TIME_COLUMN)}",
+        f"{quote(TOMBSTONE_TIME_COLUMN)} = excluded.{quote(TOMBSTONE_TIME_COLUMN)} "
+        f"WHERE t.{version} < excluded.{version}",
         f"DELETE FROM {tombstones} AS t WHERE EXISTS (SELECT 1 FROM {scratch} s WHERE "
         f"NOT s.{flag} AND {on_key})",
         f"INSERT INTO {target} AS t ({names}) SELECT {names} FROM {scratch} WHERE NOT {flag} "

@@ -6,7 +6,9 @@ PyMySQL's multi-row ``INSERT`` (see ``bench/mysql_xa.py``). ``LOAD DATA LOCAL`` 
 it turns row errors (duplicate key, NULL into NOT NULL, truncation) into *warnings* and skips
 the row, so every load checks the affected-row and warning counts and fails the branch on any
 warning. ``upsert`` mode uses ``INSERT ... ON DUPLICATE KEY UPDATE`` (``LOAD DATA`` cannot
-update); so does ``bulk="insert"``, and ``bulk="auto"`` once the server refuses local loads.
+update); so does ``bulk="insert"``, and ``bulk="auto"`` once the server refuses local loads;
+``keyed`` mode guards each assignment of its ``ON DUPLICATE KEY UPDATE`` by the version
+(``on_duplicate``, see :mod:`sinks.mysql.keyed`).
 Enabling local loads lets the server ask the client for any file it can read (PyMySQL does not
 check the name the server asks for): use ``bulk="insert"`` with servers you do not trust.
 
@@ -43,13 +45,17 @@ def load_tsv(conn: Connection, target: Table | str, columns: Sequence[str], part
 
 
 def insert_rows(conn: Connection, target: Table | str, columns: Sequence[str],
-                rows: Sequence[Sequence[Any]], *, upsert: bool, what: str) -> None:
-    """Multi-row ``INSERT`` (PyMySQL's executemany packs rows up to ~1 MB per statement)."""
+                rows: Sequence[Sequence[Any]], *, upsert: bool, what: str,
+                on_duplicate: str | None = None) -> None:
+    """Multi-row ``INSERT`` (PyMySQL's executemany packs rows up to ~1 MB per statement).
+
+    ``upsert``: ``ON DUPLICATE KEY UPDATE`` every column to the new row's value, or as the
+    assignments ``on_duplicate`` (SQL, no parameters) say."""
     placeholders = ", ".join(["%s"] * len(columns))
     sql = f"INSERT INTO {target} ({column_list(columns)}) VALUES ({placeholders})"
     if upsert:
-        sql += " ON DUPLICATE KEY UPDATE " + ", ".join(
-            f"{quote_identifier(c)} = VALUES({quote_identifier(c)})" for c in columns)
+        sql += " ON DUPLICATE KEY UPDATE " + (on_duplicate or ", ".join(
+            f"{quote_identifier(c)} = VALUES({quote_identifier(c)})" for c in columns))
     with conn.cursor() as cursor:
         affected = cursor.executemany(sql, rows)
         _check_warnings(cursor, expected=None if upsert else len(rows), affected=affected,

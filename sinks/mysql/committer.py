@@ -11,14 +11,21 @@ the rest. What the committer claimed when fencing lives here, never on the pickl
 Commit: ``XA COMMIT``; a 1397 (unknown xid) is ALREADY_COMMITTED if the marker row is visible,
 else the branch is lost. Abort: ``XA ROLLBACK``; a 1397 is NOT_FOUND. Both wait for a branch
 whose writer's session is still ending (:func:`sinks.mysql.xa.resolve`).
+
+``mode="keyed"``'s tombstones are counted (:meth:`MySQLCommitter.tombstones`, for
+``twophase.status``) and purged (:meth:`MySQLCommitter.purge_tombstones`, for
+``twophase.cleanup``) here too; the purge's own session waits at most
+``PURGE_LOCK_WAIT_S`` for a tombstone a prepared branch holds, and leaves it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import functools
 import logging
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import pymysql
@@ -41,6 +48,9 @@ if TYPE_CHECKING:
     from sinks.mysql.sink import MySQLXASink
 
 log = logging.getLogger(__name__)
+
+#: The lock wait of the session that purges tombstones (``innodb_lock_wait_timeout``).
+PURGE_LOCK_WAIT_S = 1
 
 
 class MySQLCommitter(PooledCommitter[Connection]):
@@ -98,6 +108,29 @@ class MySQLCommitter(PooledCommitter[Connection]):
                 log.warning("abort of %s: it is committed already, nothing to roll back",
                             handle.txn_id)
             return AbortOutcome.NOT_FOUND
+
+    def tombstones(self) -> tuple[int, dt.datetime | None]:
+        """How many tombstones ``mode="keyed"`` keeps, and when the oldest one's delete was
+        applied (UTC; None without any, or in another mode)."""
+        tables = self.sink.keyed_tables
+        if tables is None:
+            return 0, None
+        with self.session(f"counting the tombstones in {tables.tombstones}") as conn:
+            return tables.count(conn)
+
+    def purge_tombstones(self, older_than: dt.datetime) -> int:
+        """Delete ``mode="keyed"``'s tombstones of deletes applied before ``older_than``
+        (naive = UTC); returns how many. A tombstone a prepared branch holds is left for the
+        next purge (see :meth:`sinks.mysql.keyed.KeyedTables.purge`)."""
+        tables = self.sink.keyed_tables
+        if tables is None:
+            return 0
+        short_waits = replace(self.sink.server, lock_wait_timeout_s=PURGE_LOCK_WAIT_S)
+        with short_waits.session(f"purging the tombstones in {tables.tombstones}") as conn:
+            purged = tables.purge(conn, older_than)
+        log.info("purged %d tombstones of %s older than %s", purged, tables.tombstones,
+                 older_than)
+        return purged
 
     def close(self) -> None:
         super().close()

@@ -20,6 +20,9 @@ the client certificate refused     :class:`ConfigurationError` naming ``ssl_cert
 none given to a user REQUIRE X509  server answers both alike); MariaDB closing the TLS
 (1045), closed without an alert    connection at the login (TLS 1.3, another CA's certificate)
 (2006/2013 with SSLEOFError)       stays retryable, its fix naming ``ssl_cert=`` too
+``mode="keyed"``'s READ COMMITTED  :class:`ConfigurationError` naming ``binlog_format``
+refused by a server logging
+statements (1665)
 a denied privilege (1044, 1142,    :class:`ConfigurationError` with the ``GRANT`` to run
 1143, 1227)
 a refused login (1045) after the   the connection is opened once more with the new password
@@ -61,11 +64,23 @@ DEPRECATED_SYNTAX = 1287  # MySQL >= 8.0.20 warns about VALUES() in ON DUPLICATE
 LOCAL_INFILE_REFUSED = frozenset({1148, 2068, 3948, 4166})  # MySQL 8: 3948, MariaDB: 4166
 ROLLED_BACK = frozenset({1402, 1613, 1614})  # XA_RBROLLBACK, XA_RBTIMEOUT, XA_RBDEADLOCK
 ACCESS_DENIED = 1045  # a refused login: the password (or a client certificate REQUIREd)
+LOCK_WAIT_TIMEOUT = 1205
+#: ER_BINLOG_STMT_MODE_AND_ROW_ENGINE: binlog_format=STATEMENT refuses InnoDB writes under
+#: READ COMMITTED (the keyed mode's isolation)
+STATEMENT_BINLOG_REFUSED = 1665
 
 FIX_RETRY = "retried automatically; if it persists, check the server and the network"
 FIX_LOCKS = (
     "retried automatically; if it persists, another writer or an old prepared XA branch holds "
-    "the rows: list them with XA RECOVER and let `python -m twophase.cleanup` resolve them"
+    "the rows: list them with XA RECOVER and let `python -m twophase.cleanup` resolve them. "
+    "In mode='keyed' a key of one batch written by two tasks waits for the other task's "
+    "prepared branch until the batch is decided: keep the rows routed by key "
+    "(route_by_key= of twophase.spark.write_stream/write, on by default)"
+)
+FIX_STATEMENT_BINLOG = (
+    "mode='keyed' writes under READ COMMITTED, which InnoDB cannot log as statements: SET "
+    "GLOBAL binlog_format = 'ROW' (or 'MIXED', MariaDB's default) on the server (and in its "
+    "configuration file), then restart the query"
 )
 FIX_ROWS = "fix the rows (or the table definition) and restart the query"
 FIX_LOCAL_INFILE = "SET GLOBAL local_infile=1 on the server, or bulk='insert'"
@@ -130,7 +145,7 @@ ERRORS = ErrorTable(
     system=SYSTEM,
     default=(FatalError, FIX_UNKNOWN_CODE),
     rules={
-        1205: (RetryableError, FIX_LOCKS),  # lock wait timeout
+        LOCK_WAIT_TIMEOUT: (RetryableError, FIX_LOCKS),
         1213: (RetryableError, FIX_LOCKS),  # deadlock
         1613: (RetryableError, FIX_LOCKS),  # XA_RBTIMEOUT: branch rolled back
         1614: (RetryableError, FIX_LOCKS),  # XA_RBDEADLOCK: branch rolled back
@@ -151,6 +166,7 @@ ERRORS = ErrorTable(
         1142: (ConfigurationError, FIX_GRANT),
         1143: (ConfigurationError, FIX_GRANT),
         1227: (ConfigurationError, FIX_GRANT + "; MySQL 8: XA_RECOVER_ADMIN for XA RECOVER"),
+        STATEMENT_BINLOG_REFUSED: (ConfigurationError, FIX_STATEMENT_BINLOG),
         1148: (ConfigurationError, FIX_LOCAL_INFILE),
         3948: (ConfigurationError, FIX_LOCAL_INFILE),
         4166: (ConfigurationError, FIX_LOCAL_INFILE),

@@ -2,12 +2,14 @@
 
 ``check_schema`` refuses, before a query starts: a server too old for XA, a missing or
 non-transactional target table, a column the table lacks, a NOT NULL column without default
-that the rows lack, an upsert without a unique key made of written columns, ``bulk='load_data'``
+that the rows lack, an upsert without a unique key made of written columns (or whose ``key=``
+is no PRIMARY or UNIQUE key; ``mode="keyed"``: its key and version columns), ``bulk='load_data'``
 against a server that refuses local loads, a user lacking a privilege on the table or on the
 sink's own tables (:func:`check_privileges`: every missing one named, with its ``GRANT``), and
 (MySQL 8) a user without ``XA_RECOVER_ADMIN``.
 It creates the marker (and fence) table if missing: CREATE only what is missing, so a DBA may
-create them from :data:`MARKER_TABLE_DDL` / :data:`FENCE_TABLE_DDL` and grant no CREATE right.
+create them from :data:`MARKER_TABLE_DDL` / :data:`FENCE_TABLE_DDL` and grant no CREATE right;
+so too ``mode="keyed"``'s tombstone table (:mod:`sinks.mysql.keyed`).
 """
 
 from __future__ import annotations
@@ -123,8 +125,10 @@ def check_table(conn: Connection, table: Table, address: str) -> None:
 
 
 def check_columns(conn: Connection, table: Table, columns: Sequence[Column], *,
-                  upsert: bool, where: str) -> None:
-    """The kit's column checks (:func:`twophase.kit.check_columns`) on the table's catalog.
+                  upsert_key: Sequence[str] | None, where: str) -> None:
+    """The kit's column checks (:func:`twophase.kit.check_columns`) on the table's catalog;
+    ``upsert_key``: None (insert), the key that must be a PRIMARY or UNIQUE key of the table
+    made of written columns, or ``()`` for any such key (upsert without ``key=``).
 
     MySQL names are case-insensitive; instants are stored as their UTC wall-clock time in a
     ``DATETIME`` as in a ``TIMESTAMP`` (every session is in UTC), so zones are not checked."""
@@ -136,18 +140,28 @@ def check_columns(conn: Connection, table: Table, columns: Sequence[Column], *,
                            and "auto_increment" not in str(extra)
                            and "GENERATED" not in str(extra))
                for name, nullable, default, extra in rows]
-    check_columns_of(where, catalog, columns, upsert_key=() if upsert else None,
-                     unique_keys=_unique_keys(conn, table), case_sensitive=False)
+    check_columns_of(where, catalog, columns, upsert_key=upsert_key,
+                     unique_keys=list(unique_keys(conn, table).values()), case_sensitive=False)
 
 
-def _unique_keys(conn: Connection, table: Table) -> list[list[str]]:
+def unique_keys(conn: Connection, table: Table) -> dict[str, list[str]]:
+    """The table's PRIMARY and UNIQUE keys: index name -> its columns."""
     rows = query(conn, "SELECT INDEX_NAME, COLUMN_NAME FROM information_schema.STATISTICS "
-                       "WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s AND NON_UNIQUE = 0",
-                 (table.database, table.name))
+                       "WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s AND NON_UNIQUE = 0 "
+                       "ORDER BY INDEX_NAME, SEQ_IN_INDEX", (table.database, table.name))
     keys: dict[str, list[str]] = {}
     for index, column in rows:
         keys.setdefault(str(index), []).append(str(column))
-    return list(keys.values())
+    return keys
+
+
+def key_index(conn: Connection, table: Table, key: Sequence[str]) -> str | None:
+    """The name of the PRIMARY or UNIQUE index made of exactly the columns ``key`` (names
+    compared as MySQL does: case-insensitive), the primary key first; None if there is none."""
+    wanted = {name.lower() for name in key}
+    found = [index for index, columns in unique_keys(conn, table).items()
+             if {name.lower() for name in columns} == wanted]
+    return min(found, key=lambda index: index != "PRIMARY", default=None)
 
 
 #: A table privilege, and the statement whose ``EXPLAIN`` needs exactly it: ``EXPLAIN`` runs

@@ -13,19 +13,28 @@ binary logging and durable InnoDB settings):
 ==========  ==================  =====================  =====================  =====================
 phase       calls               a crash here leaves    resolved by            raises
 ==========  ==================  =====================  =====================  =====================
-begin       connect, ``XA       an ACTIVE branch, no   the server: it rolls   RetryableError (no
-            START``             rows                   back an ACTIVE branch  server, lost
-                                                       when its connection    connection: begin is
-                                                       ends                   retried),
+begin       connect, [keyed:    an ACTIVE branch, no   the server: it rolls   RetryableError (no
+            READ COMMITTED,     rows                   back an ACTIVE branch  server, lost
+            the key's index],                          when its connection    connection: begin is
+            ``XA START``                               ends                   retried),
                                                                               ConfigurationError
-                                                                              (login, grants)
+                                                                              (login, grants),
+                                                                              [keyed:
+                                                                              SchemaMismatchError
+                                                                              (no such key)]
 write       ``LOAD DATA         an ACTIVE branch       the server, as above;  SchemaMismatchError
             LOCAL`` or          holding row locks      Spark re-runs the      (a row refused, also
             multi-row           until its connection   task (a new attempt    as a warning; an
-            ``INSERT`` per      ends                   id, a new branch)      unsendable value),
-            ``chunk_size``                                                    RetryableError (lock
-            rows                                                              wait, lost
-                                                                              connection)
+            ``INSERT`` per      ends                   id, a new branch)      unsendable value; a
+            ``chunk_size``                                                    null key or
+            rows; keyed: per                                                  version),
+            chunk, locking                                                    RetryableError (lock
+            reads, guarded                                                    wait, lost
+            upserts, deletes,                                                 connection),
+            tombstones (see                                                   [keyed:
+            below)                                                            ConfigurationError
+                                                                              (1665: binlog_format
+                                                                              STATEMENT)]
 pre-commit  marker ``INSERT``,  before PREPARE         an orphan (prepared,   FatalError (the id
             ``XA END``, ``XA    returns: as write, or  no handle in any       was committed once),
             PREPARE``, close    (reply lost) a         decision) is aborted   ConfigurationError
@@ -52,6 +61,13 @@ from rows or, on Spark's Arrow path, from record batches encoded without per-row
 :mod:`~sinks.mysql.connection`, tables checked in :mod:`~sinks.mysql.schema`, zombie runs
 fenced in :mod:`~sinks.mysql.fencing`.
 
+``mode="keyed"`` changes no phase: what a crash leaves is, as in the other modes, a branch
+prepared or not. Its writes are guarded by version (:mod:`~sinks.mysql.keyed`), so a batch
+replayed after a crash, or a late or repeated change, changes nothing; its branches run READ
+COMMITTED, so tasks writing different keys never wait for each other's prepared branches, and
+Spark routes each key of a batch to one task (:meth:`MySQLXASink.route_key`): two tasks writing
+one key would wait for each other's row locks, which only the batch's decision releases.
+
 Known limitation: an orphan keeps the row locks of what it wrote until the driver's sweep (at
 the batch's commit) or cleanup aborts it. A retried task that writes the same keys (upsert, or
 a unique key) waits for those locks, fails with 1205 (retryable) after
@@ -62,8 +78,9 @@ connection half-open: the server never learns) holds its not yet prepared branch
 branch's locks, until its session has been idle for ``WRITER_IDLE_TIMEOUT_S`` (10 minutes).
 
 Privileges (checked by ``check_schema``; the README lists the GRANTs): INSERT (+SELECT, UPDATE
-for upsert) on the table; SELECT, INSERT, UPDATE, DELETE on the marker table, SELECT, INSERT,
-UPDATE on the fence table (CREATE on each once, or create them from ``MARKER_TABLE_DDL``); none
+for upsert; SELECT, INSERT, UPDATE, DELETE for keyed) on the table; SELECT, INSERT, UPDATE,
+DELETE on the marker table (and keyed's tombstone table), SELECT, INSERT, UPDATE on the fence
+table (CREATE on each once, or create them from ``MARKER_TABLE_DDL``); none
 for the XA statements on MariaDB (any account may resolve any branch); MySQL 8 also needs
 ``XA_RECOVER_ADMIN`` for ``XA RECOVER``. The server needs binary logging for crash safety
 of prepared branches (MySQL before 8.0.30 has known XA/binlog crash-safety gaps).
@@ -108,6 +125,7 @@ from sinks.mysql.errors import (
     wrong_width,
 )
 from sinks.mysql.fencing import DEFAULT_FENCE_TABLE, Fence
+from sinks.mysql.keyed import PRIMARY, KeyedTables
 from sinks.mysql.markers import DEFAULT_MARKER_TABLE, Markers
 from sinks.mysql.schema import FENCE_TABLE_DDL, MARKER_TABLE_DDL, Table
 from sinks.mysql.xa import Xid, prepared_in, recover, xa
@@ -122,6 +140,9 @@ from twophase import (
 )
 from twophase.kit import (
     DEFAULT_CHUNK_SIZE,
+    DEFAULT_TOMBSTONE_RETENTION_S,
+    KEYED,
+    Keyed,
     Mode,
     Secret,
     SecretOption,
@@ -129,6 +150,7 @@ from twophase.kit import (
     classified,
     namespace_from,
     validate_chunk_size,
+    validate_keyed,
     validate_mode,
     validate_namespace,
 )
@@ -140,6 +162,14 @@ log = logging.getLogger(__name__)
 
 Bulk = Literal["auto", "load_data", "insert"]
 BULK_METHODS: tuple[Bulk, ...] = ("auto", "load_data", "insert")
+#: What each mode does to the target table (checked by ``check_schema``): an upsert's ON
+#: DUPLICATE KEY UPDATE reads the row it updates; the keyed mode locks rows with SELECT ... FOR
+#: UPDATE and deletes. The keyed mode's tombstone table takes the same.
+TABLE_PRIVILEGES: dict[Mode, tuple[str, ...]] = {
+    "insert": ("INSERT",),
+    "upsert": ("SELECT", "INSERT", "UPDATE"),
+    KEYED: ("SELECT", "INSERT", "UPDATE", "DELETE"),
+}
 
 
 @dataclass
@@ -152,6 +182,8 @@ class MySQLBranch:
     conn: Connection | None
     use_load_data: bool
     rows: int = 0
+    #: ``mode="keyed"``: the target's index of the key (looked up at begin).
+    key_index: str = PRIMARY
 
 
 class MySQLXASink(TwoPhaseCommitSink[MySQLBranch]):
@@ -167,11 +199,29 @@ class MySQLXASink(TwoPhaseCommitSink[MySQLBranch]):
     unencrypted) the sink presents, for a user the server requires one of (``REQUIRE X509``,
     ``SUBJECT``, ``ISSUER``): mutual TLS.
     ``table``: the target table in ``database``; it must exist and be InnoDB.
-    ``mode``: ``"insert"`` (a repeated key is an error) or ``"upsert"`` (``INSERT ... ON
-    DUPLICATE KEY UPDATE`` every written column; the table needs a PRIMARY or UNIQUE key).
-    ``chunk_size``: rows per statement (LOAD DATA or multi-row INSERT).
+    ``mode``: ``"insert"`` (a repeated key is an error), ``"upsert"`` (``INSERT ... ON
+    DUPLICATE KEY UPDATE`` every written column, whatever comes last; the table needs a
+    PRIMARY or UNIQUE key) or ``"keyed"`` (the latest state of each key by its version,
+    deletes too: :mod:`twophase._keyed` states the rules, :mod:`sinks.mysql.keyed` the
+    statements).
+    ``key``: the columns of a PRIMARY or UNIQUE key of the table: required by ``"keyed"``
+    (Spark routes rows by it: :meth:`route_key`); optional for ``"upsert"``, which then
+    checks that it is one (its ``ON DUPLICATE KEY UPDATE`` acts on any unique key as before).
+    ``version`` (``"keyed"`` only, required): the column that orders one key's changes (a log
+    sequence number, an offset, an event time); the table must have it: a change applies
+    only if its version is newer than the one the key's row or tombstone holds.
+    ``deleted`` (``"keyed"`` only): the column that marks a delete, true or Debezium's
+    ``op = 'd'``; read, never written (the table need not have it). A delete removes the row
+    and keeps the key's version in the tombstone table ``_twophase_tombstones_<table>``
+    (created by ``check_schema``/``create_tables``, in ``database``).
+    ``tombstone_retention_s``: how long a tombstone is kept (7 days by default): ``python -m
+    twophase.cleanup`` purges older ones (:meth:`MySQLCommitter.purge_tombstones`); a change
+    later than that can bring its key back.
+    ``chunk_size``: rows per statement (LOAD DATA or multi-row INSERT; in ``"keyed"`` mode the
+    rows reduced and applied together).
     ``bulk``: ``"auto"`` (LOAD DATA LOCAL in insert mode, falling back to INSERT if the server
-    refuses it), ``"load_data"`` (insist), ``"insert"`` (never read local files).
+    refuses it), ``"load_data"`` (insist; insert mode only), ``"insert"`` (never read local
+    files).
     ``fencing``: check the fence row in every commit/abort (see :mod:`sinks.mysql.fencing`).
     ``lock_wait_timeout_s``: the session's ``innodb_lock_wait_timeout`` (server default if None).
     ``connect_args``: further PyMySQL ``connect`` options (not TLS: that is ``tls=``).
@@ -193,6 +243,10 @@ class MySQLXASink(TwoPhaseCommitSink[MySQLBranch]):
         ssl_cert: str | None = None,
         ssl_key: str | None = None,
         mode: Mode = "insert",
+        key: Sequence[str] = (),
+        version: str | None = None,
+        deleted: str | None = None,
+        tombstone_retention_s: float = DEFAULT_TOMBSTONE_RETENTION_S,
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         bulk: Bulk = "auto",
         fencing: bool = False,
@@ -203,7 +257,10 @@ class MySQLXASink(TwoPhaseCommitSink[MySQLBranch]):
         lock_wait_timeout_s: int | None = None,
         connect_args: Mapping[str, Any] | None = None,
     ) -> None:
-        self.mode = validate_mode(SYSTEM, mode, key_required=False)
+        self.mode = validate_mode(SYSTEM, mode, key, key_required=False)
+        self.key = tuple(key)
+        keyed = validate_keyed(SYSTEM, mode, key, version, deleted,
+                               tombstone_retention_s=tombstone_retention_s)
         self.chunk_size = validate_chunk_size(SYSTEM, chunk_size)
         self.bulk = _validated_bulk(bulk, self.mode)
         self.fencing = fencing
@@ -216,14 +273,33 @@ class MySQLXASink(TwoPhaseCommitSink[MySQLBranch]):
         self.target = Table(database, table)
         self.markers = Markers(Table(database, marker_table))
         self.fences = Fence(Table(database, fence_table), self.server.address)
+        #: ``mode="keyed"``: the key, version and delete marker, and the tombstone table.
+        self.keyed_tables = None if keyed is None else KeyedTables.of(keyed, self.target)
 
     def __repr__(self) -> str:
         server = self.server
         password = server.password if isinstance(server.password, Secret) else "'***'"
         return (f"MySQLXASink(host={server.host!r}, port={server.port}, user={server.user!r}, "
                 f"password={password}, database={server.database!r}, table={self.table!r}, "
-                f"tls={server.tls.mode!r}, "
-                f"mode={self.mode!r}, bulk={self.bulk!r}, fencing={self.fencing})")
+                f"tls={server.tls.mode!r}, mode={self.mode!r}{self._keyed_repr()}, "
+                f"bulk={self.bulk!r}, fencing={self.fencing})")
+
+    def _keyed_repr(self) -> str:
+        keyed = self.keyed
+        if keyed is None:
+            return f", key={self.key!r}" if self.key else ""
+        return (f", key={keyed.key!r}, version={keyed.version!r}, deleted={keyed.deleted!r}, "
+                f"tombstone_retention_s={keyed.tombstone_retention_s!r}")
+
+    @property
+    def keyed(self) -> Keyed | None:
+        """``mode="keyed"``'s key, version and delete marker columns (None in another mode)."""
+        return None if self.keyed_tables is None else self.keyed_tables.keyed
+
+    def route_key(self) -> tuple[str, ...] | None:
+        """The key in ``mode="keyed"``: a task writes a key under row locks that its prepared
+        branch holds until the batch is decided, so each key must reach one task."""
+        return None if self.keyed is None else self.keyed.key
 
     @property
     def where(self) -> str:
@@ -237,33 +313,45 @@ class MySQLXASink(TwoPhaseCommitSink[MySQLBranch]):
     # -- driver: schema, tables ----------------------------------------------------------------
 
     def check_schema(self, columns: Sequence[Column]) -> None:
-        """Check server, table, columns (and key for upsert); create the marker/fence tables."""
+        """Check server, table, columns (and key for upsert and keyed); create the marker/fence
+        tables (and the tombstone table in ``mode="keyed"``)."""
         address = self.server.address
+        if self.keyed is not None:
+            self.keyed.check_rows(self.where, [column.name for column in columns])
+        written = self._written(columns)
         with self.server.session(f"checking {self.target}") as conn:
             schema.check_server(conn, address)
             schema.create_missing(conn, self._own_tables())
             # first: a table the user holds no privilege on is not in its information_schema
-            schema.check_privileges(conn, self._privileges(columns), self.server.user)
+            schema.check_privileges(conn, self._privileges(written), self.server.user)
             schema.check_table(conn, self.target, address)
-            schema.check_columns(conn, self.target, columns, upsert=self.mode == "upsert",
-                                 where=self.where)
+            schema.check_columns(conn, self.target, written, where=self.where,
+                                 upsert_key=None if self.mode == "insert" else self.key)
+            if self.keyed_tables is not None:
+                self._check_tombstones(conn, self.keyed_tables, written)
             if self.bulk == "load_data":
                 schema.check_local_infile(conn, address)
             recover(conn)  # needs XA_RECOVER_ADMIN on MySQL 8: fail now, not in recovery
 
     def create_tables(self) -> None:
-        """Create the marker table (and the fence table if fencing) unless they exist."""
+        """Create the marker table (the fence table if fencing, the tombstone table in
+        ``mode="keyed"``) unless they exist."""
         with self.server.session("creating twophase's tables") as conn:
-            schema.create_missing(conn, self._own_tables())
+            schema.create_missing(conn, {**self._own_tables(), **self._tombstone_table()})
 
-    def _privileges(self, columns: Sequence[Column]) -> dict[Table, tuple[Sequence[str], str]]:
+    def _written(self, columns: Sequence[Column]) -> list[Column]:
+        """The columns written into the table: all but ``mode="keyed"``'s delete marker."""
+        if self.keyed is None:
+            return list(columns)
+        kept = self.keyed.written([column.name for column in columns])
+        return [column for column in columns if column.name in kept]
+
+    def _privileges(self, written: Sequence[Column]) -> dict[Table, tuple[Sequence[str], str]]:
         """What the sink does on each table: the privileges, and a column the probes name."""
-        # an upsert's ON DUPLICATE KEY UPDATE reads the row it updates: SELECT too
-        written = ("SELECT", "INSERT", "UPDATE") if self.mode == "upsert" else ("INSERT",)
         wanted: dict[Table, tuple[Sequence[str], str]] = {
             self.markers.table: (("SELECT", "INSERT", "UPDATE", "DELETE"), "committed_at")}
-        if columns:
-            wanted[self.target] = (written, columns[0].name)
+        if written:
+            wanted[self.target] = (TABLE_PRIVILEGES[self.mode], written[0].name)
         if self.fencing:
             wanted[self.fences.table] = (("SELECT", "INSERT", "UPDATE"), "fenced_at")
         return wanted
@@ -274,6 +362,23 @@ class MySQLXASink(TwoPhaseCommitSink[MySQLBranch]):
             tables[self.fences.table] = FENCE_TABLE_DDL
         return tables
 
+    def _tombstone_table(self) -> dict[Table, str]:
+        """``mode="keyed"``'s tombstone table and its DDL (nothing in another mode)."""
+        if self.keyed_tables is None:
+            return {}
+        return {self.keyed_tables.tombstones: self.keyed_tables.ddl()}
+
+    def _check_tombstones(self, conn: Connection, tables: KeyedTables,
+                          written: Sequence[Column]) -> None:
+        """Create the tombstone table once the target passed its checks (its DDL copies the
+        key's and the version's types from the target: a wrong ``key=`` leaves no table of the
+        wrong key behind), then check the user's privileges on it and its columns."""
+        schema.create_missing(conn, self._tombstone_table())
+        schema.check_privileges(conn, {tables.tombstones: (TABLE_PRIVILEGES[KEYED],
+                                                            tables.keyed.key[0])},
+                                self.server.user)
+        tables.check(conn, written, where=self.where)
+
     # -- executor: begin, write, pre-commit ----------------------------------------------------
 
     def begin_transaction(self, ctx: TransactionContext) -> MySQLBranch:
@@ -282,6 +387,8 @@ class MySQLXASink(TwoPhaseCommitSink[MySQLBranch]):
         conn = self.server.connect(local_infile=loads, idle_timeout_s=WRITER_IDLE_TIMEOUT_S)
         branch = MySQLBranch(ctx.txn_id, xid, ctx.column_names, conn, use_load_data=loads)
         with self._guard(branch, "starting"):
+            if self.keyed_tables is not None:  # READ COMMITTED, before XA START
+                branch.key_index = self.keyed_tables.begin(conn)
             xa(conn, "START", xid)
         return branch
 
@@ -327,7 +434,11 @@ class MySQLXASink(TwoPhaseCommitSink[MySQLBranch]):
         if (misfit := chunk.misfit(width)) is not None:
             raise wrong_width(txn.txn_id, misfit, txn.columns)
         try:
-            if not (txn.use_load_data and self._loaded(txn, conn, chunk)):
+            if self.keyed_tables is not None:
+                self.keyed_tables.apply(
+                    conn, chunk.rows(), txn.columns, index=txn.key_index,
+                    what=f"applying the changes of transaction {txn.txn_id} to {self.target}")
+            elif not (txn.use_load_data and self._loaded(txn, conn, chunk)):
                 insert_rows(conn, self.target, txn.columns, chunk.rows(),
                             upsert=self.mode == "upsert",
                             what=f"inserting transaction {txn.txn_id} into {self.target}")
@@ -404,8 +515,8 @@ def _validated_bulk(bulk: str, mode: Mode) -> Bulk:
     if bulk not in BULK_METHODS:
         raise ConfigurationError(f"{SYSTEM}: unknown bulk={bulk!r}.",
                                  fix=f"use one of {BULK_METHODS}")
-    if mode == "upsert" and bulk == "load_data":
-        raise ConfigurationError(f"{SYSTEM}: bulk='load_data' with mode='upsert' (LOAD DATA "
+    if mode != "insert" and bulk == "load_data":
+        raise ConfigurationError(f"{SYSTEM}: bulk='load_data' with mode={mode!r} (LOAD DATA "
                                  "cannot update).", fix="use bulk='auto' or 'insert'")
     return next(method for method in BULK_METHODS if method == bulk)
 

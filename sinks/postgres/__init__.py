@@ -18,8 +18,12 @@ module              role
 ``markers``         the marker row that proves a commit, its commit time and its purge
 ``staging``         the staged mode: rows staged per transaction, published in ONE local
                     transaction (shared with an Iceberg catalog in the same database)
+``keyed``           the keyed mode: changes under row locks (prepared), the staged rows with
+                    their delete flag and their application in SQL, the tombstone table
 ``bulk``            ``COPY`` (CSV from Arrow, or rows) and ``INSERT ... ON CONFLICT``
 ``errors``          every SQLSTATE and how it is classified: the one place
+``locks``           who holds the lock a writer waited for (``lock_timeout``), named in its
+                    error
 ``schema``          identifiers, the marker table's DDL, the checks before a start
 ``connection``      connecting: session settings (UTC, timeouts), TLS
 ==================  =============================================================================

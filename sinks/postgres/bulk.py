@@ -8,7 +8,8 @@ empty string is ``""`` and NULL the empty field), a zoned timestamp as its UTC t
 booleans ``true``/``false``, decimals and dates as digits. Types Arrow cannot write as CSV
 (binary, nested) go through psycopg's row copy instead (``copy.write_row``), as rows from
 ``write`` always do. Upsert mode sends ``INSERT ... ON CONFLICT (key) DO UPDATE`` (psycopg
-pipelines ``executemany``): COPY cannot update.
+pipelines ``executemany``): COPY cannot update; the keyed mode the same, guarded by the version
+(:mod:`~sinks.postgres.keyed`).
 """
 
 from __future__ import annotations
@@ -81,14 +82,17 @@ def _csv_writable(kind: pa.DataType) -> bool:
 
 
 def upsert_rows(conn: Connection, target: Table, columns: Sequence[str], key: Sequence[str],
-                rows: Sequence[Sequence[Any]]) -> None:
-    """``INSERT ... ON CONFLICT (key) DO UPDATE`` every other written column (later rows win)."""
+                rows: Sequence[Sequence[Any]], *, newer: str | None = None) -> None:
+    """``INSERT ... ON CONFLICT (key) DO UPDATE`` every other written column (later rows win;
+    with ``newer``, a version column, only where the row's version is older)."""
     names = sql.SQL(", ").join(map(sql.Identifier, columns))
     updates = [sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c))
                for c in columns if c not in key]
     action = (sql.SQL("UPDATE SET ") + sql.SQL(", ").join(updates)) if updates else sql.SQL(
         "NOTHING")
-    statement = sql.SQL("INSERT INTO {} ({}) VALUES ({}) ON CONFLICT ({}) DO {}").format(
+    if updates and newer is not None:
+        action += sql.SQL(" WHERE t.{0} < EXCLUDED.{0}").format(sql.Identifier(newer))
+    statement = sql.SQL("INSERT INTO {} AS t ({}) VALUES ({}) ON CONFLICT ({}) DO {}").format(
         target.ident, names, sql.SQL(", ").join(sql.Placeholder() * len(columns)),
         sql.SQL(", ").join(map(sql.Identifier, key)), action)
     with conn.cursor() as cursor:

@@ -12,6 +12,10 @@ writes); abort deletes them. ``local_commit()`` offers that publisher to a sink 
 (:class:`twophase.kit.LocalCommitMember`): members of the same database then share ONE local
 transaction per batch. In the prepared mode it offers nothing (None).
 
+Keyed (``mode="keyed"``): :meth:`~PostgresCommitter.purge_tombstones` deletes tombstones past
+their retention (``python -m twophase.cleanup``) without waiting on those a prepared writer
+holds, and :meth:`~PostgresCommitter.tombstones` counts them (``python -m twophase.status``).
+
 No fence: ``fence`` keeps the default (nothing). ``COMMIT PREPARED`` cannot be made
 conditional on a row, and it need not be: a run commits only handles of decisions it wrote to
 the state file under its epoch (a compare-and-swap that refuses a zombie), decisions are never
@@ -23,6 +27,7 @@ checks this with zombies over this sink.
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 from typing import TYPE_CHECKING
 
@@ -30,6 +35,7 @@ import psycopg
 
 from sinks.postgres.connection import Connection
 from sinks.postgres.errors import classify, lost
+from sinks.postgres.keyed import count_tombstones, purge_tombstones
 from sinks.postgres.prepared import gid_of_handle, resolve
 from sinks.postgres.staging import StagedPublisher, delete_staged
 from twophase import AbortOutcome, CommitOutcome, Handle
@@ -90,3 +96,22 @@ class PostgresCommitter(PooledCommitter[Connection]):
                 log.warning("abort of %s: it is published already, nothing to delete",
                             handle.txn_id)
             return AbortOutcome.NOT_FOUND
+
+    def purge_tombstones(self, older_than: dt.datetime) -> int:
+        """Keyed: delete the tombstones of deletes applied before ``older_than`` (naive: UTC);
+        how many. Other modes keep none: 0."""
+        if self.sink.keyed is None:
+            return 0
+        with self.session(f"purge of tombstones in {self.sink.tombstones}") as conn:
+            purged = purge_tombstones(conn, self.sink.tombstones, older_than)
+        log.info("purged %d tombstones of %s older than %s", purged, self.sink.target,
+                 older_than)
+        return purged
+
+    def tombstones(self) -> tuple[int, dt.datetime | None]:
+        """Keyed: how many tombstones there are, and when the oldest one's delete was applied
+        (None without any). Other modes: ``(0, None)``."""
+        if self.sink.keyed is None:
+            return 0, None
+        with self.session(f"count of tombstones in {self.sink.tombstones}") as conn:
+            return count_tombstones(conn, self.sink.tombstones)

@@ -2,8 +2,10 @@
 
 Every session runs with ``TimeZone=UTC`` (a ``timestamptz`` is written and read as the instant
 it is; a ``timestamp`` column gets the UTC wall-clock time of an instant, as MySQL's
-``DATETIME`` does), ``lock_timeout`` if given (a writer blocked by an orphan's row locks fails
-with a retryable error instead of hanging) and ``application_name=twophase``. A writer's
+``DATETIME`` does), ``lock_timeout`` (``DEFAULT_LOCK_TIMEOUT_S`` unless told otherwise: a
+writer blocked by another transaction's row locks fails with an error naming the holder
+(:mod:`~sinks.postgres.locks`) instead of hanging; only an explicit ``lock_timeout_s=None``
+leaves the server's setting, by default no limit) and ``application_name=twophase``. A writer's
 session also gets ``idle_in_transaction_session_timeout``: the unprepared transaction of a
 writer whose host vanished ends, and frees its row locks, after ``WRITER_IDLE_TIMEOUT_S``.
 
@@ -54,6 +56,10 @@ DEFAULT_SSLMODE: SslMode = "verify-full"
 APPLICATION_NAME = "twophase"
 #: A writer's unprepared transaction ends on the server after this long idle in it.
 WRITER_IDLE_TIMEOUT_S = 600
+#: How long a statement waits for a lock before it fails (SQLSTATE 55P03), unless told
+#: otherwise: InnoDB's default. A wait on a prepared transaction's lock can last until the
+#: decision, which may wait for the waiting task itself: without a bound, a batch could hang.
+DEFAULT_LOCK_TIMEOUT_S = 50.0
 #: Connection options the sink owns; ``connect_args`` may add others, not these (TLS is
 #: ``sslmode=`` and ``ca_bundle=``, so that nothing in ``connect_args`` can weaken it).
 RESERVED_CONNECT_ARGS = frozenset({"host", "port", "user", "password", "dbname", "autocommit",
@@ -73,10 +79,16 @@ class Server:
     sslmode: SslMode = DEFAULT_SSLMODE
     ca_bundle: str | None = None
     connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
-    lock_timeout_s: float | None = None
+    lock_timeout_s: float | None = DEFAULT_LOCK_TIMEOUT_S
     connect_args: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if self.lock_timeout_s is not None and (isinstance(self.lock_timeout_s, bool)
+                                                or not self.lock_timeout_s > 0):
+            raise ConfigurationError(
+                f"{SYSTEM}: lock_timeout_s={self.lock_timeout_s!r} must be positive seconds "
+                "(or None: the server's lock_timeout, by default no limit).",
+                fix=f"leave it at {DEFAULT_LOCK_TIMEOUT_S:.0f} or pass positive seconds")
         if self.sslmode not in SSL_MODES:
             raise ConfigurationError(
                 f"{SYSTEM}: sslmode={self.sslmode!r} is refused: libpq's 'prefer' and 'allow' "
@@ -107,7 +119,7 @@ class Server:
     def _connect(self, autocommit: bool, writer: bool) -> Connection:
         settings = {"TimeZone": "UTC"}
         if self.lock_timeout_s is not None:
-            settings["lock_timeout"] = f"{int(self.lock_timeout_s * 1000)}ms"
+            settings["lock_timeout"] = f"{max(1, round(self.lock_timeout_s * 1000))}ms"
         if writer:
             settings["idle_in_transaction_session_timeout"] = f"{WRITER_IDLE_TIMEOUT_S}s"
         options = " ".join(f"-c {name}={value}" for name, value in settings.items())

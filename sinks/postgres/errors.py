@@ -27,6 +27,10 @@ text, or for any encryption)       only (``sslmode='verify-full'``), else the li
 a client certificate required      :class:`ConfigurationError` naming libpq's ``sslcert`` and
 (none given, another CA's, another ``sslkey`` (``connect_args=``) and what the certificate
 user's under ``verify-full``)      must be: issued by the server's CA, named for the user
+55P03 (a lock wait ran out) in a   :func:`sinks.postgres.locks.classify_lock_wait`: the
+writer                             holder named (a prepared transaction of the same batch:
+                                   fatal, the stream is not routed by key; an orphan; another
+                                   client), each with its fix; elsewhere :data:`FIX_LOCKS`
 42501 (a privilege denied)         :class:`ConfigurationError` with the ``GRANT`` to run
 a refused password after the      the session is opened once more with the new password
 password's Secret changed          (:func:`refused_credentials`); unchanged: as above
@@ -59,6 +63,7 @@ SYSTEM = "PostgresSink"
 UNDEFINED_OBJECT = "42704"  # COMMIT/ROLLBACK PREPARED of a gid the server does not know
 UNIQUE_VIOLATION = "23505"
 UNDEFINED_TABLE = "42P01"
+LOCK_NOT_AVAILABLE = "55P03"  # lock_timeout ran out
 #: A refused login: SQLSTATE 28P01 (invalid password), or libpq's words for it at connect time
 #: (where psycopg carries no SQLSTATE).
 REFUSED_LOGIN = "28P01"
@@ -67,8 +72,10 @@ REFUSED_LOGIN_WORDS = "password authentication failed"
 FIX_RETRY = "retried automatically; if it persists, check the server and the network"
 FIX_LOCKS = (
     "retried automatically; if it persists, another writer or an old prepared transaction "
-    "holds the rows: list them in pg_prepared_xacts and let `python -m twophase.cleanup` "
-    "resolve them")
+    "holds the rows: list them in pg_prepared_xacts (an orphan of this query: `python -m "
+    "twophase.status` names it and `python -m twophase.cleanup` resolves it) and "
+    "pg_stat_activity (another client: end its transaction); a prepared transaction of the "
+    "same batch means a keyed stream is not routed by key (route_by_key=False?)")
 FIX_ROWS = "fix the rows (or the table definition) and restart the query"
 FIX_PREPARED_OFF = ("set max_prepared_transactions to at least twice the partitions of a "
                     "batch in postgresql.conf and restart the server")
@@ -143,7 +150,7 @@ ERRORS = ErrorTable(
         "42": (SchemaMismatchError, "make the table match the rows, then restart"),
     },
     rules={
-        "55P03": (RetryableError, FIX_LOCKS),                    # lock_timeout
+        LOCK_NOT_AVAILABLE: (RetryableError, FIX_LOCKS),         # lock_timeout
         "25006": (RetryableError, "the server is a read-only standby (failover?); retried"),
         "42501": (ConfigurationError, FIX_PRIVILEGE),
         "42710": (FatalError, "a prepared transaction of this id exists already: let "

@@ -3,23 +3,24 @@
 ``check_schema`` refuses, before a query starts: a server with ``max_prepared_transactions =
 0`` (PREPARE TRANSACTION would fail every task), a missing target table, the column checks of
 :func:`twophase.kit.check_columns` (a column the table lacks, a NOT NULL column without default
-the rows lack, an instant into a ``timestamp`` column that keeps no zone, an upsert key that is
-no unique key), and a user without INSERT (and UPDATE for upsert) on the table or without the
-rights on the marker table. It creates the marker table if missing: a DBA may create it from
-:data:`MARKER_TABLE_DDL` instead and grant no CREATE right.
+the rows lack, an instant into a ``timestamp`` column that keeps no zone, an upsert or keyed
+key that is no unique key), and a user without the privileges of :data:`MODE_PRIVILEGES` on
+the table (and, keyed, on its tombstone table) or without the rights on the marker table. It
+creates the marker table if missing: a DBA may create it from :data:`MARKER_TABLE_DDL` instead
+and grant no CREATE right.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from psycopg import sql
 
 from sinks.postgres.connection import Connection
 from twophase import Column, ConfigurationError, SchemaMismatchError
-from twophase.kit import TableColumn, check_columns
+from twophase.kit import KEYED, Mode, TableColumn, check_columns
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +37,16 @@ CREATE INDEX IF NOT EXISTS {index} ON {table} (namespace, committed_at);
 COMMENT ON TABLE {table} IS
   'twophase: one row per prepared transaction, written inside it: the proof of its commit'"""
 
+#: PostgreSQL's longest identifier, in bytes.
+MAX_IDENTIFIER = 63
 MARKER_PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "DELETE")
+#: What each mode does to the target: COPY inserts; an upsert's ON CONFLICT DO UPDATE reads the
+#: row it updates; the keyed mode reads versions, upserts and deletes (its tombstone table too).
+MODE_PRIVILEGES: Mapping[Mode, tuple[str, ...]] = {
+    "insert": ("INSERT",),
+    "upsert": ("INSERT", "SELECT", "UPDATE"),
+    KEYED: ("SELECT", "INSERT", "UPDATE", "DELETE"),
+}
 
 
 @dataclass(frozen=True)
@@ -118,20 +128,33 @@ def unique_keys(conn: Connection, table: Table) -> list[list[str]]:
     return [list(row[0]) for row in rows]
 
 
-def check_privileges(conn: Connection, table: Table, markers: Table, *, upsert: bool,
+def check_privileges(conn: Connection, wanted: Mapping[Table, Sequence[str]], *,
                      user: str) -> None:
-    """INSERT (+SELECT, UPDATE for upsert: ON CONFLICT DO UPDATE reads the row it updates)
-    on the table, and the marker table's rights."""
-    wanted = [(table, "INSERT")] + ([(table, "SELECT"), (table, "UPDATE")] if upsert else [])
-    wanted += [(markers, privilege) for privilege in MARKER_PRIVILEGES]
-    missing = [f"{privilege} ON {target}" for target, privilege in wanted
+    """Every privilege ``wanted`` on each table (the target's: :data:`MODE_PRIVILEGES`; the
+    marker table's: :data:`MARKER_PRIVILEGES`), each missing one named with its GRANT."""
+    missing = [f"{privilege} ON {table}" for table, privileges in wanted.items()
+               for privilege in privileges
                if conn.execute("SELECT has_table_privilege(%s, %s)",
-                               (str(target), privilege)).fetchone() != (True,)]
+                               (str(table), privilege)).fetchone() != (True,)]
     if missing:
         raise ConfigurationError(
             f"user {user!r} lacks {', '.join(missing)}.",
             fix="GRANT " + "; GRANT ".join(f"{m} TO {sql.Identifier(user).as_string()}"
                                            for m in missing))
+
+
+def not_null_columns(conn: Connection, table: Table) -> list[str]:
+    """The columns of ``table`` declared NOT NULL."""
+    rows = conn.execute("SELECT column_name FROM information_schema.columns WHERE "
+                        "table_schema = %s AND table_name = %s AND is_nullable = 'NO' "
+                        "ORDER BY ordinal_position", (table.schema, table.name)).fetchall()
+    return [row[0] for row in rows]
+
+
+def has_column(conn: Connection, table: Table, column: str) -> bool:
+    return conn.execute("SELECT 1 FROM information_schema.columns WHERE table_schema = %s "
+                        "AND table_name = %s AND column_name = %s",
+                        (table.schema, table.name, column)).fetchone() is not None
 
 
 def check_table(conn: Connection, table: Table, where: str) -> None:

@@ -21,8 +21,15 @@ write       ``COPY`` (Arrow's   an open transaction    the server, as above   Sc
             CSV in one          holding row locks      (idle-in-transaction   (a row refused, an
             statement, or rows  until its session      timeout if the client  unsendable value),
             per ``chunk_size``) ends                   host vanished); Spark  RetryableError (lock
-            or ``INSERT ... ON                         re-runs the task       timeout, lost
-            CONFLICT``                                                        connection)
+            or ``INSERT ... ON                         re-runs the task       timeout: the holder
+            CONFLICT``; keyed:                                                named, lost
+            per chunk the                                                     connection),
+            keys' versions                                                    FatalError (a lock
+            ``FOR UPDATE``,                                                   of a prepared
+            ``DELETE``,                                                       transaction of the
+            tombstones, the                                                   same batch: not
+            version-guarded                                                   routed by key)
+            upsert
 pre-commit  marker ``INSERT``,  before PREPARE         an orphan (prepared,   FatalError (the id
             ``PREPARE           returns: as write, or  no handle in any       was committed once),
             TRANSACTION``,      (reply lost) a         decision) is aborted   ConfigurationError
@@ -53,11 +60,23 @@ staging table and commit (durable, invisible); the driver publishes a batch in O
 transaction (rows moved, markers written), which an Iceberg table's catalog swap in the same
 database can share (a sink group: both visible in the same instant). No prepared transaction.
 
+Keyed (``mode="keyed"``, :mod:`~sinks.postgres.keyed`): the latest state of each key by
+version, deletes kept as tombstones in ``_twophase_tombstones_<table>`` (the rules:
+:mod:`twophase._keyed`). Prepared, a task's keyed writes lock the rows of its keys until the
+decision, so every key of a batch must reach one task: :meth:`PostgresSink.route_key` names
+the key, and ``twophase.spark`` routes the rows by it. A task that waits on another task's
+prepared transaction all the same (``route_by_key=False`` over a stream that is not keyed)
+fails after ``lock_timeout_s`` with an error naming that transaction
+(:mod:`~sinks.postgres.locks`): no lock wait is unbounded unless ``lock_timeout_s=None`` is
+passed. Staged, the publishing transaction applies the batch's changes in SQL; no routing is
+needed.
+
 Fencing: none beyond the state file's epoch, for the reason given in
-:mod:`~sinks.postgres.committer`. Privileges: INSERT (+SELECT, UPDATE for upsert) on the table;
-SELECT, INSERT, UPDATE, DELETE on the marker table (CREATE once, or create it from
-``MARKER_TABLE_DDL``). ``COMMIT PREPARED`` needs the same user that prepared (or a
-superuser). The server needs ``max_prepared_transactions`` > 0 (checked at the start).
+:mod:`~sinks.postgres.committer`. Privileges: INSERT (+SELECT, UPDATE for upsert; SELECT,
+INSERT, UPDATE, DELETE for keyed, on the tombstone table too) on the table; SELECT, INSERT,
+UPDATE, DELETE on the marker table (CREATE once, or create it from ``MARKER_TABLE_DDL``).
+``COMMIT PREPARED`` needs the same user that prepared (or a superuser). The server needs
+``max_prepared_transactions`` > 0 (checked at the start).
 """
 
 from __future__ import annotations
@@ -76,6 +95,7 @@ from sinks.postgres.bulk import copy_batches, copy_rows, upsert_rows
 from sinks.postgres.committer import PostgresCommitter
 from sinks.postgres.connection import (
     DEFAULT_CONNECT_TIMEOUT_S,
+    DEFAULT_LOCK_TIMEOUT_S,
     DEFAULT_PORT,
     DEFAULT_SSLMODE,
     RESERVED_CONNECT_ARGS,
@@ -85,9 +105,18 @@ from sinks.postgres.connection import (
     close_quietly,
 )
 from sinks.postgres.errors import SYSTEM, classify_unprepared, wrong_width
+from sinks.postgres.keyed import (
+    KeyedWriter,
+    create_missing_tombstones,
+    staged_batches,
+    staged_columns,
+    staged_rows,
+    tombstones_of,
+)
+from sinks.postgres.locks import classify_lock_wait
 from sinks.postgres.markers import DEFAULT_MARKER_TABLE, Markers
 from sinks.postgres.prepared import gid_of, prepare, prepared_in
-from sinks.postgres.schema import Table
+from sinks.postgres.schema import MARKER_PRIVILEGES, MODE_PRIVILEGES, Table
 from sinks.postgres.staging import (
     Publish,
     begin_staging,
@@ -103,10 +132,13 @@ from twophase import (
     Handle,
     TransactionContext,
     TwoPhaseCommitSink,
+    TwoPhaseError,
     TxnId,
 )
 from twophase.kit import (
     DEFAULT_CHUNK_SIZE,
+    DEFAULT_TOMBSTONE_RETENTION_S,
+    KEYED,
     Mode,
     Secret,
     SecretOption,
@@ -116,6 +148,7 @@ from twophase.kit import (
     rows_of,
     transaction_id_reused,
     validate_chunk_size,
+    validate_keyed,
     validate_mode,
     validate_namespace,
 )
@@ -136,6 +169,8 @@ class PostgresTransaction:
     columns: tuple[str, ...]
     conn: Connection | None
     rows: int = 0
+    #: The keyed mode's writes (prepared), made at the first chunk.
+    keyed: KeyedWriter | None = None
 
 
 class PostgresSink(TwoPhaseCommitSink[PostgresTransaction]):
@@ -145,17 +180,27 @@ class PostgresSink(TwoPhaseCommitSink[PostgresTransaction]):
     is the clear text or a :class:`twophase.Secret` (``Secret(env=...)``, ``Secret(file=...)``),
     read in the process that connects, when it connects (the pickled sink holds the reference).
     ``table`` (in ``schema``): the target; it must exist. ``mode``: ``"insert"`` (COPY; a
-    repeated key is an error) or ``"upsert"`` (``INSERT ... ON CONFLICT (key) DO UPDATE``;
-    ``key`` must be a unique key of the table). ``chunk_size``: rows per statement.
-    ``publish``: ``"prepared"`` (one prepared transaction per partition) or ``"staged"``
-    (rows staged in ``staging_table``, default ``_twophase_staged_<table>``, published by the
-    driver in one local transaction: see :mod:`sinks.postgres.staging`; insert mode only).
-    ``sslmode``: ``"verify-full"`` (the default: the certificate must come from a CA of
-    ``ca_bundle``, libpq's ``sslrootcert``, and name ``host``), ``"verify-ca"``, ``"require"``
-    (encrypted, not verified) or ``"disable"``; libpq's ``prefer``/``allow`` (a silent fall back
-    to plain text) are refused. ``lock_timeout_s``: the sessions'
-    ``lock_timeout`` (the server's if None). ``connect_args``: further libpq options
-    (not TLS: that is ``sslmode=`` and ``ca_bundle=``).
+    repeated key is an error), ``"upsert"`` (``INSERT ... ON CONFLICT (key) DO UPDATE``, the
+    last row wins; ``key`` must be a unique key of the table) or ``"keyed"`` (the latest state
+    of each key, :mod:`sinks.postgres.keyed`): ``key`` a PRIMARY or UNIQUE key of the table,
+    ``version`` a column of the table that increases per key (a change applies only if newer
+    than the key's row or tombstone), ``deleted`` a column of the rows (not of the table: read,
+    never written) that marks a delete (a boolean, or Debezium's ``op``: ``'d'``), None if the
+    stream has no deletes; ``tombstone_retention_s`` how long a deleted key's tombstone is kept
+    (purged by ``python -m twophase.cleanup``). ``chunk_size``: rows per statement.
+    ``publish``: ``"prepared"`` (one prepared transaction per partition; keyed: rows routed by
+    key, :meth:`route_key`) or ``"staged"`` (rows staged in ``staging_table``, default
+    ``_twophase_staged_<table>``, published by the driver in one local transaction: see
+    :mod:`sinks.postgres.staging`; insert and keyed modes). ``sslmode``: ``"verify-full"``
+    (the default: the certificate must come from a CA of ``ca_bundle``, libpq's
+    ``sslrootcert``, and name ``host``), ``"verify-ca"``, ``"require"`` (encrypted, not
+    verified) or ``"disable"``; libpq's ``prefer``/``allow`` (a silent fall back to plain text)
+    are refused. ``lock_timeout_s``: how long a statement of the sink's sessions waits for a
+    lock (``lock_timeout``) before it fails naming the holder: ``DEFAULT_LOCK_TIMEOUT_S`` (50 s)
+    unless given; None, passed explicitly, leaves the server's setting (by default no limit:
+    a keyed task waiting on another task's prepared transaction would hang its batch).
+    ``connect_args``: further libpq options (not TLS: that is ``sslmode=`` and
+    ``ca_bundle=``).
     """
 
     kind: ClassVar[str] = "postgres"
@@ -172,17 +217,22 @@ class PostgresSink(TwoPhaseCommitSink[PostgresTransaction]):
         port: int = DEFAULT_PORT,
         mode: Mode = "insert",
         key: Sequence[str] = (),
+        version: str | None = None,
+        deleted: str | None = None,
+        tombstone_retention_s: float = DEFAULT_TOMBSTONE_RETENTION_S,
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         marker_table: str = DEFAULT_MARKER_TABLE,
         sslmode: SslMode = DEFAULT_SSLMODE,
         ca_bundle: str | None = None,
         connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
-        lock_timeout_s: float | None = None,
+        lock_timeout_s: float | None = DEFAULT_LOCK_TIMEOUT_S,
         connect_args: Mapping[str, Any] | None = None,
         publish: Publish = "prepared",
         staging_table: str | None = None,
     ) -> None:
         self.mode = validate_mode(SYSTEM, mode, key)
+        self.keyed = validate_keyed(SYSTEM, self.mode, key, version, deleted,
+                                    tombstone_retention_s=tombstone_retention_s)
         self.publish = validate_publish(SYSTEM, publish, self.mode)
         self.key = tuple(key)
         self.chunk_size = validate_chunk_size(SYSTEM, chunk_size)
@@ -198,6 +248,8 @@ class PostgresSink(TwoPhaseCommitSink[PostgresTransaction]):
         self.markers = Markers(Table(schema, marker_table))
         self.staging = (Table(schema, staging_table) if staging_table
                         else staging_table_of(self.target))
+        #: The keyed mode's deleted keys (key, version, ``deleted_at``).
+        self.tombstones = tombstones_of(self.target)
 
     def __repr__(self) -> str:
         server = self.server
@@ -219,24 +271,54 @@ class PostgresSink(TwoPhaseCommitSink[PostgresTransaction]):
 
     def check_schema(self, columns: Sequence[Column]) -> None:
         """Check the server, the table, its columns, key and privileges; create the marker
-        table if missing (see :mod:`sinks.postgres.schema`)."""
+        table (staged: the staging table; keyed: the tombstone table) if missing (see
+        :mod:`sinks.postgres.schema`). Keyed, the rows must have the key, version and delete
+        marker columns; the table is checked for the written ones (not the marker)."""
+        written = self._written_columns(columns)
         with self.server.session(f"checking {self.target}") as conn:
             if self.publish == "prepared":
                 schema.check_prepared_transactions(conn, self.server.address)
             schema.check_table(conn, self.target, self.where)
             schema.create_missing_markers(conn, self.markers.table)
-            if self.publish == "staged":
-                create_missing_staging(conn, self.staging, self.target)
             # before the columns: a user without privileges on the table sees none of them
-            schema.check_privileges(conn, self.target, self.markers.table,
-                                    upsert=self.mode == "upsert", user=self.server.user)
-            schema.check_columns_of(conn, self.target, columns,
-                                    upsert_key=self.key if self.mode == "upsert" else None,
+            schema.check_privileges(conn, {self.target: MODE_PRIVILEGES[self.mode],
+                                           self.markers.table: MARKER_PRIVILEGES},
+                                    user=self.server.user)
+            schema.check_columns_of(conn, self.target, written,
+                                    upsert_key=self.key if self.mode != "insert" else None,
                                     where=self.where)
+            self._create_own_tables(conn)
+            if self.keyed is not None:
+                schema.check_privileges(conn, {self.tombstones: MODE_PRIVILEGES[KEYED]},
+                                        user=self.server.user)
+
+    def _written_columns(self, columns: Sequence[Column]) -> Sequence[Column]:
+        """The columns written into the table: keyed, all but the delete marker (the rows
+        checked for the key, version and marker first)."""
+        if self.keyed is None:
+            return columns
+        self.keyed.check_rows(self.where, [column.name for column in columns])
+        return [column for column in columns if column.name != self.keyed.deleted]
+
+    def _create_own_tables(self, conn: Connection) -> None:
+        """The staging table (staged) and the tombstone table (keyed), unless they exist."""
+        if self.publish == "staged":
+            create_missing_staging(conn, self.staging, self.target, self.keyed)
+        if self.keyed is not None:
+            create_missing_tombstones(conn, self.tombstones, self.target, self.keyed)
+
+    def route_key(self) -> tuple[str, ...] | None:
+        """Keyed and prepared, the key: a task's writes lock its keys' rows until the
+        decision, so every key of a batch must be written by one task (else None)."""
+        if self.keyed is not None and self.publish == "prepared":
+            return self.keyed.key
+        return None
 
     # -- executor: begin, write, pre-commit ----------------------------------------------------
 
     def begin_transaction(self, ctx: TransactionContext) -> PostgresTransaction:
+        if self.keyed is not None:
+            self.keyed.check_rows(self.where, ctx.column_names)
         conn = self.server.connect(autocommit=False, writer=True)
         txn = PostgresTransaction(ctx.txn_id, ctx.column_names, conn)
         if self.publish == "staged":
@@ -249,6 +331,12 @@ class PostgresSink(TwoPhaseCommitSink[PostgresTransaction]):
         """Where the executors write: the target, or (staged) the staging table."""
         return self.staging if self.publish == "staged" else self.target
 
+    @property
+    def copies(self) -> bool:
+        """Whether the executors COPY their rows (insert mode, or staged), or else write them
+        by statements (upsert, keyed prepared)."""
+        return self.mode == "insert" or self.publish == "staged"
+
     def write(self, txn: PostgresTransaction, rows: Iterable[Sequence[Any]]) -> None:
         conn = self._open(txn)
         with self._guard(txn, "writing"):
@@ -256,21 +344,39 @@ class PostgresSink(TwoPhaseCommitSink[PostgresTransaction]):
                 if misfit := next((len(row) for row in chunk
                                    if len(row) != len(txn.columns)), None):
                     raise wrong_width(misfit, txn.columns)
-                if self.mode == "upsert":
-                    upsert_rows(conn, self.target, txn.columns, self.key, chunk)
-                else:
-                    copy_rows(conn, self.written, txn.columns, chunk)
+                self._write_chunk(txn, conn, chunk)
                 txn.rows += len(chunk)
 
+    def _write_chunk(self, txn: PostgresTransaction, conn: Connection,
+                     chunk: Sequence[Sequence[Any]]) -> None:
+        if self.copies and self.keyed is not None:
+            copy_rows(conn, self.written, staged_columns(self.keyed, txn.columns),
+                      staged_rows(self.keyed, txn.columns, chunk))
+        elif self.copies:
+            copy_rows(conn, self.written, txn.columns, chunk)
+        elif self.keyed is not None:
+            if txn.keyed is None:
+                txn.keyed = KeyedWriter(conn, self.keyed, self.target, self.tombstones,
+                                        txn.columns)
+            txn.keyed.apply(chunk)
+        else:
+            upsert_rows(conn, self.target, txn.columns, self.key, chunk)
+
     def write_arrow(self, txn: PostgresTransaction, batches: Iterable[pa.RecordBatch]) -> None:
-        """Insert mode: the batches in one COPY of Arrow's CSV (see
-        :mod:`sinks.postgres.bulk`); upsert mode: their rows."""
-        if self.mode == "upsert":
+        """Insert mode and staged: the batches in one COPY of Arrow's CSV (see
+        :mod:`sinks.postgres.bulk`; keyed, the delete marker as the staged flag); upsert and
+        keyed prepared: their rows."""
+        if not self.copies:
             self.write(txn, rows_of(batches))
             return
         conn = self._open(txn)
         with self._guard(txn, "writing"):
-            txn.rows += copy_batches(conn, self.written, txn.columns, batches)
+            if self.keyed is not None:
+                txn.rows += copy_batches(conn, self.written,
+                                         staged_columns(self.keyed, txn.columns),
+                                         staged_batches(self.keyed, batches))
+            else:
+                txn.rows += copy_batches(conn, self.written, txn.columns, batches)
 
     def pre_commit(self, txn: PostgresTransaction) -> Handle:
         if self.publish == "staged":
@@ -314,10 +420,22 @@ class PostgresSink(TwoPhaseCommitSink[PostgresTransaction]):
         txn.conn = None
 
     def _guard(self, txn: PostgresTransaction, step: str) -> AbstractContextManager[None]:
-        """Any failure discards the transaction (it is never committed) and is classified."""
-        return classified(classify_unprepared,
+        """Any failure discards the transaction (it is never committed) and is classified; a
+        lock wait that ran out names the lock's holder (:mod:`sinks.postgres.locks`)."""
+        def classify(exc: BaseException, what: str) -> TwoPhaseError:
+            return (classify_lock_wait(self.server, self._locked_tables, txn.txn_id, exc, what)
+                    or classify_unprepared(exc, what))
+
+        return classified(classify,
                           self.server.on(f"{step} transaction {txn.txn_id} into {self.target}"),
                           psycopg.Error, on_error=lambda: self.discard(txn))
+
+    @property
+    def _locked_tables(self) -> tuple[Table, ...]:
+        """The tables whose rows a writer may wait for (not the marker table, which every
+        sink of the schema shares: its holders would name every query's transactions)."""
+        own = (self.tombstones,) if self.keyed is not None and not self.copies else ()
+        return (self.written, *own)
 
     # -- driver: commit, abort, in-doubt, purge ------------------------------------------------
 
@@ -349,8 +467,8 @@ class PostgresSink(TwoPhaseCommitSink[PostgresTransaction]):
         return purged
 
     def create_tables(self) -> None:
-        """Create the marker table (and, staged, the staging table) unless it exists."""
+        """Create the marker table (and, staged, the staging table; keyed, the tombstone
+        table) unless it exists."""
         with self.server.session("creating twophase's marker table") as conn:
             schema.create_missing_markers(conn, self.markers.table)
-            if self.publish == "staged":
-                create_missing_staging(conn, self.staging, self.target)
+            self._create_own_tables(conn)

@@ -32,13 +32,25 @@ abort       ``DELETE`` the transaction's staged rows    the rows deleted, or sti
 In doubt: the transaction ids that have staged rows (``list_in_doubt``), never an open
 transaction's (invisible until the executor commits, and ended with its session).
 
-What the staged mode does not do: upsert (one ``INSERT ... SELECT`` cannot update a key twice);
-it checks the target's unique keys only at publication, after the decision: a row whose key
-the target already holds makes the batch's commit fail (fatal, the batch not published: fix the
-table, then recovery publishes it), where a prepared transaction would fail its partition
-before the decision. The staging table gets the target's columns, defaults and CHECK
-constraints (``LIKE``), not its keys; it is created by ``check_schema`` (or by a DBA from
-:func:`staging_ddl`); the sink's user needs SELECT, INSERT, DELETE on it.
+The keyed mode (``mode="keyed"``, :mod:`~sinks.postgres.keyed`) changes two rows: write stages
+the rows as they came, the delete marker replaced by the boolean ``_twophase_deleted`` and
+numbered by ``_twophase_seq`` (an identity: the order of a task's rows); commit moves the
+batch's staged rows into a temporary table and applies them with
+:func:`twophase.kit.keyed_apply_statements` (newest version per key, no older change applied,
+deletes with tombstones) in place of the plain ``INSERT ... SELECT``. Its staging table also
+takes a delete's NULLs in the target's NOT NULL columns (a CHECK refuses them in other rows)
+and refuses NULL keys and versions. No row is locked before the decision, so one key may be
+written by many tasks of a batch: its rows need no routing by key.
+
+What the staged mode does not do: upsert (one ``INSERT ... SELECT`` cannot update a key twice:
+the keyed mode can); it checks the target's unique keys only at publication, after the
+decision: a row whose key the target already holds makes the batch's commit fail (fatal, the
+batch not published: fix the table, then recovery publishes it), where a prepared transaction
+would fail its partition before the decision. The staging table gets the target's columns,
+defaults and CHECK constraints (``LIKE``), not its keys; it is created by ``check_schema`` (or
+by a DBA from :func:`staging_ddl` and, keyed, :func:`keyed_staging_ddl`); the sink's user needs
+SELECT, INSERT, DELETE on it, and TEMPORARY on the database in the keyed mode (granted to
+PUBLIC by default).
 """
 
 from __future__ import annotations
@@ -52,9 +64,15 @@ from psycopg import sql
 
 from sinks.postgres.connection import Connection
 from sinks.postgres.errors import lost_staged
-from sinks.postgres.schema import Table, exists
+from sinks.postgres.keyed import (
+    SEQ_COLUMN,
+    SOURCE_TABLE,
+    apply_staged,
+    staged_columns,
+)
+from sinks.postgres.schema import MAX_IDENTIFIER, Table, exists, has_column, not_null_columns
 from twophase import CommitOutcome, ConfigurationError, Handle, RetryableError, TxnId
-from twophase.kit import validate_namespace
+from twophase.kit import DELETED_FLAG, KEYED, Keyed, validate_namespace
 
 if TYPE_CHECKING:
     from sinks.postgres.committer import PostgresCommitter
@@ -68,18 +86,18 @@ TXN_COLUMN = "_twophase_txn"
 #: The session setting the txn column defaults to (set for the writer's transaction).
 TXN_SETTING = "twophase.txn"
 STAGING_PREFIX = "_twophase_staged_"
-#: PostgreSQL's longest identifier, in bytes.
-MAX_IDENTIFIER = 63
 
 
 def validate_publish(sink: str, publish: str, mode: str) -> Publish:
     if publish not in PUBLISH_MODES:
         raise ConfigurationError(f"{sink}: unknown publish={publish!r}.",
                                  fix="use publish='prepared' (the default) or 'staged'")
-    if publish == "staged" and mode != "insert":
+    if publish == "staged" and mode not in ("insert", KEYED):
         raise ConfigurationError(
-            f"{sink}: publish='staged' takes mode='insert' only (one INSERT ... SELECT cannot "
-            "update a key twice).", fix="use mode='insert', or publish='prepared' to upsert")
+            f"{sink}: publish='staged' takes mode='insert' or mode='keyed' (one INSERT ... "
+            "SELECT cannot update a key twice).",
+            fix="use mode='keyed' with version= (the newest change of each key wins), or "
+                "publish='prepared' to upsert")
     return "staged" if publish == "staged" else "prepared"
 
 
@@ -103,10 +121,38 @@ def staging_ddl(staging: Table, target: Table) -> sql.Composed:
         target_name=sql.SQL(str(target).replace("'", "''")))
 
 
-def create_missing_staging(conn: Connection, staging: Table, target: Table) -> None:
+def keyed_staging_ddl(staging: Table, keyed: Keyed, not_null: Sequence[str]) -> sql.Composed:
+    """What the keyed mode adds to the staging table: the delete flag, the rows' order, NOT
+    NULL key and version columns, and the target's other NOT NULL columns (``not_null``) NULL
+    in a delete only."""
+    flag = sql.Identifier(DELETED_FLAG)
+    required = (*keyed.key, keyed.version)
+    relaxed = [name for name in not_null if name not in required]
+    changes = [
+        sql.SQL("ADD COLUMN IF NOT EXISTS {} boolean NOT NULL DEFAULT false").format(flag),
+        sql.SQL("ADD COLUMN IF NOT EXISTS {} bigint GENERATED BY DEFAULT AS IDENTITY").format(
+            sql.Identifier(SEQ_COLUMN)),
+        *(sql.SQL("ALTER COLUMN {} SET NOT NULL").format(sql.Identifier(name))
+          for name in required),
+        *(sql.SQL("ALTER COLUMN {} DROP NOT NULL").format(sql.Identifier(name))
+          for name in relaxed)]
+    checks = [sql.SQL("ALTER TABLE {} ADD CHECK ({} OR {} IS NOT NULL)").format(
+        staging.ident, flag, sql.Identifier(name)) for name in relaxed]
+    return sql.SQL(";").join([
+        sql.SQL("ALTER TABLE {} ").format(staging.ident) + sql.SQL(", ").join(changes),
+        *checks])
+
+
+def create_missing_staging(conn: Connection, staging: Table, target: Table,
+                           keyed: Keyed | None = None) -> None:
+    """The staging table unless it exists; keyed, with :func:`keyed_staging_ddl` unless it
+    has the delete flag."""
     if not exists(conn, staging):
         log.info("creating %s", staging)
         conn.execute(staging_ddl(staging, target))
+    if keyed is not None and not has_column(conn, staging, DELETED_FLAG):
+        log.info("adding the keyed mode's columns to %s", staging)
+        conn.execute(keyed_staging_ddl(staging, keyed, not_null_columns(conn, target)))
 
 
 def begin_staging(conn: Connection, txn_id: TxnId) -> None:
@@ -128,6 +174,23 @@ def delete_staged(conn: Connection, staging: Table, txn_id: TxnId) -> int:
     cursor = conn.execute(sql.SQL("DELETE FROM {} WHERE {} = %s").format(
         staging.ident, sql.Identifier(TXN_COLUMN)), (str(txn_id),))
     return cursor.rowcount
+
+
+def move_staged(conn: Connection, staging: Table, into: sql.Composable,
+                columns: Sequence[str], ids: list[str]) -> dict[str, int]:
+    """Staged rows of ``ids`` (their ``columns``) into ``into``, deleted from staging, in one
+    statement; how many rows each transaction had."""
+    names = _names(columns)
+    statement = sql.SQL(
+        "WITH moved AS (DELETE FROM {staging} WHERE {txn} = ANY(%s) RETURNING *), "
+        "published AS (INSERT INTO {into} ({names}) SELECT {names} FROM moved) "
+        "SELECT {txn}, count(*) FROM moved GROUP BY 1").format(
+        staging=staging.ident, txn=sql.Identifier(TXN_COLUMN), into=into, names=names)
+    return {txn: int(count) for txn, count in conn.execute(statement, (ids,))}
+
+
+def _names(columns: Sequence[str]) -> sql.Composed:
+    return sql.SQL(", ").join(map(sql.Identifier, columns))
 
 
 def columns_of(handle: Handle) -> list[str]:
@@ -185,16 +248,20 @@ class StagedPublisher:
 
     def _move(self, connection: Connection, columns: Sequence[str], ids: list[str]
               ) -> dict[str, int]:
-        """Staged rows of ``ids`` into the target, deleted from staging, in one statement;
-        how many rows each transaction had."""
-        names = sql.SQL(", ").join(map(sql.Identifier, columns))
-        statement = sql.SQL(
-            "WITH moved AS (DELETE FROM {staging} WHERE {txn} = ANY(%s) RETURNING *), "
-            "published AS (INSERT INTO {target} ({names}) SELECT {names} FROM moved) "
-            "SELECT {txn}, count(*) FROM moved GROUP BY 1").format(
-            staging=self.sink.staging.ident, txn=sql.Identifier(TXN_COLUMN),
-            target=self.sink.target.ident, names=names)
-        return {txn: int(count) for txn, count in connection.execute(statement, (ids,))}
+        """Staged rows of ``ids`` published (keyed: applied), deleted from staging; how many
+        rows each transaction had."""
+        keyed, sink = self.sink.keyed, self.sink
+        if keyed is None:
+            return move_staged(connection, sink.staging, sink.target.ident, columns, ids)
+        source, staged = sql.Identifier(SOURCE_TABLE), [*staged_columns(keyed, columns),
+                                                         SEQ_COLUMN]
+        connection.execute(sql.SQL("CREATE TEMPORARY TABLE {} AS SELECT {} FROM {} WITH NO DATA"
+                                   ).format(source, _names(staged), sink.staging.ident))
+        moved = move_staged(connection, sink.staging, source, staged, ids)
+        apply_staged(connection, keyed, source=source, target=sink.target,
+                     tombstones=sink.tombstones, columns=keyed.written(columns))
+        connection.execute(sql.SQL("DROP TABLE {}").format(source))
+        return moved
 
     def _refuse(self, connection: Connection, handle: Handle, found: int) -> None:
         """A decided transaction's staged rows are not (all) there: a racing publisher took
