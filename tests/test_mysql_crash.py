@@ -4,17 +4,24 @@ killed while branches are prepared."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from setups import MySQLSetup
-from twophase._crash import AFTER_DECISION, AFTER_PRE_COMMIT
+from setups.servers.mariadb import Db
+from twophase._crash import AFTER_DECISION, AFTER_PRE_COMMIT, CRASH_POINTS
 from twophase.testing import Target
-from twophase.testing.crash import DECISION_POINTS, CrashSuite
+from twophase.testing.crash import DECISION_POINTS, CrashSuite, KeyedCrashSuite, KeyedFeedTarget
 from twophase.testing.driver import DriverSpec, generate_feed, launch
 
 pytestmark = [pytest.mark.spark, pytest.mark.crash]
+
+#: The keyed crash suite's table: the feed's order_id its key, event_id its version.
+KEYED_FEED_DDL = ("CREATE TABLE `{table}` (order_id BIGINT NOT NULL PRIMARY KEY, "
+                  "event_id BIGINT NOT NULL, ts DATETIME(6)) ENGINE=InnoDB")
 
 
 class TestMySQLCrashes(CrashSuite):
@@ -45,3 +52,36 @@ class TestMySQLCrashes(CrashSuite):
         assert finished.returncode == 0, f"the last run failed: see {finished.log}"
         assert target.visible() == expected
         assert target.in_doubt() == []
+
+
+@dataclass(eq=False)
+class MySQLKeyedFeedTarget(KeyedFeedTarget):
+    db: Db | None = None
+
+    def state(self) -> dict[int, int]:
+        assert self.db is not None
+        return {key: version for key, version in self.db.query(
+            f"SELECT order_id, event_id FROM `{self.options['table']}`")}
+
+    def in_doubt(self) -> list[Any]:
+        assert self.db is not None
+        return self.db.xa_recover()
+
+
+class TestMySQLKeyedCrashes(KeyedCrashSuite):
+    """A change stream (late, repeated, deleting changes) in the keyed mode, routed by key,
+    the driver killed either side of the decision: the table equals the feed's newest
+    changes, no branch left prepared."""
+
+    @pytest.fixture
+    def target(self, mysql_setup: MySQLSetup) -> MySQLKeyedFeedTarget:
+        table = mysql_setup.db.new_table(KEYED_FEED_DDL, prefix="live_")
+        return MySQLKeyedFeedTarget("sinks.mysql:MySQLXASink", {
+            **mysql_setup.server.params.kwargs(), "table": table, "marker_table": f"m_{table}",
+            "mode": "keyed", "key": ["order_id"], "version": "event_id",
+            "deleted": "status"}, db=mysql_setup.db)
+
+
+@pytest.mark.long
+class TestMySQLKeyedCrashesAtEveryPoint(TestMySQLKeyedCrashes):
+    crash_points = CRASH_POINTS

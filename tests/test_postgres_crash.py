@@ -4,11 +4,22 @@ crash point and restarted, on the data source path (COPY from Arrow) and on fore
 
 from __future__ import annotations
 
-import pytest
+from dataclasses import dataclass
+from typing import Any
 
-from twophase.testing.crash import DECISION_POINTS, CrashSuite
+import pytest
+from psycopg import sql
+
+from setups import PostgresSetup
+from setups.servers.postgres import PgView
+from twophase._crash import CRASH_POINTS
+from twophase.testing.crash import DECISION_POINTS, CrashSuite, KeyedCrashSuite, KeyedFeedTarget
 
 pytestmark = [pytest.mark.spark, pytest.mark.crash]
+
+#: The keyed crash suite's table: the feed's order_id its key, event_id its version.
+KEYED_FEED_DDL = ("CREATE TABLE {table} (order_id bigint PRIMARY KEY, event_id bigint NOT NULL, "
+                  "ts timestamptz)")
 
 
 class TestPostgresCrashes(CrashSuite):
@@ -25,3 +36,42 @@ class TestPostgresCrashes(CrashSuite):
 class TestPostgresForeachBatchCrashes(CrashSuite):
     setup_fixture = "postgres_setup"
     foreach_batch = True
+
+
+@dataclass(eq=False)
+class PostgresKeyedFeedTarget(KeyedFeedTarget):
+    view: PgView | None = None
+
+    def state(self) -> dict[int, int]:
+        assert self.view is not None
+        return {key: version for key, version in self.view.query(
+            sql.SQL("SELECT order_id, event_id FROM {}").format(
+                sql.Identifier(self.options["table"])))}
+
+    def in_doubt(self) -> list[Any]:
+        assert self.view is not None
+        return self.view.prepared()
+
+
+class TestPostgresKeyedCrashes(KeyedCrashSuite):
+    """A change stream (late, repeated, deleting changes) in the keyed mode, prepared
+    transactions routed by key, the driver killed either side of the decision: the table
+    equals the feed's newest changes, nothing left prepared."""
+
+    publish = "prepared"
+
+    @pytest.fixture
+    def target(self, postgres_setup: PostgresSetup) -> PostgresKeyedFeedTarget:
+        table = postgres_setup.view.new_table(KEYED_FEED_DDL, prefix="live_")
+        return PostgresKeyedFeedTarget("sinks.postgres:PostgresSink", {
+            **postgres_setup.server.params.sink_options(), "table": table,
+            "publish": self.publish, "mode": "keyed", "key": ["order_id"],
+            "version": "event_id", "deleted": "status"}, view=postgres_setup.view)
+
+
+@pytest.mark.long
+class TestPostgresStagedKeyedCrashes(TestPostgresKeyedCrashes):
+    """The staged mode: changes reduced when the batch is published, at every point."""
+
+    publish = "staged"
+    crash_points = CRASH_POINTS
