@@ -11,7 +11,8 @@ step  statements                                       why
 1     (Python) :meth:`~twophase.kit.Keyed.reduce`      one change per key: its newest
 2     ``SELECT key, version ... FORCE INDEX (key)      the version each key holds, as row or
       WHERE key IN (...) FOR UPDATE`` on the target,   as tombstone, locked until the decision
-      the same on the tombstone table
+      the same on the tombstone table, 500 keys a
+      statement (:data:`KEYS_PER_READ`)
 3     (Python) :func:`~twophase.kit.newer_than`        late and repeated changes dropped
 4     multi-row ``INSERT ... ON DUPLICATE KEY UPDATE   the upserts, each assignment guarded by
       c = IF(newer, VALUES(c), c), ..., version =      the version, the version assigned last
@@ -90,6 +91,11 @@ TOMBSTONE_TABLE_DDL = """CREATE TABLE IF NOT EXISTS {{table}} (
   KEY by_deleted_at ({deleted_at})
 ) ENGINE=InnoDB COMMENT='twophase: the version of each deleted key (mode=keyed)'
 SELECT {columns} FROM {target} LIMIT 0"""
+#: Keys per locking read of their versions. MariaDB turns an ``IN`` list of
+#: ``in_predicate_conversion_threshold`` (1,000) values or more into a join with a table of
+#: them, which reads the key's index as a scan and waits for every row another task's prepared
+#: branch holds: measured, a second task of a routed batch then waited out its lock timeout.
+KEYS_PER_READ = 500
 #: Tombstones read per page of a purge.
 PURGE_CHUNK = 1_000
 
@@ -170,13 +176,18 @@ class KeyedTables:
 
     def _versions(self, conn: Connection, table: Table, index: str,
                   keys: Sequence[tuple[Any, ...]]) -> Versions:
-        """The version ``table`` holds for each of ``keys`` it has, its rows locked."""
+        """The version ``table`` holds for each of ``keys`` it has, its rows locked; read
+        :data:`KEYS_PER_READ` keys at a time (see the constant)."""
         width = len(self.keyed.key)
-        rows = query(conn, f"SELECT {column_list(self.stamp)} FROM {table} "
-                           f"FORCE INDEX ({quote_identifier(index)}) "
-                           f"WHERE {_keys_in(self.keyed.key, len(keys))} FOR UPDATE",
-                     [value for key in keys for value in key])
-        return {tuple(row[:width]): row[width] for row in rows}
+        found: Versions = {}
+        for start in range(0, len(keys), KEYS_PER_READ):
+            page = keys[start:start + KEYS_PER_READ]
+            rows = query(conn, f"SELECT {column_list(self.stamp)} FROM {table} "
+                               f"FORCE INDEX ({quote_identifier(index)}) "
+                               f"WHERE {_keys_in(self.keyed.key, len(page))} FOR UPDATE",
+                         [value for key in page for value in key])
+            found.update((tuple(row[:width]), row[width]) for row in rows)
+        return found
 
     def _upsert(self, conn: Connection, written: Sequence[str], upserts: Sequence[Change],
                 what: str) -> None:
