@@ -122,10 +122,11 @@ class Database:
 
 def mysql_apply(table: str, staging: str) -> list[str]:
     return [
-        f"INSERT INTO `{table}` (order_id, status, event_id) SELECT order_id, status, event_id "
-        f"FROM `{staging}` WHERE op <> 'd' ON DUPLICATE KEY UPDATE "
-        "status = IF(VALUES(event_id) > event_id, VALUES(status), status), "
-        "event_id = IF(VALUES(event_id) > event_id, VALUES(event_id), event_id)",
+        f"INSERT INTO `{table}` (order_id, status, event_id) SELECT s.order_id, s.status, "
+        f"s.event_id FROM `{staging}` s WHERE s.op <> 'd' ON DUPLICATE KEY UPDATE "
+        f"status = IF(VALUES(event_id) > `{table}`.event_id, VALUES(status), `{table}`.status), "
+        f"event_id = IF(VALUES(event_id) > `{table}`.event_id, VALUES(event_id), "
+        f"`{table}`.event_id)",
         f"DELETE t FROM `{table}` t JOIN `{staging}` s ON t.order_id = s.order_id "
         "WHERE s.op = 'd' AND t.event_id < s.event_id",
     ]
