@@ -5,7 +5,8 @@
     from sinks.mysql import MySQLXASink
 
     sink = MySQLXASink(host="db", user="etl", password=..., database="shop",
-                       table="orders_live", mode="upsert")
+                       table="orders_live", mode="keyed", key=("order_id",),
+                       version="version")
 
 One module per role (as Flink's JDBC ``xa`` package splits its sink):
 
@@ -18,6 +19,7 @@ module                role
 ``markers``           the marker row that proves a commit, its stamp and its purge
 ``fencing``           the fence row that stops a zombie run's commits (``fencing=True``)
 ``bulk``              the two bulk statements: ``LOAD DATA LOCAL`` and multi-row ``INSERT``
+``keyed``             ``mode="keyed"``: a chunk's changes applied where newer, tombstones
 ``encoding``          rows as ``LOAD DATA`` text and ``INSERT`` literals; time zones
 ``arrow``             record batches as ``LOAD DATA`` text, vectorised (needs pyarrow)
 ``errors``            every error code and how it is classified: the one place
