@@ -36,6 +36,9 @@ USER_PREFIX = "sink_"
 #: the row they update: refused without SELECT on both, found by experiment).
 TABLE_PRIVILEGES = ("INSERT",)
 UPSERT_PRIVILEGES = ("SELECT", "INSERT", "UPDATE")
+#: The keyed mode also deletes (and needs the same on its tombstone table, which a keyed
+#: least-privileged target does not make yet).
+KEYED_PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "DELETE")
 
 #: A grant: the privileges and the object they are on (``("SELECT", "INSERT"), "`db`.`t`"``).
 Grant = tuple[tuple[str, ...], str]
@@ -57,7 +60,8 @@ class GrantingSetup(Protocol):
 
 def table_privileges(options: Mapping[str, Any]) -> tuple[str, ...]:
     """What the sink's user needs on the target table of ``options`` (a target's options)."""
-    return UPSERT_PRIVILEGES if options.get("mode") == "upsert" else TABLE_PRIVILEGES
+    return {"upsert": UPSERT_PRIVILEGES, "keyed": KEYED_PRIVILEGES}.get(
+        str(options.get("mode")), TABLE_PRIVILEGES)
 
 
 def least_privileged_target(setup: SinkSetup, *, without: tuple[str, str] | None = None,
