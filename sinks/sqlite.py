@@ -201,7 +201,7 @@ class SQLiteSink(TwoPhaseCommitSink[SQLiteTransaction]):
         """The kit's column checks (:func:`twophase.kit.check_columns`) on the table; in the
         keyed mode on the written columns (not the delete marker), the key a unique key."""
         if self.keyed is not None:
-            self.keyed.check_rows(self.where, [column.name for column in columns])
+            self.keyed.check_columns(self.where, columns)
             columns = [c for c in columns if c.name != self.keyed.deleted]
         with self.database.reading("schema check") as connection:
             catalog = table_columns(connection, self.table)

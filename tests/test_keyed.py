@@ -4,6 +4,7 @@ rows and in Arrow agree, the options are checked, tombstone tables are named wit
 from __future__ import annotations
 
 import random
+import re
 from typing import Any
 
 import pyarrow as pa
@@ -124,3 +125,13 @@ def test_route_by_key_is_a_number_of_partitions_or_a_bool(route_by_key: Any) -> 
 
     with pytest.raises(ConfigurationError, match="neither a number of partitions nor a bool"):
         routed_by_key(None, RoutedSink(("id",)), route_by_key)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("kind", ["boolean", "binary", "array<bigint>", "struct<a:int>"])
+def test_a_version_of_a_type_that_does_not_order_is_refused(kind: str) -> None:
+    from twophase import Column  # noqa: PLC0415
+
+    columns = [Column("id", "bigint"), Column("v", kind)]
+    with pytest.raises(SchemaMismatchError, match=f"of type {re.escape(kind)}, which does not"):
+        Keyed(("id",), "v").check_columns("t", columns)
+    Keyed(("id",), "v").check_columns("t", [Column("id", "bigint"), Column("v", "timestamp")])

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from twophase.errors import ConfigurationError, SchemaMismatchError
+from twophase.sink import Column
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -61,6 +62,9 @@ TOMBSTONES_PREFIX: Final = "_twophase_tombstones_"
 TOMBSTONE_TIME_COLUMN: Final = "deleted_at"
 #: The scratch column of the SQL publishers: whether a reduced change is a delete.
 DELETED_FLAG: Final = "_twophase_deleted"
+#: Spark types (``simpleString``) a version cannot have: they do not order changes.
+UNORDERED_TYPES: Final = frozenset({"boolean", "binary", "void", "variant", "null"})
+UNORDERED_PREFIXES: Final = ("array", "map", "struct")
 _RANK = "_twophase_rank"
 _SEQ = "_twophase_seq"
 _HASH_LENGTH = 10
@@ -103,6 +107,18 @@ class Keyed:
                 f"the rows do not have (their columns: {', '.join(columns)}).",
                 fix="select the key, version and delete marker columns in the DataFrame, or "
                     "name the right ones in key=, version= and deleted=")
+
+    def check_columns(self, where: str, columns: Sequence[Column]) -> None:
+        """:meth:`check_rows`, and the version's type one that orders: a number, a string, a
+        date or an instant (not a boolean, bytes or a nested value)."""
+        self.check_rows(where, [column.name for column in columns])
+        kind = next(column.type for column in columns if column.name == self.version)
+        if kind in UNORDERED_TYPES or kind.startswith(UNORDERED_PREFIXES):
+            raise SchemaMismatchError(
+                f"{where}: the version column {self.version!r} is of type {kind}, which "
+                "does not order changes.",
+                fix="use a column that increases per key: a log sequence number, an offset "
+                    "(bigint), a decimal, a string that sorts, a date or a timestamp")
 
     def reduce(self, rows: Iterable[Sequence[Any]], columns: Sequence[str]) -> list[Change]:
         """``rows`` reduced to the newest change of each key, in the order of each key's first

@@ -317,7 +317,7 @@ class MySQLXASink(TwoPhaseCommitSink[MySQLBranch]):
         tables (and the tombstone table in ``mode="keyed"``)."""
         address = self.server.address
         if self.keyed is not None:
-            self.keyed.check_rows(self.where, [column.name for column in columns])
+            self.keyed.check_columns(self.where, columns)
         written = self._written(columns)
         with self.server.session(f"checking {self.target}") as conn:
             schema.check_server(conn, address)

@@ -297,7 +297,7 @@ class PostgresSink(TwoPhaseCommitSink[PostgresTransaction]):
         checked for the key, version and marker first)."""
         if self.keyed is None:
             return columns
-        self.keyed.check_rows(self.where, [column.name for column in columns])
+        self.keyed.check_columns(self.where, columns)
         return [column for column in columns if column.name != self.keyed.deleted]
 
     def _create_own_tables(self, conn: Connection) -> None:
