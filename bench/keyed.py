@@ -57,7 +57,14 @@ import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F  # noqa: N812 - Spark's own spelling
 
-from bench.spark_peers import JDBC_BATCH_SIZE, Run, bench_jars, jvm_pid, run_writer
+from bench.spark_peers import (
+    JDBC_BATCH_SIZE,
+    Run,
+    bench_jars,
+    jvm_pid,
+    run_writer,
+    writer_rows,
+)
 from setups import MySQLSetup, PostgresSetup
 from sinks.mysql import MySQLXASink
 from sinks.postgres import PostgresSink
@@ -297,12 +304,7 @@ def report(database: Database, runs: list[Run], rows: int, keys: int) -> str:
              f"{len(rates[KEYED])} rounds (median; every round)", "",
              "| writer | changes/s | rounds | CPU s per 1M changes: JVM / Python workers / "
              "driver / server |", "|---|---|---|---|"]
-    for name, values in rates.items():
-        cpu = {key: statistics.median(run.cpu[key] for run in by_writer[name]) * 1e6 / rows
-               for key in by_writer[name][0].cpu}
-        lines.append(f"| {labels[name]} | {statistics.median(values):,.0f} | "
-                     f"{', '.join(f'{v:,.0f}' for v in values)} | "
-                     f"{' / '.join(f'{v:.1f}' for v in cpu.values())} |")
+    lines += writer_rows(labels, by_writer, rows)
     for other in (PEER, INSERT):
         paired = [a / b for a, b in zip(rates[KEYED], rates[other], strict=True)]
         lines.append(f"| **ratio keyed / {other}** | **{statistics.median(paired):.3f}** | "

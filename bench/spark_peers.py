@@ -323,6 +323,21 @@ def check(contest: Contest, writer: str, target: Target, expected: int) -> None:
 OPTION_LABELS = {"foreach_batch": "foreachBatch", "pipelined_commits": "commits behind"}
 
 
+def writer_rows(labels: dict[str, str], by_writer: dict[str, list[Run]], rows: int
+                ) -> list[str]:
+    """A report's table row per writer: median rate, every round's, median CPU per 1M rows."""
+    lines = []
+    for name, label in labels.items():
+        group = by_writer[name]
+        rates = [rows / run.seconds for run in group]
+        cpu = {key: statistics.median(run.cpu[key] for run in group) * 1e6 / rows
+               for key in group[0].cpu}
+        lines.append(f"| {label} | {statistics.median(rates):,.0f} | "
+                     f"{', '.join(f'{v:,.0f}' for v in rates)} | "
+                     f"{' / '.join(f'{v:.1f}' for v in cpu.values())} |")
+    return lines
+
+
 def report(contest: Contest, runs: list[Run], rows: int) -> str:
     """The markdown table of one contest."""
     sink = contest.sink + "".join(f" ({label})" for option, label in OPTION_LABELS.items()
@@ -334,12 +349,7 @@ def report(contest: Contest, runs: list[Run], rows: int) -> str:
              f"{len(rates[TWOPHASE])} rounds (median; every round)", "",
              "| writer | rows/s | rounds | CPU s per 1M rows: JVM / Python workers / driver / "
              "server |", "|---|---|---|---|"]
-    for name, values in rates.items():
-        cpu = {key: statistics.median(run.cpu[key] for run in by_writer[name]) * 1e6 / rows
-               for key in by_writer[name][0].cpu}
-        lines.append(f"| {labels[name]} | {statistics.median(values):,.0f} | "
-                     f"{', '.join(f'{v:,.0f}' for v in values)} | "
-                     f"{' / '.join(f'{v:.1f}' for v in cpu.values())} |")
+    lines += writer_rows(labels, by_writer, rows)
     paired = [a / b for a, b in zip(rates[TWOPHASE], rates[PEER], strict=True)]
     lines.append(f"| **ratio {sink} / {contest.peer_name}** | "
                  f"**{statistics.median(paired):.3f}** | "

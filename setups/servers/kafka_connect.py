@@ -43,7 +43,7 @@ from typing import Any
 from kafka import KafkaConsumer
 from kafka.structs import TopicPartition
 
-from setups.servers.kafka import kafka_version
+from setups.servers.kafka import LOG4J2, kafka_version
 from setups.servers.local import HOST, ServerProcess, free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -69,21 +69,6 @@ OFFSET_FLUSH_INTERVAL_MS = 2000
 #: successor is given the connectors (the broker's smallest by default).
 SESSION_TIMEOUT_MS = 6000
 
-LOG4J2 = """\
-Configuration:
-  status: warn
-  Appenders:
-    File:
-      name: file
-      fileName: "{log}"
-      PatternLayout:
-        pattern: "[%d] %p %m (%c)%n"
-  Loggers:
-    Root:
-      level: INFO
-      AppenderRef:
-        ref: file
-"""
 
 _groups = itertools.count()
 
