@@ -62,6 +62,7 @@ from bench.spark_peers import (
     Run,
     bench_jars,
     jvm_pid,
+    ratio_row,
     run_writer,
     writer_rows,
 )
@@ -305,10 +306,8 @@ def report(database: Database, runs: list[Run], rows: int, keys: int) -> str:
              "| writer | changes/s | rounds | CPU s per 1M changes: JVM / Python workers / "
              "driver / server |", "|---|---|---|---|"]
     lines += writer_rows(labels, by_writer, rows)
-    for other in (PEER, INSERT):
-        paired = [a / b for a, b in zip(rates[KEYED], rates[other], strict=True)]
-        lines.append(f"| **ratio keyed / {other}** | **{statistics.median(paired):.3f}** | "
-                     f"{', '.join(f'{v:.3f}' for v in paired)} | |")
+    lines += [ratio_row(f"ratio keyed / {other}", rates[KEYED], rates[other])
+              for other in (PEER, INSERT)]
     shuffle = [(r.seconds - n.seconds) / k.seconds for r, n, k in
                zip(by_writer[ROUTED], by_writer[NOOP], by_writer[KEYED], strict=True)]
     lines.append(f"| routing shuffle's share of the keyed run's time | "

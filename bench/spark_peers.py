@@ -338,6 +338,13 @@ def writer_rows(labels: dict[str, str], by_writer: dict[str, list[Run]], rows: i
     return lines
 
 
+def ratio_row(label: str, rates: list[float], others: list[float]) -> str:
+    """A report's row of the paired ratios ``rates / others``: their median, then each."""
+    paired = [a / b for a, b in zip(rates, others, strict=True)]
+    return (f"| **{label}** | **{statistics.median(paired):.3f}** | "
+            f"{', '.join(f'{v:.3f}' for v in paired)} | |")
+
+
 def report(contest: Contest, runs: list[Run], rows: int) -> str:
     """The markdown table of one contest."""
     sink = contest.sink + "".join(f" ({label})" for option, label in OPTION_LABELS.items()
@@ -350,10 +357,8 @@ def report(contest: Contest, runs: list[Run], rows: int) -> str:
              "| writer | rows/s | rounds | CPU s per 1M rows: JVM / Python workers / driver / "
              "server |", "|---|---|---|---|"]
     lines += writer_rows(labels, by_writer, rows)
-    paired = [a / b for a, b in zip(rates[TWOPHASE], rates[PEER], strict=True)]
-    lines.append(f"| **ratio {sink} / {contest.peer_name}** | "
-                 f"**{statistics.median(paired):.3f}** | "
-                 f"{', '.join(f'{v:.3f}' for v in paired)} | |")
+    lines.append(ratio_row(f"ratio {sink} / {contest.peer_name}", rates[TWOPHASE],
+                           rates[PEER]))
     return "\n".join(lines)
 
 
