@@ -225,18 +225,16 @@ def routed_by_key(df: DataFrame, sink: TwoPhaseCommitSink[Any],
     """``df`` repartitioned by the sink's :meth:`~twophase.TwoPhaseCommitSink.route_key` into
     ``route_by_key`` partitions (``True``: the session's default parallelism), unchanged when
     the sink needs no routing or ``route_by_key`` is False (see :func:`write_stream`)."""
-    if isinstance(route_by_key, bool):
-        partitions = default_parallelism(df) if route_by_key else 0
-    elif isinstance(route_by_key, int) and route_by_key > 0:
-        partitions = route_by_key
+    if isinstance(route_by_key, bool) or (isinstance(route_by_key, int) and route_by_key > 0):
+        key = sink.route_key()
     else:
         raise ConfigurationError(
             f"route_by_key={route_by_key!r} is neither a number of partitions nor a bool.",
             fix="leave it True (the default parallelism), pass a positive int, or False for "
                 "a stream already keyed")
-    key = sink.route_key()
-    if key is None or not partitions:
+    if key is None or route_by_key is False:
         return df
+    partitions = default_parallelism(df) if route_by_key is True else route_by_key
     if missing := [column for column in key if column not in df.columns]:
         raise SchemaMismatchError(
             f"the rows are routed by the key {list(key)}, but the DataFrame has no column "
