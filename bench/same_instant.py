@@ -31,13 +31,14 @@ import tempfile
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
 from setups import IcebergSetup, PostgresSetup
-from twophase import Handle, SinkGroup
+from twophase import CommitOutcome, Handle, SinkGroup, StageCommits
 from twophase.testing.contract import ORDER_COLUMNS, context, orders
 
 VARIANTS = {"one local transaction": "staged", "COMMIT PREPARED + catalog": "prepared"}
@@ -61,17 +62,29 @@ def write_batch(group: SinkGroup, namespace: str, batch: int, partitions: int, r
     return handles
 
 
+@dataclass(frozen=True)
+class ParallelCommits(StageCommits):
+    """A stage's handles one by one as the coordinator commits them: the first alone, then the
+    rest in parallel (a stage settled at once: one settle)."""
+
+    parallelism: int = 1
+
+    def one_by_one(self, handles: Sequence[Handle]) -> list[CommitOutcome]:
+        first, *rest = handles
+        outcomes = [self.committer.commit(first)]
+        with ThreadPoolExecutor(max_workers=max(1, min(self.parallelism, len(rest)))) as pool:
+            outcomes.extend(pool.map(self.committer.commit, rest))
+        return outcomes
+
+
 def commit_batch(group: SinkGroup, namespace: str, batch: int, handles: Sequence[Handle]
                  ) -> list[str]:
     """As the coordinator commits a decision: stage after stage, then finish_batch."""
     with group.committer() as committer:
         stages = committer.commit_stages(handles)
         for stage in stages:
-            first, *rest = stage.handles
-            stage.committer.commit(first)
-            workers = max(1, min(stage.parallelism, len(rest)))
-            with ThreadPoolExecutor(max_workers=workers) as pool:
-                list(pool.map(stage.committer.commit, rest))
+            stage.committer.commit_handles(
+                stage.handles, ParallelCommits(stage.committer, stage.parallelism))
         committer.finish_batch(namespace, batch, handles)
     return [str(stage.label) for stage in stages]
 

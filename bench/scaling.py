@@ -39,7 +39,7 @@ from bench.state_store import NullSink
 from setups.servers.moto import private_server
 from sinks.sqlite import SQLiteSink
 from twophase import Handle, TxnId
-from twophase.testing.contract import NAMESPACE, QUERY_ID, context, orders
+from twophase.testing.contract import NAMESPACE, QUERY_ID, context, list_in_doubt, orders
 from twophase.testing.protocol import Coordinator, Decision, State, StateStore
 
 PARTITIONS = (2, 4, 8, 16, 32, 64, 128, 256)
@@ -132,7 +132,7 @@ def recovery_s(workdir: Path, handles: int) -> tuple[float, int]:
         coordinator.start(QUERY_ID)
     seconds = time.perf_counter() - started
     state: State = store.read_existing()
-    if state.pending or sink.list_in_doubt(NAMESPACE):
+    if state.pending or list_in_doubt(sink, NAMESPACE):
         raise SystemExit(f"recovery of {handles} handles left something pending")
     return seconds, size
 

@@ -44,7 +44,7 @@ Every run gets a fresh target, ``setup.new_target(**overrides)``; the twophase w
 sees exactly the stream's event ids, each once (``target.visible()``).
 
 ``python -m bench.spark_peers NAME`` imports ``bench.peer_NAME`` (:func:`peer_module`; without
-a name, every registered sink's, :data:`setups.SETUPS`: ``tests/test_registry.py`` checks that
+a name, every registered sink's, :data:`setups.SETUPS`: ``tests/repo/test_registry.py`` checks that
 each has one). :func:`run_writer` and the ``/proc`` helpers are for modules that drive their
 own rounds: a contest of more than two writers (``bench/peer_group.py``) sets ``Peer.rounds``,
 which runs its rounds over the :class:`Contest` of its ``start`` and returns its own markdown
@@ -234,8 +234,9 @@ def read_parquet_feed(spark: SparkSession, workdir: Path) -> DataFrame:
             .parquet(str(workdir / "feed")).repartition(PARTITIONS))
 
 
-#: ``write_stream``'s options of the twophase writer (``--foreach-batch``: ``foreach_batch``;
-#: ``--pipelined-commits``: ``pipelined_commits`` as well).
+#: ``write_stream``'s options of the twophase writer (``--foreach-batch`` and ``--data-source``:
+#: ``foreach_batch`` True and False, else chosen by the PySpark; ``--commits-behind``:
+#: ``commits="behind"``, which runs the stream through foreachBatch).
 TWOPHASE_OPTIONS: dict[str, Any] = {}
 
 
@@ -320,7 +321,8 @@ def check(contest: Contest, writer: str, target: Target, expected: int) -> None:
 
 
 #: How the report names the twophase writer's options.
-OPTION_LABELS = {"foreach_batch": "foreachBatch", "pipelined_commits": "commits behind"}
+OPTION_LABELS = {("foreach_batch", True): "foreachBatch", ("foreach_batch", False): "data source",
+                 ("commits", "behind"): "commits behind"}
 
 
 def writer_rows(labels: dict[str, str], by_writer: dict[str, list[Run]], rows: int
@@ -347,8 +349,9 @@ def ratio_row(label: str, rates: list[float], others: list[float]) -> str:
 
 def report(contest: Contest, runs: list[Run], rows: int) -> str:
     """The markdown table of one contest."""
-    sink = contest.sink + "".join(f" ({label})" for option, label in OPTION_LABELS.items()
-                                  if TWOPHASE_OPTIONS.get(option))
+    sink = contest.sink + "".join(f" ({label})" for (option, value), label in OPTION_LABELS.items()
+                                  if option in TWOPHASE_OPTIONS
+                                  and TWOPHASE_OPTIONS[option] == value)
     labels = {TWOPHASE: sink, PEER: contest.peer_name, NOOP: "Spark noop"}
     by_writer = {name: [run for run in runs if run.writer == name] for name in labels}
     rates = {name: [rows / run.seconds for run in group] for name, group in by_writer.items()}
@@ -370,18 +373,24 @@ def main() -> None:
     parser.add_argument("--files", type=int, default=DEFAULT_FILES)
     parser.add_argument("--rows-per-file", type=int, default=DEFAULT_ROWS_PER_FILE)
     parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS)
-    parser.add_argument("--foreach-batch", action="store_true",
-                        help="the twophase writer through foreachBatch (foreach_batch=True)")
-    parser.add_argument("--pipelined-commits", action="store_true",
-                        help="with --foreach-batch: each batch commits behind the next "
-                             "(pipelined_commits=True)")
+    path = parser.add_mutually_exclusive_group()
+    path.add_argument("--foreach-batch", action="store_true",
+                      help="the twophase writer through foreachBatch (foreach_batch=True; "
+                           "by default PySpark before 4.3 takes it)")
+    path.add_argument("--data-source", action="store_true",
+                      help="the twophase writer through the Python data source "
+                           "(foreach_batch=False; by default PySpark 4.3 and later take it)")
+    parser.add_argument("--commits-behind", action="store_true",
+                        help="each batch commits behind the next (commits='behind': the "
+                             "streams end by themselves, so through foreachBatch)")
     args = parser.parse_args()
-    if args.pipelined_commits and not args.foreach_batch:
-        parser.error("--pipelined-commits needs --foreach-batch (the streams end by themselves)")
-    if args.foreach_batch:
-        TWOPHASE_OPTIONS["foreach_batch"] = True
-    if args.pipelined_commits:
-        TWOPHASE_OPTIONS["pipelined_commits"] = True
+    if args.commits_behind and args.data_source:
+        parser.error("--commits-behind runs through foreachBatch (the streams end by "
+                     "themselves): leave --data-source out")
+    if args.foreach_batch or args.data_source:
+        TWOPHASE_OPTIONS["foreach_batch"] = bool(args.foreach_batch)
+    if args.commits_behind:
+        TWOPHASE_OPTIONS["commits"] = "behind"
     peers = {name: load_peer(name) for name in args.sinks}
     jars = [jar for peer in peers.values() for jar in peer.jars()]
     conf = {key: value for peer in peers.values() for key, value in peer.conf().items()}

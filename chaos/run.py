@@ -12,7 +12,7 @@ sink (runs, crashes injected, rows in, rows visible, duplicates, missing, left i
 by kind; for a group also events seen before their row, batches split between its members and
 batches decided while a member was down); exits 1 on any loss, duplicate, row left in doubt,
 order violation, split batch or round that did not finish.
-The CI runs a short subset (tests/test_chaos.py).
+The CI runs a short subset (tests/spark/test_chaos.py).
 """
 
 from __future__ import annotations

@@ -140,5 +140,6 @@ def system(name: str) -> Callable[[Path], System]:
 
 
 def in_doubt(target: Target, namespace: str) -> list[Any]:
-    """The sink's own list of transactions of ``namespace`` still in doubt."""
-    return list(target.build().list_in_doubt(namespace))
+    """The sink's own list of transactions of ``namespace`` still in doubt (its committer's)."""
+    with target.build().committer() as committer:
+        return list(committer.list_in_doubt(namespace))

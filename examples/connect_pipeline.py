@@ -63,7 +63,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="the CA of the server's certificate (PEM); default: the system's")
     parser.add_argument("--table", default=TABLE)
     parser.add_argument("--foreach-batch", action="store_true",
-                        help="drive the sink through foreachBatch instead of the data source")
+                        help="drive the sink through foreachBatch (by default the data "
+                             "source, as for any Spark Connect client)")
     parser.add_argument("--available-now", action="store_true",
                         help="stop once every file is consumed (else run on, every "
                              f"{TRIGGER_INTERVAL})")
@@ -92,7 +93,7 @@ def main(argv: list[str] | None = None) -> None:
     trigger = {"availableNow": True} if args.available_now else {"processingTime": TRIGGER_INTERVAL}
     query = write_stream(read_orders(spark, args.input), build_sink(args),
                          checkpoint_location=args.checkpoint, trigger=trigger,
-                         foreach_batch=args.foreach_batch)
+                         foreach_batch=True if args.foreach_batch else None)
     try:
         query.awaitTermination()
     finally:

@@ -62,7 +62,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from sinks.mysql import MySQLXASink
 from sinks.postgres import PostgresSink
-from twophase import Secret
+from twophase import Secret, SinkGroup
 from twophase.debezium import debezium_changes
 from twophase.sink import TwoPhaseCommitSink
 from twophase.spark import write_stream
@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> None:
         query = write_stream(changes, next(iter(sinks.values())),
                              checkpoint_location=args.checkpoint, trigger=trigger)
     else:
-        query = write_stream(changes, sinks, commit_order=COMMIT_ORDER,
+        query = write_stream(changes, SinkGroup(sinks, commit_order=COMMIT_ORDER),
                              checkpoint_location=args.checkpoint, trigger=trigger)
     query.awaitTermination()
     spark.stop()

@@ -137,7 +137,8 @@ def judge(database: Path, progress: Progress, *, rows_in: int, batches: int,
         present = connection.execute(
             f"SELECT count(DISTINCT event_id) FROM {TABLE} WHERE event_id BETWEEN 0 AND ?",
             (rows_in - 1,)).fetchone()[0]
-    in_doubt = len(SQLiteSink(database, TABLE).list_in_doubt(TABLE))
+    with SQLiteSink(database, TABLE).committer() as committer:
+        in_doubt = len(committer.list_in_doubt(TABLE))
     state = progress.store.read_existing()
     latencies = [r.decision_ms + r.commit_ms for r in progress.records.values()
                  if r.decision_ms > 0]

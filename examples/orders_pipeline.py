@@ -65,6 +65,7 @@ from pyspark.sql.functions import col, from_json
 
 from sinks.kafka import KafkaSink
 from sinks.mysql import MySQLXASink
+from twophase import SinkGroup
 from twophase.sink import TwoPhaseCommitSink
 from twophase.spark import write_stream
 
@@ -178,10 +179,10 @@ def main(argv: list[str] | None = None) -> None:
     orders = read_orders(spark, args)
     trigger = {"availableNow": True} if args.available_now else {"processingTime": TRIGGER_INTERVAL}
     if args.changes_topic:
-        sinks = {"orders": build_sink(args), "changes": build_changes_sink(args)}
-        query = write_stream(orders, sinks, commit_order=COMMIT_ORDER,
-                             columns={"changes": CHANGE_COLUMNS},
-                             checkpoint_location=args.checkpoint, trigger=trigger)
+        group = SinkGroup({"orders": build_sink(args), "changes": build_changes_sink(args)},
+                          commit_order=COMMIT_ORDER, columns={"changes": CHANGE_COLUMNS})
+        query = write_stream(orders, group, checkpoint_location=args.checkpoint,
+                             trigger=trigger)
     else:
         query = write_stream(orders, build_sink(args), checkpoint_location=args.checkpoint,
                              trigger=trigger)

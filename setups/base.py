@@ -68,7 +68,8 @@ class SinkSetup(ABC):
     model_options: ClassVar[Mapping[str, Any]] = {}
     #: Examples of the protocol model per CI run (each a fresh target on the real server).
     model_ci_examples: ClassVar[int]
-    #: The fixtures of :mod:`setups.servers` whose values :meth:`over` takes, by name.
+    #: The test fixtures (``tests/fixtures``, over :mod:`setups.servers`) whose values
+    #: :meth:`over` takes, by name.
     servers: ClassVar[tuple[str, ...]] = ()
     #: The release the sink first shipped in: an upgrade from an older one leaves it out.
     since: ClassVar[str] = "0.1.0"

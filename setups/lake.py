@@ -1,6 +1,6 @@
 """What the lake setups' users share: committing a decided batch as the coordinator does (its
-commit stages, each handle, then ``finish_batch``), through a given committer or a new one,
-with a racing committer's retryable errors retried (tests, benchmarks)."""
+commit stages, each as its committer commits a stage, then ``finish_batch``), through a given
+committer or a new one, with a racing committer's retryable errors retried (tests, benchmarks)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,14 @@ import contextlib
 from collections.abc import Sequence
 from typing import Any
 
-from twophase import CommitOutcome, Committer, Handle, RetryableError, TwoPhaseCommitSink
+from twophase import (
+    CommitOutcome,
+    Committer,
+    Handle,
+    RetryableError,
+    StageCommits,
+    TwoPhaseCommitSink,
+)
 from twophase.testing.contract import NAMESPACE
 
 #: How often a committer retries a lost race before the error stands.
@@ -16,9 +23,11 @@ RACE_ATTEMPTS = 5
 
 
 def commit_decided(committer: Committer, handles: Sequence[Handle]) -> list[CommitOutcome]:
-    """As the coordinator commits a decided batch: its stages, each handle, finish_batch."""
-    outcomes = [stage.committer.commit(handle)
-                for stage in committer.commit_stages(handles) for handle in stage.handles]
+    """As the coordinator commits a decided batch: its stages, each through its committer's
+    ``commit_handles``, then finish_batch."""
+    outcomes = [outcome for stage in committer.commit_stages(handles)
+                for outcome in stage.committer.commit_handles(stage.handles,
+                                                              StageCommits(stage.committer))]
     committer.finish_batch(NAMESPACE, handles[0].txn_id.batch, handles)
     return outcomes
 

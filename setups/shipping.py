@@ -145,7 +145,7 @@ def ship_py_file(spark: SparkSession, py_file: str) -> None:
     """``SparkContext.addPyFile(py_file)``; on a Spark Connect client (no SparkContext)
     ``addArtifacts(py_file, pyfile=True)``: the server keeps it with the client's session
     and puts it on the path of the Python workers of that session's jobs, its own and the
-    executors' (not of its streams' in Spark 4.3.0: see tests/test_shipping.py)."""
+    executors' (not of its streams' in Spark 4.3.0: see tests/spark/test_shipping.py)."""
     if type(spark).__module__.startswith(CONNECT_MODULE):
         spark.addArtifacts(py_file, pyfile=True)
     else:

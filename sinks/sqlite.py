@@ -1,8 +1,9 @@
 """``SQLiteSink``: exactly-once into a table of a local SQLite database (the embedded default).
 
-It is also the reference for writing a sink: each phase is a few lines of SQL. Commit and abort
-live in :class:`SQLiteCommitter`, which holds one connection for a batch's handles (the shape
-of a sink that shares something per batch; a sink without that need puts them on the sink, as
+It is also the reference for writing a sink: each phase is a few lines of SQL. The sink writes;
+its driver side (commit, abort, the listing in doubt, the purges) lives in
+:class:`SQLiteCommitter`, which holds one connection for a batch's handles (the shape of a sink
+that shares something per batch; a sink without that need puts them on the sink, as
 ``tests/user_sink.py`` does: see :mod:`twophase.sink`).
 
 Every transaction stages its rows in a table of its own, ``"_twophase_stage:<txn id>:<table>"``
@@ -43,9 +44,10 @@ abort       one transaction:      nothing (rolled       repeat it: nothing    Fa
             table and the marker  left                                        RetryableError
 ==========  ====================  ====================  ====================  ====================
 
-In doubt: ``list_in_doubt`` lists prepared markers and staging tables of the namespace (a
-staging table outlives its writer). Fencing: none beyond the state file's epoch (one host
-reaches a local file). Privileges: write access to the database file and its directory (WAL).
+In doubt: the committer's ``list_in_doubt`` lists prepared markers and staging tables of the
+namespace (a staging table outlives its writer). Fencing: none beyond the state file's epoch
+(one host reaches a local file). Privileges: write access to the database file and its
+directory (WAL).
 
 Values: SQLite has no date, time or decimal types, so those become ISO 8601 text that sorts
 in time order and that SQLite's date functions read: a Spark ``TIMESTAMP`` (an instant) as UTC
@@ -267,27 +269,13 @@ class SQLiteSink(TwoPhaseCommitSink[SQLiteTransaction]):
         finally:
             txn.connection.close()
 
-    # -- driver ----------------------------------------------------------------------------
+    # -- driver: everything in the committer -------------------------------------------------
+
+    #: Deprecated on the sink (removed in 0.6.0): call them on ``sink.committer()``.
+    moved_to_committer = frozenset({"list_in_doubt", "purge_commit_records"})
 
     def committer(self) -> SQLiteCommitter:
         return SQLiteCommitter(self)
-
-    def list_in_doubt(self, namespace: str) -> list[Handle]:
-        with self.database.reading("listing of in-doubt transactions") as conn:
-            prepared = prepared_rows(conn, self.table)
-            staged = staged_txn_ids(conn, self.table)
-        in_doubt = {txn_id: prepared.get(txn_id, 0) for txn_id in [*prepared, *staged]
-                    if txn_id.startswith(f"{namespace}.")}
-        return [self.handle(TxnId.parse(txn_id), rows) for txn_id, rows in in_doubt.items()]
-
-    def purge_commit_records(self, namespace: str, older_than: datetime) -> int:
-        with self.database.transaction("purge of commit records") as conn:
-            create_bookkeeping(conn)
-            return conn.execute(
-                f"DELETE FROM {COMMITTED_TABLE} WHERE target = ? AND "
-                "substr(txn_id, 1, ?) = ? AND committed_at < ?",
-                (self.table, len(namespace) + 1, f"{namespace}.", as_utc(older_than).timestamp()),
-            ).rowcount
 
     @property
     def upsert_key(self) -> tuple[str, ...] | None:
@@ -530,8 +518,9 @@ def _to_text(value: Any) -> Any:
 
 
 class SQLiteCommitter(Committer):
-    """Every commit and abort of a batch, a recovery or a cleanup pass, on one connection lent
-    to one thread at a time (SQLite has one writer: parallel commits would only queue).
+    """The driver side of :class:`SQLiteSink`: every commit and abort of a batch, a recovery
+    or a cleanup pass, the listing in doubt and the purges, on one connection lent to one
+    thread at a time (SQLite has one writer: parallel commits would only queue).
 
     Why not on the sink: a fresh connection per handle re-reads the schema (one staging table
     per pending transaction) and checkpoints the write-ahead log when it closes; a recovery of
@@ -574,6 +563,30 @@ class SQLiteCommitter(Committer):
                     fix="this is a bug in the caller: a committed transaction was decided")
             dropped = drop_staged(c, txn_id, self.sink.stage_table(handle.txn_id))
             return AbortOutcome.ABORTED if dropped else AbortOutcome.NOT_FOUND
+
+    def list_in_doubt(self, namespace: str) -> list[Handle]:
+        """The namespace's prepared markers and staging tables (a staging table outlives its
+        writer), on the committer's connection."""
+        sink = self.sink
+        with self._lock, sink.database.guarded("listing of in-doubt transactions"):
+            conn = self._connected()
+            prepared = prepared_rows(conn, sink.table)
+            staged = staged_txn_ids(conn, sink.table)
+        in_doubt = {txn_id: prepared.get(txn_id, 0) for txn_id in [*prepared, *staged]
+                    if txn_id.startswith(f"{namespace}.")}
+        return [sink.handle(TxnId.parse(txn_id), rows) for txn_id, rows in in_doubt.items()]
+
+    def purge_commit_records(self, namespace: str, older_than: datetime) -> int:
+        """Forget the commit records of ``namespace`` committed before ``older_than``."""
+        sink = self.sink
+        with self._lock, sink.database.transaction("purge of commit records",
+                                                    self._connected()) as conn:
+            create_bookkeeping(conn)
+            return conn.execute(
+                f"DELETE FROM {COMMITTED_TABLE} WHERE target = ? AND "
+                "substr(txn_id, 1, ?) = ? AND committed_at < ?",
+                (sink.table, len(namespace) + 1, f"{namespace}.", as_utc(older_than).timestamp()),
+            ).rowcount
 
     def purge_tombstones(self, older_than: datetime) -> int:
         """Delete the keyed mode's tombstones of deletes applied before ``older_than``."""

@@ -28,6 +28,7 @@ from twophase.sink import (
     CommitOutcome,
     CommitStage,
     Committer,
+    StageCommits,
     TransactionContext,
     TwoPhaseCommitSink,
 )
@@ -48,6 +49,7 @@ __all__ = [
     "SchemaMismatchError",
     "Secret",
     "SinkGroup",
+    "StageCommits",
     "StateCorruptError",
     "StateNewerError",
     "TransactionContext",

@@ -17,8 +17,10 @@ undecided, before its first task writes. Then, for every batch:
    within the policy) or may expire before its commit (``commit_deadline``): the batch's
    transactions are aborted and it is written again;
 4. write the decision (batch + handles) to the state file, fenced by the epoch;
-5. commit every handle, stage after stage as the committer orders them (``commit_stages``),
-   each stage's handles in parallel, retrying retryable errors; let the sink publish the
+5. commit every handle, stage after stage as the committer orders them (``commit_stages``):
+   each stage through its committer's ``commit_handles`` (by default the first handle, then
+   the rest in parallel; a committer that settles a stage in one commit, once), retrying
+   retryable errors; let the sink publish the
    batch as a whole (``Committer.finish_batch``, a manifest); mark the batch done.
 
 A crash between 4 and 5 is finished by step 1 of the next run. Nothing ever aborts a
@@ -35,9 +37,9 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Concatenate, NamedTuple, ParamSpec, TypeVar
 
 from twophase._aborts import abort_quietly
@@ -50,7 +52,7 @@ from twophase._crash import (
     crash_point,
 )
 from twophase._eligibility import is_orphan
-from twophase._handle import Handle
+from twophase._handle import Handle, TxnId
 from twophase._metrics import (
     BATCHES_COMMITTED,
     BATCHES_DECIDED,
@@ -81,7 +83,15 @@ from twophase.errors import (
     TransactionLostError,
     TwoPhaseError,
 )
-from twophase.sink import AbortOutcome, CommitOutcome, CommitStage, Committer, TwoPhaseCommitSink
+from twophase.sink import (
+    AbortOutcome,
+    CommitOutcome,
+    CommitStage,
+    Committer,
+    StageCommits,
+    TwoPhaseCommitSink,
+    in_order,
+)
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +158,7 @@ class Coordinator:
         deadline_margin_s: float = DEADLINE_MARGIN_S,
         sweep_interval_s: float = 0.0,
     ) -> None:
-        self.sink = sink
+        self._open_committer = sink.committer  # the sink itself is not kept: see committer
         self.store = store
         self.namespace = namespace
         self.epoch = epoch
@@ -177,8 +187,9 @@ class Coordinator:
 
     @property
     def committer(self) -> Committer:
+        """The sink's driver side, opened on first use: all this coordinator reaches of it."""
         if self._committer is None:
-            self._committer = self.sink.committer()
+            self._committer = self._open_committer()
         return self._committer
 
     # -- the two entry points of a batch ---------------------------------------------------
@@ -430,7 +441,7 @@ class Coordinator:
         members one after the other, any other sink's handles in one stage); a lost
         transaction after an earlier stage committed splits the batch, and says so."""
         for handle in decision.handles:
-            self.sink.require_own(handle)
+            self.committer.require_own(handle)
         outcomes: list[CommitOutcome] = []
         committed: list[str] = []
         for number, stage in enumerate(self.committer.commit_stages(decision.handles)):
@@ -447,18 +458,12 @@ class Coordinator:
         return outcomes
 
     def _commit_stage(self, batch: int, stage: CommitStage) -> list[CommitOutcome]:
-        """Commit the first handle, then the rest in parallel (the mid-commit crash point)."""
+        """The stage's committer commits its handles (:meth:`Committer.commit_handles`), with
+        this coordinator's commits: retried, counted, the mid-commit crash point passed."""
         if not stage.handles:
             return []
-        first, *rest = stage.handles
-
-        def commit(handle: Handle) -> CommitOutcome:
-            return self._commit_one(stage.committer, handle)
-
-        outcomes = [commit(first)]
-        self.crash_point(MID_COMMIT, batch)
-        outcomes.extend(self._in_parallel(commit, rest, stage.parallelism))
-        return outcomes
+        commits = _CoordinatorCommits(stage.committer, self, batch, stage.parallelism)
+        return stage.committer.commit_handles(stage.handles, commits)
 
     def _refuse_uncommittable(self, batch: int, handles: Sequence[Handle]) -> None:
         """Decide nothing that a system could not commit now (a sink group's HTTP member
@@ -491,11 +496,11 @@ class Coordinator:
             fix="let the sink's transactions live longer (Kafka: transaction_timeout_ms) or "
             "make batches quicker to write (fewer rows per trigger, more partitions)")
 
-    def _commit_one(self, committer: Committer, handle: Handle) -> CommitOutcome:
+    def commit_retried(self, action: Callable[[], R], what: str) -> R:
+        """A commit (of one transaction or of a stage at once), retried within the policy; a
+        lost transaction counted."""
         try:
-            return self.retry.call(lambda: committer.commit(handle),
-                                   what=f"commit of transaction {handle.txn_id}",
-                                   on_retry=self._retried("commit"))
+            return self.retry.call(action, what=what, on_retry=self._retried("commit"))
         except TransactionLostError:
             self.tally.add(TRANSACTIONS_LOST)
             raise
@@ -506,16 +511,45 @@ class Coordinator:
         return abort_quietly(self.committer, handle, self.retry, self._retried("abort"))
 
     def _abort_all(self, handles: Sequence[Handle]) -> list[AbortOutcome | None]:
-        return self._in_parallel(self.abort_quietly, handles)
+        return self.in_parallel(self.abort_quietly, handles)
 
-    def _in_parallel(self, action: Callable[[Handle], R], items: Sequence[Handle],
+    def in_parallel(self, action: Callable[[Handle], R], items: Sequence[Handle],
                      parallelism: int | None = None) -> list[R]:
-        parallelism = parallelism or self.sink.commit_parallelism
+        parallelism = parallelism or self.committer.commit_parallelism
         if len(items) <= 1 or parallelism <= 1:
             return [action(item) for item in items]
         workers = min(parallelism, len(items))
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="twophase") as pool:
             return list(pool.map(action, items))
+
+
+@dataclass(frozen=True)
+class _CoordinatorCommits(StageCommits):
+    """A stage's commits as the coordinator runs them: the first alone, the ``mid_commit``
+    crash point, then the rest in parallel; a stage settled at once is the first commit."""
+
+    coordinator: Coordinator
+    batch: int
+    parallelism: int
+
+    def one_by_one(self, handles: Sequence[Handle]) -> list[CommitOutcome]:
+        first, *rest = handles
+        outcomes = [self._commit(first)]
+        self.coordinator.crash_point(MID_COMMIT, self.batch)
+        outcomes.extend(self.coordinator.in_parallel(self._commit, rest, self.parallelism))
+        return outcomes
+
+    def at_once(self, settle: Callable[[], Mapping[TxnId, CommitOutcome]],
+                handles: Sequence[Handle]) -> list[CommitOutcome]:
+        outcomes = self.coordinator.commit_retried(
+            lambda: in_order(settle(), handles),
+            what=f"commit of batch {self.batch} ({len(handles)} transactions at once)")
+        self.coordinator.crash_point(MID_COMMIT, self.batch)
+        return outcomes
+
+    def _commit(self, handle: Handle) -> CommitOutcome:
+        return self.coordinator.commit_retried(lambda: self.committer.commit(handle),
+                                               what=f"commit of transaction {handle.txn_id}")
 
 
 def _split(batch: int, committed: Sequence[str], member: str,

@@ -5,7 +5,8 @@ the table format's files and its proof of commit, never the phases around them.
 table's Arrow schema, written by the transaction's :class:`~twophase._lake.LakeFiles`, closed
 and listed in the handle by pre-commit; any failure discards the files, and a file that exists
 already is a transaction id used twice. A sink gives :meth:`LakeSink.open_files` (the table's
-schema and the transaction's files), its error classifier and its committer.
+schema and the transaction's files), its error classifier and its committer, which is
+everything the driver does.
 
 :class:`LakeCommitter` is the driver's: one commit of the table per batch
 (:class:`~twophase._whole_batch.WholeBatchCommitter`), and the abort and the listing in doubt
@@ -174,11 +175,9 @@ class LakeSink(TwoPhaseCommitSink[LakeTransaction], Generic[Record]):
         return pa.schema([txn.schema.field(name).with_nullable(True)
                           for name in txn.ctx.column_names])
 
-    def list_in_doubt(self, namespace: str) -> list[Handle]:
-        """The namespace's files no commit was proven to hold, by transaction (the
-        committer's :meth:`LakeCommitter.list_in_doubt`)."""
-        with self.committer() as committer:
-            return committer.list_in_doubt(namespace)
+    #: Deprecated on the sink (removed in 0.6.0): :meth:`LakeCommitter.list_in_doubt`, on
+    #: ``sink.committer()``.
+    moved_to_committer = frozenset({"list_in_doubt"})
 
 
 @dataclass(frozen=True)

@@ -29,15 +29,14 @@ method                    meaning
 
 For ``postgresql://`` domains the connection is a psycopg 3 connection (autocommit off).
 
-:class:`LocalCommitStage` is the committer of such a run's commit stage: the first ``commit`` of
-any of its handles settles every handle of the stage in one local transaction; the other
-threads find theirs settled. A crash before that transaction's commit leaves every member as
-it was (recovery settles again); after it, every member's proof holds.
+:class:`LocalCommitStage` is the committer of such a run's commit stage: it commits the stage's
+handles (``commit_handles``) in ONE settle, one local transaction. A crash before that
+transaction's commit leaves every member as it was (recovery settles again); after it, every
+member's proof holds.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -45,7 +44,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from twophase._handle import Handle, TxnId
 from twophase.errors import FatalError
-from twophase.sink import AbortOutcome, CommitOutcome, Committer
+from twophase.sink import AbortOutcome, CommitOutcome, Committer, StageCommits
 
 
 @runtime_checkable
@@ -91,8 +90,6 @@ class LocalCommitStage(Committer):
         super().__init__(parts[0].committer.sink)
         self.parts = tuple(parts)
         self._owner = {handle.txn_id: part for part in self.parts for handle in part.handles}
-        self._settled: dict[TxnId, CommitOutcome] = {}
-        self._lock = threading.Lock()
 
     @property
     def handles(self) -> tuple[Handle, ...]:
@@ -102,24 +99,32 @@ class LocalCommitStage(Committer):
     def label(self) -> str:
         return "+".join(part.name for part in self.parts)
 
+    def commit_handles(self, handles: Sequence[Handle], commits: StageCommits
+                       ) -> list[CommitOutcome]:
+        """Every part's handles among ``handles`` in one local transaction."""
+        return commits.at_once(lambda: self._settle(handles), handles)
+
     def commit(self, handle: Handle) -> CommitOutcome:
-        if handle.txn_id not in self._owner:
-            raise FatalError(f"transaction {handle.txn_id} is not one of the local commit of "
-                             f"members {self.label}.", fix="this is a bug in twophase: report it")
-        with self._lock:
-            if handle.txn_id not in self._settled:
-                self._settled.update(self._settle_all())
-            return self._settled[handle.txn_id]
+        """One transaction in a local transaction of its own."""
+        return self._settle([handle])[handle.txn_id]
 
     def abort(self, handle: Handle) -> AbortOutcome:
         """Through the member that owns the transaction."""
-        return self._owner[handle.txn_id].committer.abort(handle)
+        return self._part_of(handle).committer.abort(handle)
 
-    def _settle_all(self) -> dict[TxnId, CommitOutcome]:
-        """Every part's handles in one local transaction, opened through the first part and
-        committed once (an error anywhere rolls back every part)."""
+    def _part_of(self, handle: Handle) -> LocalPart:
+        if handle.txn_id not in self._owner:
+            raise FatalError(f"transaction {handle.txn_id} is not one of the local commit of "
+                             f"members {self.label}.", fix="this is a bug in twophase: report it")
+        return self._owner[handle.txn_id]
+
+    def _settle(self, handles: Sequence[Handle]) -> dict[TxnId, CommitOutcome]:
+        """``handles``, part by part in commit order, in one local transaction opened through
+        the first part and committed once (an error anywhere rolls back every part)."""
+        owned = {handle.txn_id: self._part_of(handle) for handle in handles}
         outcomes: dict[TxnId, CommitOutcome] = {}
         with self.parts[0].local.local_transaction() as connection:
             for part in self.parts:
-                outcomes.update(part.local.settle_in(connection, part.handles))
+                if mine := [handle for handle in handles if owned[handle.txn_id] is part]:
+                    outcomes.update(part.local.settle_in(connection, mine))
         return outcomes

@@ -28,8 +28,9 @@ committed, as long as :data:`COMMITTING_ELSEWHERE_WAIT_S`, and then commits it i
 
 A batch job commits in the callback, as before: nothing runs after its one batch to wait for
 the commit. So does a query that ends by itself (``availableNow``, ``once``) unless it asks
-(``pipelined_commits=True``, through ``foreachBatch`` only): its commits behind then run in
-the driver's own process, and the query's ``awaitTermination`` waits for the last one.
+(``write_stream(..., commits="behind")``, which then runs it through ``foreachBatch``): its
+commits behind then run in the driver's own process, and the query's ``awaitTermination``
+waits for the last one.
 """
 
 from __future__ import annotations

@@ -93,6 +93,9 @@ class RunConfig:
     #: Commit each batch behind the next one, in the process of the commit callbacks (see
     #: :mod:`twophase._pipeline`); False: in the callback, before Spark goes on.
     pipelined: bool = False
+    #: Tune Spark's reused Python workers (:mod:`twophase._workers`); False where the run
+    #: was started with ``TWOPHASE_WORKER_TUNING=0``: shipped to every task with the config.
+    worker_tuning: bool = True
 
     def store(self) -> StateStore:
         return StateStore(self.state_location, self.state_options)
@@ -147,7 +150,7 @@ def write_partition(
     (False: a failed transaction is left as a killed executor leaves it) serve a simulated
     executor (:mod:`twophase.testing.model`).
     """
-    keep_out_of_worker_collections()
+    keep_out_of_worker_collections(tuning=config.worker_tuning)
     if batch <= config.decided_through:
         log.info("batch %d was decided before this run: its replay writes nothing", batch)
         return TwoPhaseMessage(query_id=query_id, handle=None)
@@ -258,7 +261,7 @@ def is_remote(location: str) -> bool:
 def commit_messages(
     config: RunConfig, messages: Sequence[WriterCommitMessage | None], batch: int
 ) -> None:
-    keep_out_of_worker_collections()
+    keep_out_of_worker_collections(tuning=config.worker_tuning)
     present = _ours(messages)
     if len(present) < len(messages):
         raise FatalError(f"batch {batch}: {len(messages) - len(present)} of {len(messages)} "

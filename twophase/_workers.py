@@ -18,6 +18,13 @@ rows to a Parquet file costs the task itself. At the same first unit of work, th
 zip importers are made to read an archive again only if it changed on disk
 (:func:`read_zip_directories_again_only_if_changed`): what ``invalidate_caches`` is for, a
 changed archive, is kept.
+
+Both change the whole worker process, not just twophase's tasks in it: every zip importer of
+the process, and the collections of every later task (a UDF's too). ``TWOPHASE_WORKER_TUNING=0``
+(:data:`WORKER_TUNING_ENV`; also ``false``, ``off``, ``no``) turns both off: read where
+``write_stream`` or ``write`` is called, and shipped to every task with the run's settings
+(:attr:`~twophase._spark.RunConfig.worker_tuning`), or read in a worker's own environment
+(``spark.executorEnv.TWOPHASE_WORKER_TUNING=0``). Either leaves the workers as Spark made them.
 """
 
 from __future__ import annotations
@@ -37,10 +44,20 @@ SPARK_REUSE_WORKER_ENV = "SPARK_REUSE_WORKER"
 #: after the first task's rows, clients parse their protocol models at their first request).
 FREEZE_AT_UNIT = 2
 
+#: Set to 0 to leave Spark's reused workers untouched (module docstring).
+WORKER_TUNING_ENV = "TWOPHASE_WORKER_TUNING"
+#: The values of :data:`WORKER_TUNING_ENV` that turn the tuning off (any case).
+TUNING_OFF = ("0", "false", "off", "no")
+
 _units_of_work: dict[int, int] = {}  # by process id: a forked child starts its own count
 
 
-def keep_out_of_worker_collections() -> None:
+def worker_tuning_on() -> bool:
+    """Whether this process's environment leaves the tuning on (:data:`WORKER_TUNING_ENV`)."""
+    return os.environ.get(WORKER_TUNING_ENV, "").strip().lower() not in TUNING_OFF
+
+
+def keep_out_of_worker_collections(*, tuning: bool = True) -> None:
     """Count a unit of work; at a reused Spark worker's second one, collect and freeze the heap.
 
     Frozen (``gc.freeze``), the objects that live as long as the process are skipped by every
@@ -49,9 +66,10 @@ def keep_out_of_worker_collections() -> None:
     unreachable after the freeze among the frozen objects: bounded by the heap at that moment,
     once. At the first, the worker's zip importers stop reading an unchanged archive again
     (module docstring). Anywhere else (a driver, a test process, a worker Spark does not
-    reuse) it does nothing.
+    reuse), and with the tuning off (``tuning=False``: the run's setting; or this process's
+    :data:`WORKER_TUNING_ENV`), it does nothing.
     """
-    if not os.environ.get(SPARK_REUSE_WORKER_ENV):
+    if not (tuning and os.environ.get(SPARK_REUSE_WORKER_ENV) and worker_tuning_on()):
         return
     pid = os.getpid()
     _units_of_work[pid] = units = _units_of_work.get(pid, 0) + 1

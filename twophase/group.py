@@ -1,7 +1,7 @@
 """Several systems, one decision: :class:`SinkGroup`, a sink made of named member sinks.
 
-``write_stream(df, {"orders": table_sink, "events": topic_sink}, commit_order=[...])`` reads
-the source once. Each partition opens one transaction per member, writes its rows into each
+``write_stream(df, SinkGroup({"orders": table_sink, "events": topic_sink}, commit_order=[...]))``
+reads the source once. Each partition opens one transaction per member, writes its rows into each
 (every member takes its own columns of the DataFrame), and pre-commits them all; the batch is
 decided once, the decision listing every member's transactions; then the members commit one
 after the other in the declared order: every transaction of member k is committed before any
@@ -29,10 +29,10 @@ pre-commit              pre-commits each member; a failure aborts the members pr
                         before it. A crash leaves member transactions in doubt: the next
                         sweep or cleanup aborts them (they are no decision's)
 decide                  only if every member of every partition pre-committed, every member
-                        can commit now (:meth:`~twophase.TwoPhaseCommitSink.check_committable`:
+                        can commit now (:meth:`~twophase.Committer.check_committable`:
                         an HTTP member's receiver answers; retried within the policy), and no
                         member transaction may expire before its commit could end (the
-                        deadline gate, :meth:`~twophase.TwoPhaseCommitSink.commit_deadline`):
+                        deadline gate, :meth:`~twophase.Committer.commit_deadline`):
                         else the batch is given up, every member's transactions aborted
 commit                  member by member in ``commit_order``; a crash between members leaves
                         the later members prepared: recovery commits them, in order
@@ -66,6 +66,7 @@ from twophase.sink import (
     CommitOutcome,
     CommitStage,
     Committer,
+    StageCommits,
     TransactionContext,
     TwoPhaseCommitSink,
 )
@@ -229,13 +230,13 @@ class SinkGroup(TwoPhaseCommitSink[GroupTransaction]):
 
     # -- driver ----------------------------------------------------------------------------
 
-    def committer(self) -> GroupCommitter:
-        return GroupCommitter(self)
+    #: Deprecated on the sink (removed in 0.6.0): :meth:`GroupCommitter.list_in_doubt`, on
+    #: ``group.committer()``.
+    moved_to_committer = frozenset({"list_in_doubt"})
 
-    def list_in_doubt(self, namespace: str) -> list[Handle]:
-        """What :meth:`GroupCommitter.list_in_doubt` lists, through a committer of its own."""
-        with self.committer() as committer:
-            return committer.list_in_doubt(namespace)
+    def committer(self) -> GroupCommitter:
+        """Everything the driver does for the group, member by member."""
+        return GroupCommitter(self)
 
     # -- handles ---------------------------------------------------------------------------
 
@@ -311,7 +312,9 @@ class GroupCommitter(Committer):
     ``commit_deadline``         the earliest of the member transactions' deadlines
     ``finish_batch``            every member's, in commit order, with its own handles
     ``list_in_doubt``           every member's, one handle per partition transaction
-    ``commit`` / ``abort``      a partition handle's member transactions, in commit order
+    ``commit_handles``          partition handles, stage after stage, each stage through its
+                                committer's ``commit_handles`` (``commit``: one handle)
+    ``abort``                   a partition handle's member transactions, in commit order
     ``purge_commit_records``    every member's
     ``tombstones``              every member's, added up (the oldest of all)
     ==========================  ==============================================================
@@ -339,8 +342,8 @@ class GroupCommitter(Committer):
     def commit_stages(self, handles: Sequence[Handle]) -> list[CommitStage]:
         """Each member's own stages in commit order (by default one: every partition's
         transaction of that member), committed through the member's committer (the one this
-        committer fenced), labelled with the member's name. Asking the member lets it learn
-        the batch before its first commit (a Delta member commits the batch as one)."""
+        committer fenced, which commits its stage its own way: a Delta member in one commit),
+        labelled with the member's name."""
         stages = []
         for run in self._runs(handles):
             if len(run) > 1:
@@ -404,17 +407,26 @@ class GroupCommitter(Committer):
                 held.setdefault(replace(handle.txn_id, namespace=namespace), {})[name] = handle
         return [self.sink.partition_handle(txn_id, members) for txn_id, members in held.items()]
 
+    def commit_handles(self, handles: Sequence[Handle], commits: StageCommits
+                       ) -> list[CommitOutcome]:
+        """Partition handles committed stage after stage (:meth:`commit_stages`), each stage
+        through its committer's own ``commit_handles``; a partition's outcome is COMMITTED if
+        any member transaction of it was. (The coordinator commits the stages itself.)"""
+        partition_of = {member.txn_id: handle.txn_id for handle in handles
+                        for _, member in self.sink.member_handles(handle)}
+        committed: set[TxnId] = set()
+        for stage in self.commit_stages(handles):
+            outcomes = stage.committer.commit_handles(stage.handles,
+                                                      commits.through(stage.committer))
+            committed.update(partition_of[member.txn_id]
+                             for member, outcome in zip(stage.handles, outcomes, strict=True)
+                             if outcome is CommitOutcome.COMMITTED)
+        return [CommitOutcome.COMMITTED if handle.txn_id in committed
+                else CommitOutcome.ALREADY_COMMITTED for handle in handles]
+
     def commit(self, handle: Handle) -> CommitOutcome:
-        """A partition handle's member transactions, in commit order: members that share a
-        database in one local transaction (as :meth:`commit_stages` orders them)."""
-        handles = [handle]
-        if any(len(run) > 1 for run in self._runs(handles)):
-            outcomes = [stage.committer.commit(member) for stage in self.commit_stages(handles)
-                        for member in stage.handles]
-        else:
-            outcomes = self._each_member(handle, lambda member, txn: member.commit(txn))
-        committed = CommitOutcome.COMMITTED in outcomes
-        return CommitOutcome.COMMITTED if committed else CommitOutcome.ALREADY_COMMITTED
+        """A partition handle's member transactions, in commit order (:meth:`commit_handles`)."""
+        return self.commit_handles([handle], StageCommits(self))[0]
 
     def abort(self, handle: Handle) -> AbortOutcome:
         aborted = AbortOutcome.ABORTED in self._each_member(
@@ -478,6 +490,11 @@ class _Naming(Committer):
     def commit(self, handle: Handle) -> CommitOutcome:
         with naming(self._name):
             return self._committer.commit(handle)
+
+    def commit_handles(self, handles: Sequence[Handle], commits: StageCommits
+                       ) -> list[CommitOutcome]:
+        with naming(self._name):
+            return self._committer.commit_handles(handles, commits)
 
     def abort(self, handle: Handle) -> AbortOutcome:
         with naming(self._name):

@@ -48,7 +48,7 @@ piece                          what it does
                                ``max_file_bytes`` (:data:`DEFAULT_MAX_FILE_BYTES`), each
                                named by its intent first; the format's :class:`LakeFileWriter`
 :class:`WholeBatchCommitter`   a committer that makes a decided batch visible in ONE commit of
-                               its target, while the driver commits its handles one by one
+                               its target: it commits a stage with one settle (``commit_handles``)
 :class:`LocalCommitMember`     a committer's capability (its ``local_commit()``) to publish a
                                batch inside a local transaction it shares with other members of
                                a sink group (the same database): one instant for all of them

@@ -20,7 +20,7 @@ method                       runs on   meaning
 ``fence(ns, query, epoch)``  driver    optional: claim the run's epoch in the external system
 ``commit(handle)``           driver    make it visible; idempotent
 ``abort(handle)``            driver    throw it away; idempotent
-``list_in_doubt(ns)``        driver    this namespace's transactions not yet resolved
+``list_in_doubt(ns)``        driver    required: this namespace's transactions not yet resolved
 ``commit_deadline(handle)``  driver    optional: when a pre-committed transaction may expire
 ``check_committable(handles)`` driver  optional: raise if the system cannot commit them now
                                        (a pre-commit that never reached it: its server down)
@@ -29,10 +29,15 @@ method                       runs on   meaning
                                        committed, publish it as a whole (a manifest)
 ===========================  ========  ========================================================
 
-The framework calls every method below ``committer()`` through the committer, never on the
-sink: the default committer forwards each to the sink's method of the same name, and a sink's
-own committer may take any of them over (see "Where commit and abort live"). Executors use a
-committer too, to abort what a failed task attempt left.
+The sink writes; the committer is everything the driver does. The framework calls every
+method below ``committer()`` through the committer, never on the sink. A simple sink writes
+them on the sink and the default committer forwards each to the sink's method of the same
+name, in that one direction; a sink with a committer of its own implements them there (every
+prebuilt sink does: its sink keeps only what executors and configuration need), and any it
+leaves out falls to the default's forwarding (see "Where commit and abort live"). Executors
+use a committer too, to abort what a failed task attempt left. Calling ``commit``, ``abort``
+or a method a prebuilt sink moved into its committer on such a sink still answers, through a
+committer of its own, with a :class:`DeprecationWarning` (until 0.6.0).
 
 The rules, as a sink author needs them:
 
@@ -119,12 +124,16 @@ The rules, as a sink author needs them:
 ``tests/user_sink.py``); the framework reaches them through the default :class:`Committer`,
 which forwards to them. A sink whose commits share something per batch (a connection pool, a
 producer, a session) implements them in a :class:`Committer` subclass that ``committer()``
-returns, and leaves ``commit``/``abort`` off the sink (``sinks.sqlite``, every prebuilt sink):
-for a caller of ``sink.commit(handle)`` the base class then runs it through a committer of its
-own (opened, used, closed), a convenience the framework never relies on. Never both: a class
+returns, and leaves ``commit``/``abort`` off the sink (``sinks.sqlite``, every prebuilt sink,
+whose committers also list in doubt, purge, fence and gate). A caller of ``sink.commit(handle)``
+on such a sink gets it run through a committer of its own (opened, used, closed), with a
+:class:`DeprecationWarning` (until 0.6.0): call ``sink.committer()`` instead. Never both: a class
 that defines ``commit`` or ``abort`` *and* ``committer`` is refused when it is defined (a
 subclass of a prebuilt sink that overrides ``commit`` would otherwise be bypassed by its
-committer); one that defines neither is refused when it is built. The driver checks that each
+committer); one that defines neither is refused when it is built, and so is a simple sink
+without ``list_in_doubt`` (a sink with a committer that lists nothing in doubt in either place
+raises :class:`~twophase.errors.ConfigurationError` at its first listing, the query's start:
+never an empty listing). The driver checks that each
 handle is of this sink's ``kind`` before it commits or aborts it.
 
 A sink object is configuration: it is pickled to executors, so keep connections out of it and
@@ -135,9 +144,10 @@ message that names the cause and the fix.
 from __future__ import annotations
 
 import enum
+import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, Self, TypeVar
 
@@ -207,6 +217,45 @@ class CommitStage:
     label: str | None = None
 
 
+@dataclass(frozen=True)
+class StageCommits:
+    """How the handles of one commit stage are committed, given to
+    :meth:`Committer.commit_handles` by its caller: this plain one commits in turn, once each;
+    the coordinator's commits the first handle alone, passes the ``mid_commit`` crash point,
+    then the rest in parallel, each retried and counted.
+
+    A committer that makes a stage visible handle by handle (the default) calls
+    :meth:`one_by_one`; one that makes it visible in ONE commit of its target (a lake table's
+    snapshot, one local transaction, one script) calls :meth:`at_once` with its settle.
+    """
+
+    committer: Committer
+
+    def through(self, committer: Committer) -> StageCommits:
+        """The same commits, through another committer (a group member's)."""
+        return replace(self, committer=committer)
+
+    def one_by_one(self, handles: Sequence[Handle]) -> list[CommitOutcome]:
+        """Each handle through ``committer.commit``: the outcomes in ``handles``' order."""
+        return [self.committer.commit(handle) for handle in handles]
+
+    def at_once(self, settle: Callable[[], Mapping[TxnId, CommitOutcome]],
+                handles: Sequence[Handle]) -> list[CommitOutcome]:
+        """``settle()`` commits (or proves) every one of ``handles`` in one commit and returns
+        each one's outcome: the outcomes in ``handles``' order. It must be idempotent (a
+        proof first): a retry, and recovery, settle again."""
+        return in_order(settle(), handles)
+
+
+def in_order(outcomes: Mapping[TxnId, CommitOutcome], handles: Sequence[Handle]
+             ) -> list[CommitOutcome]:
+    """``outcomes`` of a settle, in ``handles``' order (a handle it did not settle: a bug)."""
+    missing = [handle.txn_id for handle in handles if handle.txn_id not in outcomes]
+    if missing:
+        raise RuntimeError(f"a settle returned no outcome for {missing}: a committer bug")
+    return [outcomes[handle.txn_id] for handle in handles]
+
+
 class Committer:
     """The driver side of one sink, in one process: for one batch, a recovery or a cleanup
     pass, then closed.
@@ -266,10 +315,27 @@ class Committer:
         applied (``python -m twophase.status --sink``). A sink that keeps none: ``(0, None)``."""
         return 0, None
 
+    @property
+    def commit_parallelism(self) -> int:
+        """How many handles of one batch the driver commits at once (the sink class's)."""
+        return self.sink.commit_parallelism
+
+    def require_own(self, handle: Handle) -> None:
+        """Refuse a handle of another sink's kind (before its commit or abort)."""
+        self.sink.require_own(handle)
+
     def commit_stages(self, handles: Sequence[Handle]) -> list[CommitStage]:
         """The order in which a decision's handles commit: by default all at once, through
         this committer (a sink group's committer gives one stage per member)."""
-        return [CommitStage(self, tuple(handles), self.sink.commit_parallelism)]
+        return [CommitStage(self, tuple(handles), self.commit_parallelism)]
+
+    def commit_handles(self, handles: Sequence[Handle], commits: StageCommits
+                       ) -> list[CommitOutcome]:
+        """Commit one stage's ``handles`` (one batch's, of this committer): each one's outcome,
+        in order. By default one by one (``commits.one_by_one``: each through :meth:`commit`).
+        A committer that makes a batch visible in one commit of its target overrides it with
+        ``commits.at_once(settle, handles)``: one settle, retried as one."""
+        return commits.one_by_one(handles)
 
     def finish_batch(self, namespace: str, batch: int, handles: Sequence[Handle]) -> None:
         """Every handle of ``batch`` is committed: publish the batch as a whole (optional).
@@ -305,6 +371,12 @@ class TwoPhaseCommitSink(ABC, Generic[TxnT]):
     #: transactions need (connection, grants, prepare). False where such a probe would publish
     #: or would not reach the target: the preflight then reports what it could not verify.
     invisible_probe: ClassVar[bool] = True
+    #: The driver-side methods (``fence``, ``list_in_doubt``, ``commit_deadline``,
+    #: ``check_committable``, ``purge_commit_records``) that this class defined on the sink
+    #: before 0.5.0 and now implements in its committer alone: calling one on the sink still
+    #: answers, through a committer of its own, with a DeprecationWarning. Removed in 0.6.0
+    #: with those shims.
+    moved_to_committer: ClassVar[frozenset[str]] = frozenset()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -323,6 +395,14 @@ class TwoPhaseCommitSink(ABC, Generic[TxnT]):
             raise TypeError(
                 f"{cls.__qualname__} can neither commit nor abort: implement commit() and "
                 "abort() on the sink, or return a Committer that does from committer().")
+        if cls.commits_on == "sink" and not _overrides(cls, TwoPhaseCommitSink, "list_in_doubt"):
+            raise ConfigurationError(
+                f"{cls.__qualname__} commits on the sink but lists nothing in doubt: without "
+                "list_in_doubt(namespace) no sweep or cleanup finds the transactions a failed "
+                "task or a crashed run left.",
+                fix=f"define list_in_doubt(self, namespace) on {cls.__qualname__}, beside commit "
+                    "and abort: the handles of every unresolved transaction of the namespace "
+                    "that the system holds (see the README, 'Writing your own sink')")
         return super().__new__(cls)
 
     def default_namespace(self) -> str:
@@ -365,37 +445,61 @@ class TwoPhaseCommitSink(ABC, Generic[TxnT]):
     def pre_commit(self, txn: TxnT) -> Handle:
         """Make the transaction durable and invisible, release its resources, return its handle."""
 
+    def discard(self, txn: TxnT) -> None:
+        """Release a transaction that failed before ``pre_commit``; must not raise."""
+
+    # -- the driver side of a simple sink: the default committer forwards to these ------------
+
     def fence(self, namespace: str, query_id: str, epoch: int) -> None:
         """Claim ``epoch`` for the query in the external system, if it can fence (optional).
 
-        The driver calls it before its first commit or sweep in a process. Raise
-        :class:`FencedError` if a newer epoch has claimed the query: then ``commit`` must refuse
-        this run's commits. The state file fences zombie runs anyway; a sink fences again where
-        a zombie on another host might otherwise still commit (see ``sinks.mysql``).
+        The driver calls it (through the default committer) before its first commit or sweep
+        in a process. Raise :class:`FencedError` if a newer epoch has claimed the query: then
+        ``commit`` must refuse this run's commits. The state file fences zombie runs anyway; a
+        sink fences again where a zombie on another host might otherwise still commit (see
+        ``sinks.mysql``, whose committer fences).
         """
-
-    def discard(self, txn: TxnT) -> None:
-        """Release a transaction that failed before ``pre_commit``; must not raise."""
+        if "fence" in self.moved_to_committer:
+            self._through_committer("fence", namespace, query_id, epoch)
 
     def commit(self, handle: Handle) -> CommitOutcome:
         """Make the transaction visible; idempotent: COMMITTED or a proven ALREADY_COMMITTED.
 
-        Implement this and :meth:`abort` (a simple sink), or :meth:`committer` (then this runs
-        the commit through a committer of its own).
+        Implement this and :meth:`abort` (a simple sink), or both in the :class:`Committer`
+        that :meth:`committer` returns. Deprecated (removed in 0.6.0) on a sink of the latter
+        kind: this then commits through a committer of its own, warning; call
+        ``committer.commit(handle)`` on ``sink.committer()`` instead.
         """
-        with self.committer() as committer:
-            return committer.commit(handle)
+        outcome: CommitOutcome = self._through_committer("commit", handle)
+        return outcome
 
     def abort(self, handle: Handle) -> AbortOutcome:
-        """Throw the transaction away; idempotent (NOT_FOUND when there is nothing)."""
-        with self.committer() as committer:
-            return committer.abort(handle)
+        """Throw the transaction away; idempotent (NOT_FOUND when there is nothing). Where it
+        lives, and its deprecated use on a sink with a committer: as :meth:`commit`."""
+        outcome: AbortOutcome = self._through_committer("abort", handle)
+        return outcome
 
-    @abstractmethod
     def list_in_doubt(self, namespace: str) -> list[Handle]:
         """Handles of every unresolved transaction of ``namespace`` that the system holds:
         pre-committed, or begun and outliving its writer (see "list_in_doubt" in the module
-        docstring for those a system ends with the writer's session)."""
+        docstring for those a system ends with the writer's session).
+
+        Required: on a simple sink (a sink that commits on itself without it is refused when
+        it is built), or in the sink's committer. A sink that has it in neither place raises
+        :class:`ConfigurationError` when the driver first lists (at the query's start, in the
+        preflight, in cleanup): never an empty listing that would hide orphans.
+        """
+        if "list_in_doubt" in self.moved_to_committer:
+            listed: list[Handle] = self._through_committer("list_in_doubt", namespace)
+            return listed
+        name = type(self).__qualname__
+        raise ConfigurationError(
+            f"{name} cannot list its transactions in doubt: neither the sink nor the Committer "
+            "its committer() returns implements list_in_doubt(namespace), so no sweep or "
+            "cleanup would find what a failed task or a crashed run left.",
+            fix=f"implement list_in_doubt(self, namespace) in {name}'s Committer subclass (or, "
+                "for a sink that commits on itself, on the sink): the handles of every "
+                "unresolved transaction of the namespace that the system holds")
 
     def committer(self) -> Committer:
         """What commits and aborts a batch's handles in one process (see :class:`Committer`)."""
@@ -406,6 +510,9 @@ class TwoPhaseCommitSink(ABC, Generic[TxnT]):
         system expires it (Kafka's transaction timeout, a receiver's key expiry): the driver
         does not decide a batch one of whose transactions may expire before its commit could
         end, and gives the batch up instead (see ``DEADLINE_MARGIN_S``). None: never."""
+        if "commit_deadline" in self.moved_to_committer:
+            deadline: float | None = self._through_committer("commit_deadline", handle)
+            return deadline
         return None
 
     def check_committable(self, handles: Sequence[Handle]) -> None:
@@ -415,11 +522,34 @@ class TwoPhaseCommitSink(ABC, Generic[TxnT]):
         must not fall behind the others by a decided batch. Only a sink whose ``pre_commit``
         does not reach the system needs it (HttpSink stages its requests without the
         receiver); for the others a pre-commit that succeeded is the proof."""
+        if "check_committable" in self.moved_to_committer:
+            self._through_committer("check_committable", handles)
 
     def purge_commit_records(self, namespace: str, older_than: datetime) -> int:
         """Forget proofs of transactions *committed* before ``older_than`` (never by the time
         the proof was written; see "Proofs of commit" above); return how many."""
+        if "purge_commit_records" in self.moved_to_committer:
+            purged: int = self._through_committer("purge_commit_records", namespace,
+                                                  older_than)
+            return purged
         return 0
+
+    def _through_committer(self, method: str, *args: Any) -> Any:
+        """Deprecated, removed in 0.6.0: the sink-side convenience that answers ``method``
+        through a committer of the sink's own (opened, used, closed), warning. Reached by a
+        caller of ``sink.commit``/``abort`` on a sink with a committer, or of a method the
+        class moved into its committer (:attr:`moved_to_committer`); the framework calls the
+        committer itself, and the default committer forwards to the sink, never back."""
+        name = type(self).__qualname__
+        warnings.warn(DRIVER_SIDE_ON_SINK_DEPRECATED.format(sink=name, method=method),
+                      DeprecationWarning, stacklevel=3)
+        with self.committer() as committer:
+            if not _overrides(type(committer), Committer, method):
+                raise TypeError(
+                    f"{name}: neither the sink nor its committer "
+                    f"{type(committer).__qualname__} implements {method}(): implement it in "
+                    "the committer (a sink's driver side lives in one place).")
+            return getattr(committer, method)(*args)
 
     def handle(self, txn_id: TxnId, rows: int, **data: Any) -> Handle:
         """Build a handle of this sink's kind."""
@@ -437,6 +567,15 @@ class TwoPhaseCommitSink(ABC, Generic[TxnT]):
                 f"but this is a {self.kind!r} sink.",
                 fix="point the job or cleanup at the sink the state file was written with",
             )
+
+
+#: What a sink-side call of a driver-side method says on a sink whose driver side lives in its
+#: committer (deprecated in 0.5.0, removed in 0.6.0).
+DRIVER_SIDE_ON_SINK_DEPRECATED = (
+    "{sink}.{method}() on the sink is deprecated since 0.5.0 and is removed in 0.6.0: the "
+    "driver side lives in the sink's committer; call it there: "
+    "`with sink.committer() as committer: committer.{method}(...)`."
+)
 
 
 def _overrides(cls: type, base: type, name: str) -> bool:

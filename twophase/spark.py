@@ -22,11 +22,13 @@ start of the same query: decided batches are committed, undecided transactions a
 from __future__ import annotations
 
 import logging
+import re
 import uuid
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from pyspark.errors import PySparkException
 from pyspark.sql.streaming.query import StreamingQuery
@@ -50,6 +52,7 @@ from twophase._spark import (
 )
 from twophase._state import State, StateStore
 from twophase._storage import is_s3, local_path
+from twophase._workers import worker_tuning_on
 from twophase.errors import ConfigurationError, FatalError, SchemaMismatchError, TwoPhaseError
 from twophase.group import SinkGroup
 from twophase.sink import Column, TwoPhaseCommitSink
@@ -58,7 +61,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming.readwriter import DataStreamWriter
 
-__all__ = ["PipelinedQuery", "write", "write_stream"]
+__all__ = ["Commits", "PipelinedQuery", "write", "write_stream"]
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +76,26 @@ INTERVAL_TRIGGERS = ("processingTime", "continuous", "realTime")
 #: Partitions a keyed stream is routed into over Spark Connect when the server's session sets
 #: no ``spark.default.parallelism`` (the client cannot see its cores).
 DEFAULT_KEY_PARTITIONS = 8
+#: ``write_stream``'s ``commits``: chosen for the query, behind the next batch, or inline.
+Commits = Literal["auto", "behind", "inline"]
+COMMITS_AUTO: Commits = "auto"
+COMMITS_BEHIND: Commits = "behind"
+COMMITS_INLINE: Commits = "inline"
+COMMITS: tuple[Commits, ...] = (COMMITS_AUTO, COMMITS_BEHIND, COMMITS_INLINE)
+#: The first PySpark whose Python data source reuses its Python processes across batches
+#: (before it, classic Spark's streams go through ``foreachBatch``: docs/PERFORMANCE.md).
+DATA_SOURCE_REUSES_WORKERS = (4, 3)
+#: The triggers that ``foreachBatch`` does not run (it is micro-batch only).
+NOT_MICRO_BATCH_TRIGGERS = ("continuous", "realTime")
+#: The deprecated keywords of ``write`` and ``write_stream`` (removed in 0.6.0): the fix of each.
+GROUP_DEPRECATED = {
+    "commit_order": "pass SinkGroup({...}, commit_order=[...]) as the sink",
+    "columns": "pass SinkGroup({...}, columns={...}) as the sink",
+}
+STREAM_DEPRECATED = {
+    **GROUP_DEPRECATED,
+    "pipelined_commits": "pass commits='behind' (for True) or commits='inline' (for False)",
+}
 INTERVAL_MICROS_SQL = ("SELECT unix_micros(TIMESTAMP'2000-01-01' + try_cast(:interval AS INTERVAL))"
                        " - unix_micros(TIMESTAMP'2000-01-01')")
 
@@ -82,19 +105,18 @@ def write_stream(
     sink: TwoPhaseCommitSink[Any] | Mapping[str, TwoPhaseCommitSink[Any]],
     *,
     checkpoint_location: str,
-    commit_order: Sequence[str] | None = None,
-    columns: Mapping[str, Sequence[str]] | None = None,
     namespace: str | None = None,
     state_location: str | None = None,
     state_options: Mapping[str, Any] | None = None,
     trigger: Mapping[str, Any] | None = None,
     query_name: str | None = None,
     retry: RetryPolicy | None = None,
-    foreach_batch: bool = False,
+    commits: Commits = COMMITS_AUTO,
     accept_lost_state: bool = False,
     metrics_port: int | str | None = None,
-    pipelined_commits: bool | None = None,
     route_by_key: int | bool = True,
+    foreach_batch: bool | None = None,
+    **deprecated: Any,
 ) -> StreamingQuery:
     """Start a streaming query that writes ``df`` into ``sink`` exactly once.
 
@@ -109,9 +131,6 @@ def write_stream(
             Keep it stable for the life of the checkpoint: recovery finds transactions by it.
         state_location: a directory or ``s3://bucket/prefix`` for the state file, if not
             inside the checkpoint (required for a checkpoint on HDFS or another file system).
-        commit_order: a group's members in the order they commit (default: as given): every
-            transaction of one is committed before any of the next.
-        columns: a group's members' columns of ``df`` (default: every column), by name.
         state_options: for a state on S3, any of :data:`twophase.kit.S3_OPTIONS`
             (``endpoint_url``, ``region``, ``path_style``, credentials (default: boto3's
             chain), ``checksums``, the timeouts).
@@ -119,23 +138,22 @@ def write_stream(
             ``{"processingTime": "10 seconds"}`` or ``{"availableNow": True}``.
         query_name: Spark's query name.
         retry: how retryable errors are retried (default: :class:`RetryPolicy`).
-        foreach_batch: drive the sink through ``foreachBatch`` instead of the Python Data
-            Source API: each partition written by a task from Arrow (``mapInArrow``; from
-            Spark's Rows on a driver without pyarrow), the batch decided in this process.
+        commits: when a batch's transactions commit once it is decided: ``"behind"`` the next
+            batch (Spark goes on to the next batch while the batch commits: README,
+            "Latency"), ``"inline"`` (before Spark goes on), or ``"auto"`` (the default):
+            behind for a query that runs until stopped (no trigger, or ``processingTime``) in
+            classic Spark, inline for one that ends by itself (``availableNow``, ``once``)
+            and over Spark Connect, where behind is refused. Behind with a trigger that ends
+            by itself runs the query through ``foreachBatch``, whose commits behind run in
+            this process and which ``awaitTermination`` waits for. A query that commits
+            behind is returned as a :class:`PipelinedQuery`: its ``stop``,
+            ``awaitTermination`` and ``processAllAvailable`` return once every batch it
+            decided is visible.
         accept_lost_state: start although the checkpoint has batches the state file does not
             know (it was deleted, or restored from an older backup). A batch that was decided
             but not done may then be written twice: only for someone who accepts that.
         metrics_port: serve Prometheus metrics of the query on this port (or ``"HOST:PORT"``)
             from this process (see :mod:`twophase.metrics`; needs ``twophase[metrics]``).
-        pipelined_commits: commit each batch behind the next one: once a batch's decision
-            is durable, Spark goes on to the next batch while the batch commits (see README,
-            "Latency"). By default on for a query that runs until stopped (no trigger, or
-            ``processingTime``) in classic Spark, off for one that ends by itself
-            (``availableNow``, ``once``) and over Spark Connect, where it cannot be on.
-            ``True`` with a trigger that ends by itself needs ``foreach_batch=True``: the
-            commits behind then run in this process, which ``awaitTermination`` waits for.
-            The returned query's ``stop``, ``awaitTermination`` and ``processAllAvailable``
-            return once every batch the query decided is visible.
         route_by_key: for a sink that needs every key of a batch in one task (``mode="keyed"``
             into MySQL XA or PostgreSQL prepared transactions: see ``route_key``), how rows are
             routed by key before the writer: ``True`` (the default) into as many partitions as
@@ -144,6 +162,19 @@ def write_stream(
             a stream that is keyed already (each key in one partition of every batch: if it is
             not, a task waits on another's lock until the lock timeout names it). One shuffle;
             a sink without a ``route_key`` is never routed.
+        foreach_batch: an escape hatch; leave it out. Which of Spark's two ways runs the
+            sink is chosen for you: Spark's ``foreachBatch`` (each partition written by a task
+            from Arrow, ``mapInArrow``, or from Spark's Rows on a driver without pyarrow; the
+            batch decided in this process) in classic Spark before PySpark 4.3, where it is
+            the faster way (docs/PERFORMANCE.md), and for ``commits="behind"`` with a trigger
+            that ends by itself; the Python Data Source API otherwise (PySpark 4.3 and later,
+            Spark Connect, a ``continuous`` or ``realTime`` trigger). ``True`` or ``False``
+            forces one of them, to work around a problem of the other.
+
+    Deprecated, removed in 0.6.0 (each with a :class:`DeprecationWarning`):
+    ``pipelined_commits=True``/``False`` (use ``commits="behind"``/``"inline"``), and
+    ``commit_order=`` and ``columns=`` (pass ``SinkGroup({...}, commit_order=...,
+    columns=...)`` as the sink).
 
     Everything that can be checked is checked before this run takes the query over from an
     earlier one (fencing it): the options, the trigger, the state against the checkpoint, and
@@ -157,10 +188,11 @@ def write_stream(
     if not checkpoint_location:
         raise ConfigurationError("write_stream needs checkpoint_location.",
                                  fix="pass checkpoint_location='/path/to/checkpoint'")
-    sink = as_sink(sink, commit_order=commit_order, columns=columns)
+    options = _deprecated_options("write_stream", deprecated, STREAM_DEPRECATED)
+    sink = as_sink(sink, commit_order=options.get("commit_order"), columns=options.get("columns"))
     df = routed_by_key(df, sink, route_by_key)
-    pipelined = _pipelined(pipelined_commits, trigger, connect=is_connect(df),
-                           foreach_batch=foreach_batch)
+    plan = _plan(_commits_of(commits, options), trigger, connect=is_connect(df),
+                 foreach_batch=foreach_batch)
     writer = _stream_writer(df, checkpoint_location, trigger=trigger, query_name=query_name)
     store = (StateStore(state_location, state_options) if state_location
              else StateStore.for_checkpoint(checkpoint_location, state_options))
@@ -168,19 +200,20 @@ def write_stream(
                          settings={"trigger": dict(trigger or {}), "kind": "stream"},
                          checkpoint=checkpoint_location, accept_lost_state=accept_lost_state)
     config = replace(_where_the_driver_is(df, takeover.of_stream), sink=sink,
-                     pipelined=pipelined)
+                     pipelined=plan.behind, worker_tuning=worker_tuning_on())
     _serve_metrics(metrics_port, store, sink.kind)
-    if foreach_batch:
+    if plan.foreach_batch:
         writer = writer.foreachBatch(ForeachBatchWriter(config))
     else:
         writer = writer.format(register_data_source(df, config))
     query = _started(writer, config)
     _where_the_driver_is(df, partial(_record_query, config, str(query.id)))
     log_commits(df.sparkSession, str(query.id), store)
-    log.info("started query %s into %r (namespace %s, epoch %d, state %s, commits %s)",
-             query.id, sink, config.namespace, config.epoch, store.path,
-             "behind the next batch" if pipelined else "in each batch")
-    return PipelinedQuery(query, config) if pipelined else query
+    log.info("started query %s into %r (namespace %s, epoch %d, state %s, commits %s, "
+             "through %s)", query.id, sink, config.namespace, config.epoch, store.path,
+             "behind the next batch" if plan.behind else "in each batch",
+             "foreachBatch" if plan.foreach_batch else "the Python data source")
+    return PipelinedQuery(query, config) if plan.behind else query
 
 
 def write(
@@ -188,26 +221,27 @@ def write(
     sink: TwoPhaseCommitSink[Any] | Mapping[str, TwoPhaseCommitSink[Any]],
     *,
     state_location: str,
-    commit_order: Sequence[str] | None = None,
-    columns: Mapping[str, Sequence[str]] | None = None,
     state_options: Mapping[str, Any] | None = None,
     namespace: str | None = None,
     retry: RetryPolicy | None = None,
     metrics_port: int | str | None = None,
     route_by_key: int | bool = True,
+    **deprecated: Any,
 ) -> None:
     """Write a (batch) DataFrame into ``sink`` as one all-or-nothing transaction set.
 
     Each call is one batch of the "query" that ``state_location`` identifies: its transactions
     are decided together, and a later call first finishes a call that crashed after deciding.
     ``metrics_port`` serves its metrics as for :func:`write_stream`, while this process runs;
-    several sinks by name, ``commit_order`` and ``columns`` make a group, and ``route_by_key``
-    routes a keyed sink's rows, as there.
+    several sinks by name make a group (a :class:`~twophase.SinkGroup` of its own options
+    passed as the sink, too), and ``route_by_key`` routes a keyed sink's rows, as there.
+    ``commit_order=`` and ``columns=`` are deprecated as there.
     """
     if not state_location:
         raise ConfigurationError("write needs state_location (a directory or S3 prefix).",
                                  fix="pass state_location='/path/to/state' or 's3://b/state'")
-    sink = as_sink(sink, commit_order=commit_order, columns=columns)
+    options = _deprecated_options("write", deprecated, GROUP_DEPRECATED)
+    sink = as_sink(sink, commit_order=options.get("commit_order"), columns=options.get("columns"))
     df = routed_by_key(df, sink, route_by_key)
     if df.isStreaming:
         raise ConfigurationError("twophase.spark.write got a streaming DataFrame.",
@@ -216,7 +250,8 @@ def write(
     _serve_metrics(metrics_port, store, sink.kind)
     takeover = _takeover(df, sink, store, namespace=namespace, retry=retry,
                          settings={"kind": "batch"})
-    config = replace(_where_the_driver_is(df, takeover.of_job), sink=sink)
+    config = replace(_where_the_driver_is(df, takeover.of_job), sink=sink,
+                     worker_tuning=worker_tuning_on())
     df.write.format(register_data_source(df, config)).mode("append").save()
 
 
@@ -256,33 +291,85 @@ def default_parallelism(df: DataFrame) -> int:
     return int(spark.sparkContext.defaultParallelism)
 
 
-def _pipelined(chosen: bool | None, trigger: Mapping[str, Any] | None, *,
-               connect: bool, foreach_batch: bool) -> bool:
-    """Whether a stream commits behind the next batch (see ``pipelined_commits``).
+@dataclass(frozen=True)
+class _Plan:
+    """How a stream runs: its commits behind the next batch or inline, and through
+    ``foreachBatch`` or Spark's Python data source."""
 
-    A query that ends by itself pipelines only when asked and only through ``foreachBatch``
-    in classic Spark: the commit behind its last batch then runs in this process, and the
-    returned query's ``awaitTermination`` waits for it. On the data source path it would run
-    in a Python worker of Spark's, which may be gone once the query has ended.
+    behind: bool
+    foreach_batch: bool
+
+
+def _plan(commits: Commits, trigger: Mapping[str, Any] | None, *, connect: bool,
+          foreach_batch: bool | None, pyspark: tuple[int, int] | None = None) -> _Plan:
+    """When a stream's commits run (``commits``) and which way of Spark's runs the sink
+    (``foreach_batch``, None: chosen here), or ConfigurationError for what cannot work.
+
+    Commits behind need a process that outlives the batch: not over Spark Connect (the commit
+    callback runs in a Python process of the server that does not outlive it), and for a
+    query that ends by itself only through ``foreachBatch`` in classic Spark, whose commits
+    behind run in this process and which the returned query's ``awaitTermination`` waits
+    for (on the data source path the last one would run in a Python worker of Spark's,
+    which may be gone once the query has ended).
     """
+    if commits not in COMMITS:
+        raise ConfigurationError(
+            f"commits={commits!r} is none of {', '.join(map(repr, COMMITS))}.",
+            fix="leave it out (auto: behind the next batch for a query that runs until "
+                "stopped in classic Spark, inline otherwise), or pass 'behind' or 'inline'")
     ends = any((trigger or {}).get(name) for name in ENDING_TRIGGERS)
-    if chosen is None:
-        return not (ends or connect)
-    if chosen and connect:
+    if commits == COMMITS_BEHIND and connect:
         raise ConfigurationError(
-            "pipelined_commits=True over Spark Connect: the commit callback runs in a "
-            "Python process of the server that does not outlive it, so nothing could "
-            "commit a batch behind the next one.",
-            fix="leave pipelined_commits out (commits run in each batch)")
-    if chosen and ends and not foreach_batch:
+            "commits='behind' over Spark Connect: the commit callback runs in a Python "
+            "process of the server that does not outlive it, so nothing could commit a batch "
+            "behind the next one.",
+            fix="leave commits out (over Spark Connect each batch commits inline)")
+    if commits == COMMITS_BEHIND and ends and foreach_batch is False:
         raise ConfigurationError(
-            f"pipelined_commits=True with the trigger {dict(trigger or {})!r} on the data "
-            "source path: the query ends by itself after its last batch, whose commit behind "
-            "would run in a Python worker of Spark's that may be gone by then.",
-            fix="pass foreach_batch=True as well (the commits behind then run in this "
-                "process, and awaitTermination waits for the last one), or leave "
-                "pipelined_commits out")
-    return chosen
+            f"commits='behind' with the trigger {dict(trigger or {})!r} and "
+            "foreach_batch=False: the query ends by itself after its last batch, whose commit "
+            "behind would run in a Python worker of Spark's that may be gone by then.",
+            fix="leave foreach_batch out (the commits behind then run in this process "
+                "through foreachBatch, and awaitTermination waits for the last one), or "
+                "leave commits out")
+    if foreach_batch is None:
+        micro_batches = not any((trigger or {}).get(name) for name in NOT_MICRO_BATCH_TRIGGERS)
+        older = (pyspark or _pyspark_version()) < DATA_SOURCE_REUSES_WORKERS
+        foreach_batch = (commits == COMMITS_BEHIND and ends) or (
+            not connect and micro_batches and older)
+    behind = commits == COMMITS_BEHIND or (commits == COMMITS_AUTO and not (ends or connect))
+    return _Plan(behind=behind, foreach_batch=foreach_batch)
+
+
+def _pyspark_version() -> tuple[int, int]:
+    """This process's PySpark, as (major, minor)."""
+    import pyspark  # noqa: PLC0415 - its version only
+
+    major, minor = (int(part) for part in re.findall(r"\d+", pyspark.__version__)[:2])
+    return major, minor
+
+
+def _commits_of(commits: Commits, options: Mapping[str, Any]) -> Commits:
+    """``commits``, or what the deprecated ``pipelined_commits`` asks for."""
+    if options.get("pipelined_commits") is None:
+        return commits
+    if commits != COMMITS_AUTO:
+        raise ConfigurationError(
+            f"write_stream got commits={commits!r} and the deprecated pipelined_commits=.",
+            fix="pass commits= alone")
+    return COMMITS_BEHIND if options["pipelined_commits"] else COMMITS_INLINE
+
+
+def _deprecated_options(function: str, given: Mapping[str, Any],
+                        accepted: Mapping[str, str]) -> dict[str, Any]:
+    """The deprecated keywords ``function`` was given, each warned about with its replacement;
+    any other keyword is a TypeError, as Python's for a keyword the signature lacks."""
+    for name in given:
+        if name not in accepted:
+            raise TypeError(f"{function}() got an unexpected keyword argument {name!r}")
+        warnings.warn(f"{function}(..., {name}=) is deprecated and is removed in 0.6.0: "
+                      f"{accepted[name]}", DeprecationWarning, stacklevel=3)
+    return dict(given)
 
 
 class PipelinedQuery(StreamingQuery):

@@ -1,9 +1,9 @@
 """The driver's side of :class:`~sinks.delta.DeltaSink`: one Delta commit per batch, proven.
 
-**A batch, one commit** (:class:`~twophase.kit.WholeBatchCommitter`): the first commit of
-an announced batch commits every handle of the batch in ONE Delta commit; ``finish_batch``
-commits what is not settled yet and deletes the batch's intents. A handle committed on its own
-(the contract suite) is a batch of one. Every commit carries ``Transaction(app_id, batch)``.
+**A batch, one commit** (:class:`~twophase.kit.WholeBatchCommitter`): the driver commits a
+batch's stage with ONE settle, every handle of the batch in ONE Delta commit; ``finish_batch``
+deletes the batch's intents. A handle committed on its own (the contract suite) is a batch of
+one. Every commit carries ``Transaction(app_id, batch)``.
 
 **COMMITTED or ALREADY_COMMITTED.** On one loaded snapshot (:mod:`~sinks.delta.snapshot`):
 if ``transaction_version(app_id) >= batch`` and a handle's files are referenced by the

@@ -1,4 +1,6 @@
-"""The driver side: :class:`HttpCommitter` sends one batch's staged requests, proven.
+"""The driver side: :class:`HttpCommitter` sends one batch's staged requests, proven; it also
+asks the receiver before a decision (``check_committable``), lists what is staged and not
+committed (``list_in_doubt``) and purges old commit records.
 
 One pooled ``requests`` session per process (:func:`~sinks.http.connection.session`), shared
 by the batch's commit threads. Commit of a handle:
@@ -26,22 +28,26 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 import requests
 
 from sinks.http.connection import session
 from sinks.http.encoding import headers_for
-from sinks.http.errors import classify, classify_response, retry_after_s
+from sinks.http.errors import ANY_5XX, classify, classify_response, retry_after_s
 from sinks.http.protocol import (
     IDEMPOTENCY_KEY,
+    POLICY_TIMEOUT_S,
     REPLAYED,
     REQUEST,
     TRANSACTION,
+    WELL_KNOWN,
     fingerprint,
     key_header,
 )
-from sinks.http.staging import Manifest, StagedRequest
+from sinks.http.staging import COMMITTED, STAGED, Manifest, StagedRequest
 from twophase import (
     AbortOutcome,
     CommitOutcome,
@@ -53,7 +59,7 @@ from twophase import (
     TwoPhaseError,
     TxnId,
 )
-from twophase.kit import transaction_lost
+from twophase.kit import as_utc, transaction_lost
 
 if TYPE_CHECKING:
     from sinks.http.sink import HttpSink
@@ -68,7 +74,8 @@ EXPIRY_MARGIN_FRACTION = 0.1
 
 
 class HttpCommitter(Committer):
-    """Sends and aborts :class:`~sinks.http.HttpSink` transactions in one process."""
+    """The driver side of :class:`~sinks.http.HttpSink` in one process: asks the receiver,
+    sends, aborts, lists in doubt, purges."""
 
     sink: HttpSink
 
@@ -78,6 +85,43 @@ class HttpCommitter(Committer):
         self.retry = RetryPolicy(max_attempts=sink.max_attempts,
                                  initial_backoff_s=sink.initial_backoff_s,
                                  max_backoff_s=sink.max_backoff_s)
+
+    def check_committable(self, handles: Sequence[Handle]) -> None:
+        """The receiver answers (its well-known URL, any answer but a 5xx): pre-commit staged
+        the requests without it, so in a sink group a batch decided while it is down would
+        be visible in the other members and not here until it is back."""
+        if not any(handle.data.get("requests") for handle in handles):
+            return
+        settings = self.sink.settings
+        what = f"GET {settings.where_of(WELL_KNOWN)}"
+        try:
+            with self.session.get(self.sink.policy_url, timeout=POLICY_TIMEOUT_S,
+                                  verify=settings.tls_verify) as reply:
+                if reply.status_code >= ANY_5XX:
+                    raise classify_response(reply, what, fingerprint="-")
+        except requests.RequestException as exc:
+            raise classify(exc, what) from None
+
+    def list_in_doubt(self, namespace: str) -> list[Handle]:
+        """Every transaction of ``namespace`` with bodies in the staging that no
+        commit record names (staged, or written by a task that never pre-committed)."""
+        sink, staging = self.sink, self.sink.staging
+        found: dict[TxnId, Handle] = {}
+        entries = list(staging.entries(namespace))
+        committed = {txn_id for txn_id, state in entries if state == COMMITTED}
+        for txn_id, state in entries:
+            if state == COMMITTED or txn_id in committed:
+                continue
+            manifest = staging.manifest(txn_id) if state == STAGED else None
+            found[txn_id] = (sink.handle_of(manifest, staging.staged_location(txn_id))
+                             if manifest else
+                             sink.handle(txn_id, 0, staged=None, keys=[], requests=0))
+        return sorted(found.values(), key=lambda handle: str(handle.txn_id))
+
+    def purge_commit_records(self, namespace: str, older_than: datetime) -> int:
+        """Drop the commit records of ``namespace`` written before ``older_than`` (each is
+        written once every request of its transaction was answered: its commit time)."""
+        return self.sink.staging.purge(namespace, as_utc(older_than).timestamp())
 
     def commit(self, handle: Handle) -> CommitOutcome:
         staging, txn_id = self.sink.staging, handle.txn_id

@@ -27,6 +27,8 @@ TRANSACTION = "Twophase-Transaction"
 REQUEST = "Twophase-Request"
 #: Where the receiver publishes its key-expiry policy and body limit (JSON).
 WELL_KNOWN = "/.well-known/idempotency"
+#: How long the sink waits for that policy (``check_schema``, ``check_committable``).
+POLICY_TIMEOUT_S = 5.0
 
 MEDIA_TYPES = {"json": "application/json", "jsonl": "application/x-ndjson"}
 JSON_LINES_TYPES = frozenset({"application/x-ndjson", "application/jsonl",

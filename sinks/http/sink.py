@@ -41,6 +41,8 @@ S3's own failures in any phase are retryable or ConfigurationError (:mod:`~sinks
 Pre-commit never reaches the receiver, so before the driver decides a batch it asks the
 receiver (``check_committable``: its well-known URL answers, anything but a 5xx): while the
 receiver is down no batch is decided, and in a sink group no member runs ahead of this one.
+The sink stages; everything the driver does (that check, commit, abort, the listing in doubt,
+the purge of commit records) is :class:`~sinks.http.committer.HttpCommitter`'s.
 An empty partition stages nothing and its handle names no request: every commit of it is
 ALREADY_COMMITTED. The proofs of commit are the ``.committed`` records, which
 ``purge_commit_records`` drops after the cleanup's retention.
@@ -58,7 +60,6 @@ import os
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
@@ -81,9 +82,9 @@ from sinks.http.encoding import (
     encode_record,
     frame,
 )
-from sinks.http.errors import ANY_5XX, classify, classify_response
-from sinks.http.protocol import WELL_KNOWN, content_digest, idempotency_key
-from sinks.http.staging import COMMITTED, STAGED, Manifest, StagedRequest, staging_at
+from sinks.http.errors import classify
+from sinks.http.protocol import POLICY_TIMEOUT_S, WELL_KNOWN, content_digest, idempotency_key
+from sinks.http.staging import Manifest, StagedRequest, staging_at
 from twophase import (
     Column,
     ConfigurationError,
@@ -93,7 +94,7 @@ from twophase import (
     TwoPhaseError,
     TxnId,
 )
-from twophase.kit import SecretOption, as_utc, namespace_from, transaction_id_reused
+from twophase.kit import SecretOption, namespace_from, transaction_id_reused
 
 log = logging.getLogger(__name__)
 
@@ -105,8 +106,6 @@ DEFAULT_KEY_EXPIRY_S = 24 * 3600.0
 DEFAULT_MAX_ATTEMPTS = 4
 DEFAULT_INITIAL_BACKOFF_S = 0.2
 DEFAULT_MAX_BACKOFF_S = 5.0
-#: How long ``check_schema`` waits for the receiver's published policy.
-POLICY_TIMEOUT_S = 5.0
 
 
 @dataclass
@@ -231,7 +230,8 @@ class HttpSink(TwoPhaseCommitSink[HttpTransaction]):
         """Refuse a ``key_expiry_s`` longer than the receiver publishes (if it publishes one),
         and a receiver whose certificate is not verified."""
         try:
-            with self._get_policy() as reply:
+            with session().get(self.policy_url, timeout=POLICY_TIMEOUT_S,
+                               verify=self.settings.tls_verify) as reply:
                 published = reply.json().get("key_expiry_s") if reply.ok else None
         except requests.exceptions.SSLError as exc:
             raise classify(exc, f"GET {self.settings.where_of(WELL_KNOWN)}") from None
@@ -246,11 +246,11 @@ class HttpSink(TwoPhaseCommitSink[HttpTransaction]):
                 "window would execute requests twice.",
                 fix=f"pass key_expiry_s={published} (or lengthen the receiver's window)")
 
-    def _get_policy(self) -> requests.Response:
-        """GET the receiver's published idempotency policy (its well-known URL)."""
+    @property
+    def policy_url(self) -> str:
+        """The receiver's published idempotency policy (its well-known URL)."""
         parts = urlsplit(self.settings.url)
-        return session().get(f"{parts.scheme}://{parts.netloc}{WELL_KNOWN}",
-                             timeout=POLICY_TIMEOUT_S, verify=self.settings.tls_verify)
+        return f"{parts.scheme}://{parts.netloc}{WELL_KNOWN}"
 
     # -- executor -----------------------------------------------------------------------------
 
@@ -290,9 +290,10 @@ class HttpSink(TwoPhaseCommitSink[HttpTransaction]):
             return self.handle(txn.txn_id, 0, staged=None, keys=[], requests=0)
         manifest = Manifest(str(txn.txn_id), time.time(), self.encoding, self.compression,
                             txn.rows, tuple(txn.requests))
-        return self._handle_of(manifest, self.staging.seal(manifest))
+        return self.handle_of(manifest, self.staging.seal(manifest))
 
-    def _handle_of(self, manifest: Manifest, staged: str) -> Handle:
+    def handle_of(self, manifest: Manifest, staged: str) -> Handle:
+        """The handle of a transaction staged as ``manifest`` at ``staged``."""
         return self.handle(TxnId.parse(manifest.txn), manifest.rows, staged=staged,
                            keys=[r.key for r in manifest.requests],
                            requests=len(manifest.requests), staged_at=manifest.staged_at,
@@ -305,39 +306,11 @@ class HttpSink(TwoPhaseCommitSink[HttpTransaction]):
             log.warning("discard of %s: its staged bodies stay until a sweep or cleanup "
                         "removes them", txn.txn_id, exc_info=True)
 
-    # -- driver -------------------------------------------------------------------------------
+    # -- driver: everything in the committer --------------------------------------------------
+
+    #: Deprecated on the sink (removed in 0.6.0): call them on ``sink.committer()``.
+    moved_to_committer = frozenset({"check_committable", "list_in_doubt",
+                                    "purge_commit_records"})
 
     def committer(self) -> HttpCommitter:
         return HttpCommitter(self)
-
-    def check_committable(self, handles: Sequence[Handle]) -> None:
-        """The receiver answers (its well-known URL, any answer but a 5xx): pre-commit staged
-        the requests without it, so in a sink group a batch decided while it is down would
-        be visible in the other members and not here until it is back."""
-        if not any(handle.data.get("requests") for handle in handles):
-            return
-        what = f"GET {self.settings.where_of(WELL_KNOWN)}"
-        try:
-            with self._get_policy() as reply:
-                if reply.status_code >= ANY_5XX:
-                    raise classify_response(reply, what, fingerprint="-")
-        except requests.RequestException as exc:
-            raise classify(exc, what) from None
-
-    def list_in_doubt(self, namespace: str) -> list[Handle]:
-        """Every transaction of ``namespace`` with bodies in the staging that no
-        commit record names (staged, or written by a task that never pre-committed)."""
-        found: dict[TxnId, Handle] = {}
-        entries = list(self.staging.entries(namespace))
-        committed = {txn_id for txn_id, state in entries if state == COMMITTED}
-        for txn_id, state in entries:
-            if state == COMMITTED or txn_id in committed:
-                continue
-            manifest = self.staging.manifest(txn_id) if state == STAGED else None
-            found[txn_id] = (self._handle_of(manifest, self.staging.staged_location(txn_id))
-                             if manifest else
-                             self.handle(txn_id, 0, staged=None, keys=[], requests=0))
-        return sorted(found.values(), key=lambda handle: str(handle.txn_id))
-
-    def purge_commit_records(self, namespace: str, older_than: datetime) -> int:
-        return self.staging.purge(namespace, as_utc(older_than).timestamp())

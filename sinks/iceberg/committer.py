@@ -1,10 +1,9 @@
 """The driver's side of :class:`~sinks.iceberg.IcebergSink`: one snapshot per batch, proven.
 
-**A batch, one snapshot** (:class:`~twophase.kit.WholeBatchCommitter`): the first commit of an
-announced batch adds every handle's files in ONE fast-append snapshot
-(:mod:`~sinks.iceberg.snapshots`); ``finish_batch`` commits what is not settled yet and
-deletes the batch's intents. A handle committed on its own (the contract suite) is a batch of
-one.
+**A batch, one snapshot** (:class:`~twophase.kit.WholeBatchCommitter`): the driver commits a
+batch's stage with ONE settle, every handle's files in ONE fast-append snapshot
+(:mod:`~sinks.iceberg.snapshots`); ``finish_batch`` deletes the batch's intents. A handle
+committed on its own (the contract suite) is a batch of one.
 
 **COMMITTED or ALREADY_COMMITTED.** The table is loaded again (the catalog's current
 metadata) and, on that one loaded version, the proof (:func:`~sinks.iceberg.snapshots.proof`)

@@ -14,7 +14,12 @@ met: the table moved since it was loaded)       the table committed first; the r
 ``CommitStateUnknownException`` (the catalog    :class:`RetryableError`: the retry's proof
 did not say whether it committed)               finds out
 ``NoSuchTableError`` / ``NoSuchNamespaceError`` :class:`ConfigurationError`: create the table
-                                                (``create=True``) or fix ``table=``
+                                                (``create=True``) or fix ``table=`` or
+                                                ``catalog_name=`` (a SQL catalog's table of
+                                                another name: that name, in
+                                                :mod:`~sinks.iceberg.catalog`)
+``ValueError`` "No default path" (creating a    :class:`ConfigurationError`: add
+table, no ``warehouse``)                        ``"warehouse"`` to ``catalog=``
 ``OperationalError`` (the catalog database:     :class:`RetryableError`; "password
 unreachable, locked, restarting)                authentication failed" / "permission denied":
                                                 :class:`ConfigurationError`
@@ -92,7 +97,9 @@ FIX_RETRY = "retried automatically; if it persists, check the catalog and the ta
 FIX_RACE = ("retried automatically: another committer of the table committed first; the "
             "retry loads the table again and proves or makes the commit")
 FIX_TABLE = ("create the table first, or pass create=True to create it (and its namespace) "
-             "from the query's columns, or fix table=")
+             "from the query's columns, or fix table= or catalog_name= (default 'default': "
+             "a SQL catalog sees only the tables of its own name, the one your readers pass "
+             "to load_catalog)")
 FIX_CATALOG_ACCESS = ("fix the catalog's credentials or grants (catalog=): the sink reads and "
                       "updates the table's catalog entry")
 FIX_UNCLASSIFIED = "fix the cause named above, then restart the query"

@@ -32,7 +32,7 @@ pre-commit   close + fsync every   the files, whole:     as write; once the     
 commit       the batch's first     before the catalog    recovery commits       TransactionLost-
 (driver)     ``commit``: load the  swap: the files,      again: the property    Error (a file gone
              table, prove or add   unreferenced. After:  ``twophase.batch.      or older than
-             every handle's files  the batch, visible    <app>`` >= batch and   ``orphan_age``;
+             every handle's files  the batch, visible    <app>`` >= batch and   ``orphan_age_s``;
              in ONE snapshot, one  whole, its snapshot   the app's snapshots    nothing added),
              conditional catalog   marked with the app   of the batch add the   RetryableError (a
              attempt               and the batch         files: ALREADY_        racing commit:
@@ -47,7 +47,7 @@ abort        delete the files,     some files deleted,   repeat it: no file is  
              holds
 ===========  ====================  ====================  =====================  ===================
 
-``commit_deadline``: the oldest file's creation + ``orphan_age`` (Iceberg's
+``commit_deadline``: the oldest file's creation + ``orphan_age_s`` (Iceberg's
 ``remove_orphan_files`` deletes unreferenced files older than its ``older_than``, 3 days by
 default: give the sink the age your cleanup uses). Snapshot expiry: the proof walks snapshots
 made since the batch's predecessor; when expiry removed them first, the table property
@@ -64,6 +64,7 @@ other writers (compaction, expiry, other jobs) may commit alongside.
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Mapping, Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -116,15 +117,21 @@ class IcebergSink(LakeSink[IcebergFile]):
 
     ``catalog``: pyiceberg's catalog properties (``{"type": "sql", "uri":
     "postgresql+psycopg://...", "warehouse": "s3://bucket/wh"}``, ``{"type": "rest", "uri":
-    ...}``); ``catalog_name``: the catalog's name (the SQL catalog's ``catalog_name`` column:
-    Spark's JDBC catalog sees the tables of its own name). On S3 the sink's own client takes
-    its credentials, region and endpoint from the same properties (``s3.endpoint``,
-    ``s3.access-key-id``, ...). ``create=True``: create the table (and its namespace) from the
-    query's columns when it does not exist, partitioned by the identity of ``partition_by``,
-    with ``properties``. ``chunk_size``: rows per Parquet row group on the rows path;
-    ``max_file_bytes``: a file is closed, and the next begun, at this size. ``orphan_age``:
-    seconds after which your orphan-file cleanup deletes unreferenced files (its
-    ``older_than``): the deadline of a decided batch.
+    ...}``); ``catalog_name``: the catalog's name, ``"default"`` unless given. A SQL catalog
+    keeps each name's tables apart (its ``catalog_name`` column) and sees only its own: give
+    the name your readers load the catalog by (``load_catalog("lake", ...)``, Spark's
+    ``spark.sql.catalog.lake``), or a table the sink creates is invisible to them (a table
+    the database holds under another name is refused, naming it). A REST catalog's name is
+    only a label. On S3 the sink's own client takes its credentials, region and endpoint from
+    the same properties (``s3.endpoint``, ``s3.access-key-id``, ...). ``create=True``: create
+    the table (and its namespace) from the query's columns when it does not exist,
+    partitioned by the identity of ``partition_by``, with ``properties``, under the
+    catalog's ``warehouse`` (a SQL catalog needs that property, unless the namespace has a
+    ``location``; a REST catalog's server has its own). ``chunk_size``: rows per Parquet row
+    group on the rows path; ``max_file_bytes``: a file is closed, and the next begun, at this
+    size. ``orphan_age_s``: seconds after which your orphan-file cleanup deletes
+    unreferenced files (its ``older_than``): the deadline of a decided batch (``orphan_age=``,
+    0.4.0's name, is deprecated: it works with a warning until 0.6.0).
     """
 
     kind: ClassVar[str] = "iceberg"
@@ -141,7 +148,8 @@ class IcebergSink(LakeSink[IcebergFile]):
         properties: Mapping[str, str] | None = None,
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
-        orphan_age: float = DEFAULT_ORPHAN_AGE_S,
+        orphan_age_s: float = DEFAULT_ORPHAN_AGE_S,
+        orphan_age: float | None = None,
     ) -> None:
         if not isinstance(table, str) or "." not in table.strip("."):
             raise ConfigurationError(f"{SYSTEM}: table={table!r} must name a namespace and a "
@@ -160,12 +168,18 @@ class IcebergSink(LakeSink[IcebergFile]):
         self.chunk_size = validate_chunk_size(SYSTEM, chunk_size)
         self.max_file_bytes = validate_max_file_bytes(SYSTEM, max_file_bytes,
                                                       DEFAULT_MAX_FILE_BYTES)
-        if not isinstance(orphan_age, int | float) or orphan_age <= 0:
+        if orphan_age is not None:
+            warnings.warn("IcebergSink(orphan_age=) is deprecated and is removed in 0.6.0: "
+                          "pass orphan_age_s= (the same seconds)", DeprecationWarning,
+                          stacklevel=2)
+            orphan_age_s = orphan_age
+        if not isinstance(orphan_age_s, int | float) or orphan_age_s <= 0:
             raise ConfigurationError(
-                f"{SYSTEM}: orphan_age={orphan_age!r} must be a positive number of seconds.",
+                f"{SYSTEM}: orphan_age_s={orphan_age_s!r} must be a positive number of "
+                "seconds.",
                 fix=f"leave it at {DEFAULT_ORPHAN_AGE_S:.0f} (3 days, Iceberg's default) or "
                     "give your orphan-file cleanup's older_than in seconds")
-        self.orphan_age_s = float(orphan_age)
+        self.orphan_age_s = float(orphan_age_s)
         #: The table's metadata, read by ``check_schema`` on the driver and pickled with the
         #: sink to the executors (a writer without it reads it itself).
         self.layout: Layout | None = None

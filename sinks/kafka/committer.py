@@ -1,4 +1,5 @@
-"""Deciding pre-committed transactions: EndTxn commit and abort, from any process.
+"""Deciding pre-committed transactions: EndTxn commit and abort, from any process; and the
+rest of the driver side: the commit deadline, the open transactions in doubt.
 
 The driver commits through it; the driver, an executor (a failed attempt's or a late
 handle's transaction) or cleanup aborts through it. Reading what the brokers know of an id
@@ -28,6 +29,7 @@ so a batch is visible when the driver marks it done, before the next batch commi
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Mapping
@@ -37,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 from kafka import KafkaAdminClient
 from kafka.admin import TransactionDescription, TransactionState
 
+from sinks.kafka import registry
 from sinks.kafka.adapter import ProducerIdentity, end_transaction, forget_coordinator
 from sinks.kafka.errors import (
     CONCURRENT_TRANSACTIONS,
@@ -47,14 +50,16 @@ from sinks.kafka.errors import (
     classify_code,
     code_name,
 )
-from sinks.kafka.lookups import describe
-from sinks.kafka.pool import COMMIT_LOGGED, ENDING
+from sinks.kafka.lookups import describe, list_ids
+from sinks.kafka.pool import COMMIT_LOGGED, ENDING, namespace_pattern, owner
 from twophase import AbortOutcome, CommitOutcome, Committer, Handle, RetryableError
 from twophase.errors import TransactionLostError
 from twophase.kit import classified, transaction_lost
 
 if TYPE_CHECKING:
     from sinks.kafka.sink import KafkaSink
+
+log = logging.getLogger(__name__)
 
 _RETRY_CODES = frozenset({CONCURRENT_TRANSACTIONS, "COORDINATOR_LOAD_IN_PROGRESS",
                           "COORDINATOR_NOT_AVAILABLE", "NOT_COORDINATOR"})
@@ -183,11 +188,49 @@ def _lost(handle: Handle, *, where: str, why: str) -> TransactionLostError:
 
 
 class KafkaCommitter(Committer):
-    """Commits and aborts through this process's admin client (one coordinator connection),
-    made again should the brokers refuse a rotated password
+    """The driver side of :class:`~sinks.kafka.KafkaSink`: commits, aborts and lists in doubt
+    through this process's admin client (one coordinator connection), made again should the
+    brokers refuse a rotated password
     (:meth:`~sinks.kafka.connection.KafkaSettings.with_admin`)."""
 
     sink: KafkaSink
+
+    def commit_deadline(self, handle: Handle) -> float | None:
+        """The broker aborts the transaction ``transaction_timeout_ms`` after it began."""
+        deadline_ms = handle.data.get("deadline_ms")
+        return None if deadline_ms is None else int(deadline_ms) / 1000
+
+    def list_in_doubt(self, namespace: str) -> list[Handle]:
+        """Open transactions of ``namespace``'s pooled ids, named by the registry."""
+        what = f"listing open transactions of {namespace}"
+        descriptions, entries = self.sink.settings.with_admin(
+            lambda admin: self._open_transactions(admin, namespace, what), what)
+        handles = []
+        for tid, description in sorted(descriptions.items()):
+            entry = entries.get(tid)
+            holder = owner(description, entry)
+            if holder is None or entry is None or holder.namespace != namespace:
+                log.warning("open transaction %s (producer id %d, epoch %d) has no registered "
+                            "owner; the broker aborts it at its timeout", tid,
+                            description.producer_id, description.producer_epoch)
+                continue
+            handles.append(self.sink.handle(
+                holder, 0, transactional_id=tid, producer_id=entry.producer_id,
+                epoch=entry.epoch, deadline_ms=entry.deadline_ms,
+                timeout_ms=description.transaction_timeout_ms))
+        return sorted(handles, key=lambda handle: handle.txn_id)
+
+    def _open_transactions(self, admin: KafkaAdminClient, namespace: str, what: str
+                           ) -> tuple[dict[str, TransactionDescription], dict[str, registry.Entry]]:
+        """The coordinators' descriptions of ``namespace``'s open transactions, and the
+        registry's entries (not read while none is open)."""
+        sink = self.sink
+        with classified(classify, what, KAFKA_ERRORS):
+            tids = list_ids(admin, namespace_pattern(sink.transactional_id_prefix, namespace),
+                            [TransactionState.ONGOING])
+            if not tids:
+                return {}, {}
+            return describe(admin, tids), registry.read(sink.settings, sink.registry_topic)
 
     def commit(self, handle: Handle) -> CommitOutcome:
         with _ADMIN_SLOTS:

@@ -3,7 +3,7 @@
 An executor asks before it takes a pooled id (:meth:`~sinks.kafka.sink.KafkaSink.begin_transaction`:
 which ids exist, what each one's coordinator describes, the producer id and epoch it was just
 given); the driver and cleanup ask to find what is in doubt
-(:meth:`~sinks.kafka.sink.KafkaSink.list_in_doubt`) and to prove a commit
+(:meth:`~sinks.kafka.committer.KafkaCommitter.list_in_doubt`) and to prove a commit
 (:mod:`~sinks.kafka.committer`). Both lookups go through the caller's admin client
 (:meth:`~sinks.kafka.connection.KafkaSettings.admin`) and end nothing: deciding a transaction
 is the committer's.

@@ -1,7 +1,7 @@
 """The registry: which twophase transaction each (transactional id, producer id, epoch) carries.
 
 A pooled transactional id says nothing about the batch it serves, but the driver's recovery
-(:meth:`~twophase.TwoPhaseCommitSink.list_in_doubt` and ``is_orphan``) must judge an open
+(:meth:`~sinks.kafka.committer.KafkaCommitter.list_in_doubt` and ``is_orphan``) must judge an open
 transaction by its twophase :class:`~twophase.TxnId`. So every transaction first writes, as
 its own first record, ``key = transactional id``, ``value = {txn, producer id, epoch,
 deadline}`` into a small compacted topic (one partition), and flushes it before any data

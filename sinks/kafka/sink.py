@@ -86,8 +86,6 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from kafka.admin import (
     ConfigResource,
     ConfigResourceType,
-    TransactionDescription,
-    TransactionState,
 )
 
 from sinks.kafka import registry
@@ -110,8 +108,6 @@ from sinks.kafka.pool import (
     DEFAULT_ATTEMPT_SLOTS,
     candidates,
     choose,
-    namespace_pattern,
-    owner,
     partition_pattern,
 )
 from sinks.kafka.producer import TransactionalProducer, librdkafka_names
@@ -369,48 +365,13 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTransaction]):
         """Abort the open transaction (its records never become visible) and drop it."""
         txn.producer.abort()
 
-    # -- driver --------------------------------------------------------------------------------
+    # -- driver: everything in the committer --------------------------------------------------
+
+    #: Deprecated on the sink (removed in 0.6.0): call them on ``sink.committer()``.
+    moved_to_committer = frozenset({"commit_deadline", "list_in_doubt"})
 
     def committer(self) -> KafkaCommitter:
         return KafkaCommitter(self)
-
-    def commit_deadline(self, handle: Handle) -> float | None:
-        """The broker aborts the transaction ``transaction_timeout_ms`` after it began."""
-        deadline_ms = handle.data.get("deadline_ms")
-        return None if deadline_ms is None else int(deadline_ms) / 1000
-
-    def list_in_doubt(self, namespace: str) -> list[Handle]:
-        """Open transactions of ``namespace``'s pooled ids, named by the registry (through this
-        process's admin client, made again should the brokers refuse a rotated password:
-        :meth:`~sinks.kafka.connection.KafkaSettings.with_admin`)."""
-        what = f"listing open transactions of {namespace}"
-        descriptions, entries = self.settings.with_admin(
-            lambda admin: self._open_transactions(admin, namespace, what), what)
-        handles = []
-        for tid, description in sorted(descriptions.items()):
-            entry = entries.get(tid)
-            holder = owner(description, entry)
-            if holder is None or entry is None or holder.namespace != namespace:
-                log.warning("open transaction %s (producer id %d, epoch %d) has no registered "
-                            "owner; the broker aborts it at its timeout", tid,
-                            description.producer_id, description.producer_epoch)
-                continue
-            handles.append(self.handle(
-                holder, 0, transactional_id=tid, producer_id=entry.producer_id,
-                epoch=entry.epoch, deadline_ms=entry.deadline_ms,
-                timeout_ms=description.transaction_timeout_ms))
-        return sorted(handles, key=lambda handle: handle.txn_id)
-
-    def _open_transactions(self, admin: Any, namespace: str, what: str
-                           ) -> tuple[dict[str, TransactionDescription], dict[str, registry.Entry]]:
-        """The coordinators' descriptions of ``namespace``'s open transactions, and the
-        registry's entries (not read while none is open)."""
-        with classified(classify, what, KAFKA_ERRORS):
-            tids = list_ids(admin, namespace_pattern(self.transactional_id_prefix, namespace),
-                            [TransactionState.ONGOING])
-            if not tids:
-                return {}, {}
-            return describe(admin, tids), registry.read(self.settings, self.registry_topic)
 
 
 def _identity(admin: Any, tid: str) -> ProducerIdentity:

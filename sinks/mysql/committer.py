@@ -1,4 +1,5 @@
-"""The driver side: :class:`MySQLCommitter` commits and aborts one batch's branches.
+"""The driver side: :class:`MySQLCommitter` commits and aborts one batch's branches, lists the
+namespace's branches in doubt and purges old markers, all on its pooled connections.
 
 The driver opens one committer per batch (and per recovery or cleanup pass), claims the run's
 epoch once per query (:meth:`MySQLCommitter.fence`, with ``fencing=True``), then commits or
@@ -33,7 +34,7 @@ import pymysql
 from sinks.mysql.connection import Connection, pool
 from sinks.mysql.errors import ROLLED_BACK, classify, error_code, lost
 from sinks.mysql.fencing import FENCE_LOCK_IDLE_TIMEOUT_S, FenceKey
-from sinks.mysql.xa import Xid, resolve
+from sinks.mysql.xa import Xid, prepared_in, resolve
 from twophase import (
     AbortOutcome,
     CommitOutcome,
@@ -54,7 +55,8 @@ PURGE_LOCK_WAIT_S = 1
 
 
 class MySQLCommitter(PooledCommitter[Connection]):
-    """Commits and aborts :class:`~sinks.mysql.MySQLXASink` branches in one process."""
+    """The driver side of :class:`~sinks.mysql.MySQLXASink` in one process: fences, commits,
+    aborts, lists in doubt, purges."""
 
     sink: MySQLXASink
 
@@ -108,6 +110,22 @@ class MySQLCommitter(PooledCommitter[Connection]):
                 log.warning("abort of %s: it is committed already, nothing to roll back",
                             handle.txn_id)
             return AbortOutcome.NOT_FOUND
+
+    def list_in_doubt(self, namespace: str) -> list[Handle]:
+        """The namespace's prepared branches (``XA RECOVER`` by our gtrid prefix)."""
+        with self.session(f"listing in-doubt XA branches of namespace {namespace!r}") as conn:
+            xids = prepared_in(conn, namespace)
+        return [self.sink.handle(xid.txn_id(), rows=0, gtrid=xid.gtrid, bqual=xid.bqual)
+                for xid in xids]
+
+    def purge_commit_records(self, namespace: str, older_than: dt.datetime) -> int:
+        """Delete markers of ``namespace`` committed before ``older_than`` (naive = UTC)."""
+        validate_namespace(namespace)
+        with self.session(f"purging commit markers of namespace {namespace!r}") as conn:
+            purged = self.sink.markers.purge(conn, namespace, older_than)
+        log.info("purged %d commit markers of namespace %s older than %s",
+                 purged, namespace, older_than)
+        return purged
 
     def tombstones(self) -> tuple[int, dt.datetime | None]:
         """How many tombstones ``mode="keyed"`` keeps, and when the oldest one's delete was

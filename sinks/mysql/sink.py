@@ -52,8 +52,9 @@ abort       [fence check],      rolled back, or still  repeat it: 1397 means  Fe
             ``XA ROLLBACK``     prepared               NOT_FOUND              RetryableError
 ==========  ==================  =====================  =====================  =====================
 
-Commit, abort and fencing run through :class:`~sinks.mysql.committer.MySQLCommitter` (pooled
-connections, the fence claim); ``sink.commit``/``sink.abort`` open a short-lived one. Rows go in
+The sink writes; everything the driver does (commit, abort, fencing, the listing in doubt by
+``XA RECOVER``, the purge of markers) runs through
+:class:`~sinks.mysql.committer.MySQLCommitter` (pooled connections, the fence claim). Rows go in
 chunks of ``chunk_size`` through ``LOAD DATA LOCAL`` or ``INSERT`` (:mod:`~sinks.mysql.bulk`),
 from rows or, on Spark's Arrow path, from record batches encoded without per-row Python
 (:mod:`~sinks.mysql.encoding`, :mod:`~sinks.mysql.arrow`). Errors are classified in
@@ -89,9 +90,7 @@ of prepared branches (MySQL before 8.0.30 has known XA/binlog crash-safety gaps)
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import logging
-import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
@@ -128,7 +127,7 @@ from sinks.mysql.fencing import DEFAULT_FENCE_TABLE, Fence
 from sinks.mysql.keyed import PRIMARY, KeyedTables
 from sinks.mysql.markers import DEFAULT_MARKER_TABLE, Markers
 from sinks.mysql.schema import FENCE_TABLE_DDL, MARKER_TABLE_DDL, Table
-from sinks.mysql.xa import Xid, prepared_in, recover, xa
+from sinks.mysql.xa import Xid, recover, xa
 from twophase import (
     Column,
     ConfigurationError,
@@ -152,7 +151,6 @@ from twophase.kit import (
     validate_chunk_size,
     validate_keyed,
     validate_mode,
-    validate_namespace,
 )
 
 if TYPE_CHECKING:
@@ -478,37 +476,16 @@ class MySQLXASink(TwoPhaseCommitSink[MySQLBranch]):
                           self.server.on(f"{step} transaction {txn.txn_id} into {self.target}"),
                           pymysql.err.MySQLError, on_error=lambda: self.discard(txn))
 
-    # -- driver: the committer (commit, abort, fence), in-doubt, purge -------------------------
+    # -- driver: everything in the committer -------------------------------------------------
+
+    #: Deprecated on the sink (``fence`` since 0.3.0; removed in 0.6.0): call them on
+    #: ``sink.committer()``, which keeps the fence claim for its commits.
+    moved_to_committer = frozenset({"fence", "list_in_doubt", "purge_commit_records"})
 
     def committer(self) -> MySQLCommitter:
-        """Commits and aborts through pooled connections; holds the fence claim."""
+        """Commits, aborts, fences, lists in doubt and purges through pooled connections;
+        holds the fence claim."""
         return MySQLCommitter(self)
-
-    def fence(self, namespace: str, query_id: str, epoch: int) -> None:
-        """Deprecated (until 0.6.0): fence through ``sink.committer()``, which keeps the claim
-        for its commits. This claims ``epoch`` through a committer of its own, as 0.2.0 did;
-        the framework never calls it."""
-        warnings.warn("MySQLXASink.fence is deprecated and goes in 0.6.0: fence through "
-                      "sink.committer() (committer.fence(...)), which keeps the claim for its "
-                      "commits", DeprecationWarning, stacklevel=2)
-        with self.committer() as committer:
-            committer.fence(namespace, query_id, epoch)
-
-    def list_in_doubt(self, namespace: str) -> list[Handle]:
-        with self.server.session(f"listing in-doubt XA branches of namespace {namespace!r}"
-                                 ) as conn:
-            xids = prepared_in(conn, namespace)
-        return [self.handle(xid.txn_id(), rows=0, gtrid=xid.gtrid, bqual=xid.bqual)
-                for xid in xids]
-
-    def purge_commit_records(self, namespace: str, older_than: dt.datetime) -> int:
-        """Delete markers of ``namespace`` committed before ``older_than`` (naive = UTC)."""
-        validate_namespace(namespace)
-        with self.server.session(f"purging commit markers of namespace {namespace!r}") as conn:
-            purged = self.markers.purge(conn, namespace, older_than)
-        log.info("purged %d commit markers of namespace %s older than %s",
-                 purged, namespace, older_than)
-        return purged
 
 
 def _validated_bulk(bulk: str, mode: Mode) -> Bulk:

@@ -1,4 +1,5 @@
-"""The driver side: :class:`PostgresCommitter` commits and aborts one batch's transactions.
+"""The driver side: :class:`PostgresCommitter` commits and aborts one batch's transactions,
+lists the namespace's transactions in doubt and purges old markers, all on its pooled sessions.
 
 Autocommit sessions are pooled for the committer's life (:class:`twophase.kit.ConnectionPool`):
 a batch of N handles opens about ``min(N, commit_parallelism)`` sessions. Commit: ``COMMIT
@@ -36,10 +37,10 @@ import psycopg
 from sinks.postgres.connection import Connection
 from sinks.postgres.errors import classify, lost
 from sinks.postgres.keyed import count_tombstones, purge_tombstones
-from sinks.postgres.prepared import gid_of_handle, resolve
-from sinks.postgres.staging import StagedPublisher, delete_staged
+from sinks.postgres.prepared import gid_of, gid_of_handle, prepared_in, resolve
+from sinks.postgres.staging import StagedPublisher, delete_staged, staged_in
 from twophase import AbortOutcome, CommitOutcome, Handle
-from twophase.kit import PooledCommitter
+from twophase.kit import PooledCommitter, validate_namespace
 
 if TYPE_CHECKING:
     from sinks.postgres.sink import PostgresSink
@@ -48,7 +49,8 @@ log = logging.getLogger(__name__)
 
 
 class PostgresCommitter(PooledCommitter[Connection]):
-    """Commits and aborts :class:`~sinks.postgres.PostgresSink` transactions in one process."""
+    """The driver side of :class:`~sinks.postgres.PostgresSink` in one process: commits,
+    aborts, lists in doubt, purges."""
 
     sink: PostgresSink
 
@@ -96,6 +98,29 @@ class PostgresCommitter(PooledCommitter[Connection]):
                 log.warning("abort of %s: it is published already, nothing to delete",
                             handle.txn_id)
             return AbortOutcome.NOT_FOUND
+
+    def list_in_doubt(self, namespace: str) -> list[Handle]:
+        """The namespace's prepared transactions in this database (staged: its transactions
+        with staged rows); see the sink's module docstring for why unprepared ones are never
+        listed."""
+        sink = self.sink
+        if sink.publish == "staged":
+            with self.session(f"listing staged transactions of namespace {namespace!r}") as conn:
+                staged = staged_in(conn, sink.staging, namespace)
+            return [sink.handle(txn_id, rows=0, columns=[]) for txn_id in staged]
+        with self.session(f"listing prepared transactions of namespace {namespace!r}") as conn:
+            txn_ids = prepared_in(conn, namespace)
+        return [sink.handle(txn_id, rows=0, gid=gid_of(txn_id)) for txn_id in txn_ids]
+
+    def purge_commit_records(self, namespace: str, older_than: dt.datetime) -> int:
+        """Delete this table's markers of ``namespace`` stamped committed before
+        ``older_than`` (see :mod:`sinks.postgres.markers`)."""
+        validate_namespace(namespace)
+        with self.session(f"purging commit markers of namespace {namespace!r}") as conn:
+            purged = self.sink.markers.purge(conn, namespace, older_than, target=self.sink.target)
+        log.info("purged %d commit markers of namespace %s older than %s",
+                 purged, namespace, older_than)
+        return purged
 
     def purge_tombstones(self, older_than: dt.datetime) -> int:
         """Keyed: delete the tombstones of deletes applied before ``older_than`` (naive: UTC);

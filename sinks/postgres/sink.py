@@ -49,8 +49,8 @@ abort       ``ROLLBACK          rolled back, or still  repeat it: 42704       Re
             PREPARED``          prepared               means NOT_FOUND
 ==========  ==================  =====================  =====================  =====================
 
-In doubt: ``list_in_doubt`` lists the prepared transactions of the namespace in the sink's
-database (``pg_prepared_xacts``). An unprepared transaction is never listed: it cannot be
+In doubt: the committer's ``list_in_doubt`` lists the prepared transactions of the namespace in
+the sink's database (``pg_prepared_xacts``). An unprepared transaction is never listed: it cannot be
 named by id (``application_name`` holds 63 bytes, an id up to 92) and it ends with its
 session, so the server rolls it back when the writer dies or disconnects, and after
 ``WRITER_IDLE_TIMEOUT_S`` idle if the writer's host vanished (half-open connection).
@@ -81,7 +81,6 @@ UPDATE, DELETE on the marker table (CREATE once, or create it from ``MARKER_TABL
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -115,13 +114,12 @@ from sinks.postgres.keyed import (
 )
 from sinks.postgres.locks import classify_lock_wait
 from sinks.postgres.markers import DEFAULT_MARKER_TABLE, Markers
-from sinks.postgres.prepared import gid_of, prepare, prepared_in
+from sinks.postgres.prepared import gid_of, prepare
 from sinks.postgres.schema import MARKER_PRIVILEGES, MODE_PRIVILEGES, Table
 from sinks.postgres.staging import (
     Publish,
     begin_staging,
     create_missing_staging,
-    staged_in,
     staging_table_of,
     validate_publish,
 )
@@ -150,7 +148,6 @@ from twophase.kit import (
     validate_chunk_size,
     validate_keyed,
     validate_mode,
-    validate_namespace,
 )
 
 if TYPE_CHECKING:
@@ -437,34 +434,14 @@ class PostgresSink(TwoPhaseCommitSink[PostgresTransaction]):
         own = (self.tombstones,) if self.keyed is not None and not self.copies else ()
         return (self.written, *own)
 
-    # -- driver: commit, abort, in-doubt, purge ------------------------------------------------
+    # -- driver: everything in the committer -------------------------------------------------
+
+    #: Deprecated on the sink (removed in 0.6.0): call them on ``sink.committer()``.
+    moved_to_committer = frozenset({"list_in_doubt", "purge_commit_records"})
 
     def committer(self) -> PostgresCommitter:
-        """Commits and aborts through pooled autocommit sessions."""
+        """Commits, aborts, lists in doubt and purges through pooled autocommit sessions."""
         return PostgresCommitter(self)
-
-    def list_in_doubt(self, namespace: str) -> list[Handle]:
-        """The namespace's prepared transactions in this database (see the module docstring
-        for why unprepared ones are never listed)."""
-        if self.publish == "staged":
-            with self.server.session(f"listing staged transactions of namespace {namespace!r}"
-                                     ) as conn:
-                staged = staged_in(conn, self.staging, namespace)
-            return [self.handle(txn_id, rows=0, columns=[]) for txn_id in staged]
-        with self.server.session(f"listing prepared transactions of namespace {namespace!r}"
-                                 ) as conn:
-            txn_ids = prepared_in(conn, namespace)
-        return [self.handle(txn_id, rows=0, gid=gid_of(txn_id)) for txn_id in txn_ids]
-
-    def purge_commit_records(self, namespace: str, older_than: dt.datetime) -> int:
-        """Delete this table's markers of ``namespace`` stamped committed before
-        ``older_than`` (see :mod:`sinks.postgres.markers`)."""
-        validate_namespace(namespace)
-        with self.server.session(f"purging commit markers of namespace {namespace!r}") as conn:
-            purged = self.markers.purge(conn, namespace, older_than, target=self.target)
-        log.info("purged %d commit markers of namespace %s older than %s",
-                 purged, namespace, older_than)
-        return purged
 
     def create_tables(self) -> None:
         """Create the marker table (and, staged, the staging table; keyed, the tombstone

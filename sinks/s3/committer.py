@@ -1,4 +1,5 @@
-"""The driver side: :class:`S3Committer` completes and aborts one batch's uploads.
+"""The driver side: :class:`S3Committer` completes and aborts one batch's uploads, and lists
+the namespace's open uploads in doubt.
 
 The process's boto3 client of the sink's settings (made on first use, thread-safe, shared by
 the batch's commit threads, never pickled; made again with the new keys should the store
@@ -52,7 +53,8 @@ T = TypeVar("T")
 
 
 class S3Committer(Committer):
-    """Completes and aborts :class:`~sinks.s3.S3Sink` uploads in one process."""
+    """The driver side of :class:`~sinks.s3.S3Sink` in one process: completes, aborts and
+    lists in doubt its uploads."""
 
     sink: S3Sink
 
@@ -66,6 +68,20 @@ class S3Committer(Committer):
 
     def abort(self, handle: Handle) -> AbortOutcome:
         return self._rotating(lambda: self._abort(handle), f"abort of {handle.txn_id}")
+
+    def list_in_doubt(self, namespace: str) -> list[Handle]:
+        """Every open upload under the prefix whose key names a transaction of ``namespace``
+        (listed with the sink's attempts per request: a listing is read-only)."""
+        sink = self.sink
+        bucket, found = sink.settings.bucket, {}
+        client = sink.settings.client(max_attempts=sink.max_attempts)
+        for key, upload_id in uploads_at(client, bucket, sink.keys.listing_prefix(namespace),
+                                         sink.where):
+            txn_id = sink.keys.parse(key)
+            if txn_id is not None and txn_id.namespace == namespace and txn_id not in found:
+                found[txn_id] = sink.handle(txn_id, 0, bucket=bucket, key=key,
+                                            upload_id=upload_id, parts=[], size=0)
+        return sorted(found.values(), key=lambda handle: str(handle.txn_id))
 
     def _rotating(self, step: Callable[[], T], what: str) -> T:
         """``step``, once more with a new client if the store refused rotated keys."""

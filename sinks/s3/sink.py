@@ -74,7 +74,7 @@ from sinks.s3.formats import (
     unencodable,
 )
 from sinks.s3.keys import DEFAULT_KEY_TEMPLATE, KeyTemplate
-from sinks.s3.upload import PartUploader, head, txn_of, uploads_at
+from sinks.s3.upload import PartUploader, head, txn_of
 from twophase import (
     Column,
     ConfigurationError,
@@ -312,19 +312,10 @@ class S3Sink(TwoPhaseCommitSink[S3Transaction]):
             log.warning("discard of %s: its upload stays until a sweep or cleanup aborts it",
                         txn.txn_id, exc_info=True)
 
-    # -- driver -------------------------------------------------------------------------------
+    # -- driver: everything in the committer --------------------------------------------------
+
+    #: Deprecated on the sink (removed in 0.6.0): call it on ``sink.committer()``.
+    moved_to_committer = frozenset({"list_in_doubt"})
 
     def committer(self) -> S3Committer:
         return S3Committer(self)
-
-
-    def list_in_doubt(self, namespace: str) -> list[Handle]:
-        """Every open upload under the prefix whose key names a transaction of ``namespace``."""
-        bucket, found = self.settings.bucket, {}
-        listing = self.keys.listing_prefix(namespace)
-        for key, upload_id in uploads_at(self._client(), bucket, listing, self.where):
-            txn_id = self.keys.parse(key)
-            if txn_id is not None and txn_id.namespace == namespace and txn_id not in found:
-                found[txn_id] = self.handle(txn_id, 0, bucket=bucket, key=key,
-                                            upload_id=upload_id, parts=[], size=0)
-        return sorted(found.values(), key=lambda handle: str(handle.txn_id))

@@ -25,7 +25,9 @@ lacks. Set ``purges_commit_records = False`` if the sink keeps no proofs it coul
 begin/write/pre-commit (:func:`prepare`; ``arrow=True``: through ``write_arrow``, as Spark's
 data source path does), the driver's committer for commit and abort, other processes for a
 writer killed with SIGKILL and for a commit from elsewhere. The builders here
-(:func:`context`, :func:`orders`, :func:`prepare`) serve a sink's own tests too.
+(:func:`context`, :func:`orders`, :func:`prepare`) serve a sink's own tests too, and so do the
+driver's calls through a committer (:func:`commit`, :func:`abort`, :func:`list_in_doubt`,
+:func:`purge_commit_records`).
 
 Deprecated, removed in 0.6.0 (see ``CHANGELOG.md``): 0.1.0's way, a ``sink`` fixture and the
 suite's ``visible(sink)`` in place of ``target``. It still works, with a
@@ -140,6 +142,20 @@ def abort(sink: TwoPhaseCommitSink[Any], handle: Handle) -> AbortOutcome:
         return committer.abort(handle)
 
 
+def list_in_doubt(sink: TwoPhaseCommitSink[Any], namespace: str) -> list[Handle]:
+    """List what is in doubt as the driver's sweep, cleanup and ``status`` do: through a
+    committer (``sink.list_in_doubt`` on a sink with a committer is deprecated)."""
+    with sink.committer() as committer:
+        return committer.list_in_doubt(namespace)
+
+
+def purge_commit_records(sink: TwoPhaseCommitSink[Any], namespace: str,
+                         older_than: datetime) -> int:
+    """Purge proofs of commit as cleanup does: through a committer."""
+    with sink.committer() as committer:
+        return committer.purge_commit_records(namespace, older_than)
+
+
 _IN_ANOTHER_PROCESS = """
 import os, pickle, signal, sys
 from twophase import Handle
@@ -189,10 +205,12 @@ class SinkContract(TargetSuite):
     @pytest.fixture(autouse=True)
     def _fresh_query_checked(self, sink: TwoPhaseCommitSink[Any]) -> Iterator[None]:
         """A query id of the test's own, and the schema check the driver makes first."""
-        use_query_id(str(uuid.uuid4()))
         sink.check_schema(ORDER_COLUMNS)
-        yield
-        use_query_id(QUERY_ID)
+        use_query_id(str(uuid.uuid4()))
+        try:
+            yield
+        finally:
+            use_query_id(QUERY_ID)
 
     # -- schema and the Arrow path -------------------------------------------------------------
 
@@ -217,7 +235,7 @@ class SinkContract(TargetSuite):
         assert commit(sink, written) is CommitOutcome.COMMITTED
         assert commit(sink, empty) in (CommitOutcome.COMMITTED, CommitOutcome.ALREADY_COMMITTED)
         assert target.visible() == [0, 1, 2, 3, 4]
-        assert sink.list_in_doubt(NAMESPACE) == []
+        assert list_in_doubt(sink, NAMESPACE) == []
 
     # -- visibility ----------------------------------------------------------------------------
 
@@ -242,7 +260,7 @@ class SinkContract(TargetSuite):
         assert commit(sink, written) is CommitOutcome.COMMITTED
         assert commit(sink, empty) in (CommitOutcome.COMMITTED, CommitOutcome.ALREADY_COMMITTED)
         assert target.visible() == [0, 1, 2]
-        assert sink.list_in_doubt(NAMESPACE) == []
+        assert list_in_doubt(sink, NAMESPACE) == []
 
     def test_a_second_commit_proves_it_was_already_committed(
         self, target: Target, sink: TwoPhaseCommitSink[Any]
@@ -252,7 +270,7 @@ class SinkContract(TargetSuite):
         again = Handle.loads(handle.dumps())  # as recovery reads it from the state file
         assert commit(sink, again) is CommitOutcome.ALREADY_COMMITTED
         assert target.visible() == [0, 1, 2, 3]
-        assert sink.list_in_doubt(NAMESPACE) == []
+        assert list_in_doubt(sink, NAMESPACE) == []
 
     def test_an_empty_partition_commits_and_leaves_nothing_behind(
         self, target: Target, sink: TwoPhaseCommitSink[Any]
@@ -263,7 +281,7 @@ class SinkContract(TargetSuite):
                                          CommitOutcome.ALREADY_COMMITTED)
         assert commit(sink, handle) is CommitOutcome.ALREADY_COMMITTED
         assert target.visible() == []
-        assert sink.list_in_doubt(NAMESPACE) == []
+        assert list_in_doubt(sink, NAMESPACE) == []
 
     # -- abort and loss ------------------------------------------------------------------------
 
@@ -276,7 +294,7 @@ class SinkContract(TargetSuite):
         with pytest.raises(TransactionLostError, match=r"Fix: "):
             commit(sink, handle)  # decided, then aborted outside: never "success"
         assert target.visible() == []
-        assert sink.list_in_doubt(NAMESPACE) == []
+        assert list_in_doubt(sink, NAMESPACE) == []
 
     def test_a_discarded_transaction_leaves_nothing(
         self, target: Target, sink: TwoPhaseCommitSink[Any]
@@ -285,7 +303,7 @@ class SinkContract(TargetSuite):
         sink.write(txn, orders(0, 3))
         sink.discard(txn)
         assert target.visible() == []
-        assert sink.list_in_doubt(NAMESPACE) == []
+        assert list_in_doubt(sink, NAMESPACE) == []
 
     def test_a_committed_transaction_id_is_never_reused(
         self, target: Target, sink: TwoPhaseCommitSink[Any]
@@ -308,7 +326,7 @@ class SinkContract(TargetSuite):
             "committed", "aborted"), committed.stderr + aborted.stderr
         assert target.visible() == [0, 1]
         assert commit(sink, kept) is CommitOutcome.ALREADY_COMMITTED
-        assert sink.list_in_doubt(NAMESPACE) == []
+        assert list_in_doubt(sink, NAMESPACE) == []
 
     def test_a_writer_killed_after_pre_commit_leaves_a_transaction_the_driver_commits(
         self, target: Target, sink: TwoPhaseCommitSink[Any]
@@ -317,7 +335,7 @@ class SinkContract(TargetSuite):
         assert writer.returncode == -signal.SIGKILL, writer.stderr
         handle = Handle.loads(writer.stdout.strip())
         assert target.visible() == []
-        assert [h.txn_id for h in sink.list_in_doubt(NAMESPACE)] == [handle.txn_id]
+        assert [h.txn_id for h in list_in_doubt(sink, NAMESPACE)] == [handle.txn_id]
         assert commit(sink, handle) is CommitOutcome.COMMITTED
         assert target.visible() == [0, 1, 2, 3, 4]
 
@@ -328,10 +346,10 @@ class SinkContract(TargetSuite):
     ) -> None:
         ours = prepare(sink, orders(0, 2), namespace=NAMESPACE)
         similar = prepare(sink, orders(2, 2), namespace=f"{NAMESPACE}2")  # a prefix trap
-        listed = sink.list_in_doubt(NAMESPACE)
+        listed = list_in_doubt(sink, NAMESPACE)
         assert [h.txn_id for h in listed] == [ours.txn_id]
         assert abort(sink, listed[0]) is AbortOutcome.ABORTED  # a listed handle is abortable
-        assert [h.txn_id for h in sink.list_in_doubt(f"{NAMESPACE}2")] == [similar.txn_id]
+        assert [h.txn_id for h in list_in_doubt(sink, f"{NAMESPACE}2")] == [similar.txn_id]
         assert abort(sink, similar) is AbortOutcome.ABORTED
         assert target.visible() == []
 
@@ -356,8 +374,7 @@ class SinkContract(TargetSuite):
         for handle in (ours, others):
             assert commit(sink, handle) is CommitOutcome.COMMITTED
         later = datetime.now(UTC) + timedelta(hours=1)
-        with sink.committer() as committer:
-            purged = committer.purge_commit_records(NAMESPACE, later)
+        purged = purge_commit_records(sink, NAMESPACE, later)
         assert commit(sink, others) is CommitOutcome.ALREADY_COMMITTED
         if self.purges_commit_records:
             assert purged == 1

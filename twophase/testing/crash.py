@@ -48,6 +48,8 @@ the target once every row is delivered (say, every ``ts`` is the feed's instant)
 Deprecated, removed in 0.6.0 (see ``CHANGELOG.md``): 0.1.0's :class:`SinkTarget` and a suite's
 ``visible(target)``. They still work, with a :class:`DeprecationWarning` naming the
 replacement: a :class:`~twophase.testing.Target` subclass whose ``visible()`` reads the target.
+So does a suite's ``pipelined_commits = True``/``False`` (0.4.0's): ``commits = "behind"`` or
+``"inline"``, ``write_stream``'s option.
 """
 
 from __future__ import annotations
@@ -66,7 +68,10 @@ import pytest
 from twophase._crash import AFTER_DECISION, AFTER_PRE_COMMIT, BEFORE_DECISION, CRASH_POINTS
 from twophase._state import StateStore
 from twophase.sink import TwoPhaseCommitSink
+from twophase.spark import Commits
+from twophase.testing.contract import list_in_doubt
 from twophase.testing.driver import (
+    PIPELINED_COMMITS_DEPRECATED,
     DriverSpec,
     KeyedFeed,
     RunResult,
@@ -75,6 +80,7 @@ from twophase.testing.driver import (
     generate_keyed_feed,
     launch,
 )
+from twophase.testing.jvm import ensure_archive
 from twophase.testing.suite import TargetSuite
 from twophase.testing.target import Target
 
@@ -118,16 +124,24 @@ class CrashSuite(TargetSuite):
                 for base in cls.__bases__):  # once, where a suite first gets it
             warnings.warn(SUITE_VISIBLE_DEPRECATED.format(name=cls.__qualname__),
                           DeprecationWarning, stacklevel=2)
+        pipelined = cls.__dict__.get("pipelined_commits")
+        if pipelined is not None:
+            warnings.warn(PIPELINED_COMMITS_DEPRECATED.format(name=cls.__qualname__),
+                          DeprecationWarning, stacklevel=2)
+            cls.commits = "behind" if pipelined else "inline"
 
     check_lost_state = False
     #: The points the driver is killed at, one per batch (a sink group's: GROUP_CRASH_POINTS).
     crash_points: tuple[str, ...] = CRASH_POINTS
-    foreach_batch = False
+    #: ``write_stream``'s ``foreach_batch`` (None: chosen by ``write_stream``).
+    foreach_batch: bool | None = None
     #: The stream's trigger (None: ``availableNow``); one that runs until stopped (as
     #: ``{"processingTime": "0 seconds"}``) commits each batch behind the next, and each run
     #: stops its query once the feed is written.
     trigger: dict[str, Any] | None = None
-    #: ``write_stream``'s ``pipelined_commits`` (None: its default for the trigger).
+    #: ``write_stream``'s ``commits`` (``"auto"``: chosen for the trigger).
+    commits: Commits = "auto"
+    #: Deprecated, removed in 0.6.0: ``commits = "behind"`` (True) or ``"inline"`` (False).
     pipelined_commits: bool | None = None
     fresh_host_per_run = False
     rows_per_file = ROWS_PER_FILE
@@ -162,10 +176,11 @@ class CrashSuite(TargetSuite):
             f"check_lost_state needs {AFTER_DECISION} among the crash points"
         files = len(self.crash_points) + 2  # a batch before the first crash, one after the last
         expected = self.make_feed(tmp_path / "feed", files)
+        ensure_archive()  # every driver of the suite starts from it (twophase.testing.jvm)
         spec = DriverSpec.into(target, tmp_path, checkpoint=str(driver_disk / "ckpt"),
                                foreach_batch=self.foreach_batch, state_location=state[0],
                                state_options=state[1], spark_conf=spark_conf,
-                               pipelined_commits=self.pipelined_commits,
+                               commits=self.commits,
                                **({} if self.trigger is None else
                                   {"trigger": self.trigger, "stop_when_done": True}))
         if source is not None:
@@ -189,7 +204,7 @@ class CrashSuite(TargetSuite):
         final = spec.state_store().read()
         assert final is not None
         assert (final.pending, final.last_done_batch) == ((), files - 1)
-        assert target.build().list_in_doubt(final.namespace) == [], "left in doubt"
+        assert list_in_doubt(target.build(), final.namespace) == [], "left in doubt"
         assert target.in_doubt() == [], "left in doubt on the server"
         self.check_finished(given)
 

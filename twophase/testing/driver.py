@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import MISSING, Field, asdict, dataclass, field, fields
 from datetime import UTC, datetime, timedelta
@@ -40,7 +41,8 @@ from twophase._crash import (
 from twophase._loader import build_sink
 from twophase._state import StateStore
 from twophase.sink import TwoPhaseCommitSink
-from twophase.spark import write, write_stream
+from twophase.spark import Commits, write, write_stream
+from twophase.testing.jvm import C1_ONLY, java_options
 from twophase.testing.target import Target
 
 ORDER_STATUSES = ("created", "paid", "packed", "shipped", "delivered", "cancelled")
@@ -48,12 +50,15 @@ FEED_SCHEMA = "event_id BIGINT, order_id BIGINT, status STRING, ts TIMESTAMP"
 FEED_START = datetime(2026, 11, 1, tzinfo=UTC)
 DRIVER_TIMEOUT_S = 600.0
 POLL_INTERVAL_S = 0.5
+PIPELINED_COMMITS_DEPRECATED = (
+    "{name}'s pipelined_commits is deprecated and is removed in 0.6.0: set commits='behind' "
+    "(for True) or commits='inline' (for False), write_stream's option")
 AVAILABLE_NOW = {"availableNow": True}
 SPARK_CONF = {
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
     "spark.sql.shuffle.partitions": "2",
-    "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1",
+    "spark.driver.extraJavaOptions": C1_ONLY,
     "spark.sql.streaming.minBatchesToRetain": "10",
 }
 
@@ -70,7 +75,8 @@ class DriverSpec:
     partitions: int = 2
     #: Local mode's task slots (``local[cores]``); None: one per partition.
     cores: int | None = None
-    foreach_batch: bool = False
+    #: ``write_stream``'s ``foreach_batch`` (None: chosen by ``write_stream``).
+    foreach_batch: bool | None = None
     log_level: str = "INFO"
     #: Where the state lives if not inside the checkpoint (a directory or ``s3://``), and
     #: its options (see :class:`~twophase._state.StateStore`).
@@ -95,8 +101,8 @@ class DriverSpec:
     #: Stop the query once every file of the feed is written (``processAllAvailable``, then
     #: ``stop``): for a trigger that runs until stopped, as ``processingTime``.
     stop_when_done: bool = False
-    #: ``write_stream``'s ``pipelined_commits`` (None: its default).
-    pipelined_commits: bool | None = None
+    #: ``write_stream``'s ``commits`` (``"auto"``: chosen for the trigger).
+    commits: Commits = "auto"
     #: Serve the query's Prometheus metrics on this port while the driver runs.
     metrics_port: int | None = None
     #: The Python that Spark starts its Python workers with (``PYSPARK_PYTHON``), on the
@@ -105,6 +111,16 @@ class DriverSpec:
     #: relative path starts from each one's working directory (an executor's, where Spark
     #: unpacks the archive; the driver's). None: the driver's own Python.
     pyspark_python: str | None = None
+    #: Deprecated, removed in 0.6.0: ``commits="behind"`` (True) or ``"inline"`` (False).
+    pipelined_commits: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.pipelined_commits is None:
+            return
+        warnings.warn(PIPELINED_COMMITS_DEPRECATED.format(name="DriverSpec"),
+                      DeprecationWarning, stacklevel=3)
+        object.__setattr__(self, "commits", "behind" if self.pipelined_commits else "inline")
+        object.__setattr__(self, "pipelined_commits", None)
 
     @classmethod
     def into(cls, target: Target, workdir: Path, **settings: Any) -> DriverSpec:
@@ -295,7 +311,10 @@ def local_session(app_name: str, cores: int = 2, conf: dict[str, str] | None = N
     local with ``cores``, unless ``conf`` names a ``spark.master``."""
     os.environ["PYSPARK_PYTHON"] = python or sys.executable
     builder = SparkSession.builder.master(f"local[{cores}]").appName(app_name)
-    for key, value in {**SPARK_CONF, **(conf or {})}.items():
+    settings = {**SPARK_CONF, **(conf or {})}
+    if "spark.driver.extraJavaOptions" not in (conf or {}):  # a benchmark's JVM: as a user's
+        settings["spark.driver.extraJavaOptions"] = java_options()
+    for key, value in settings.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
@@ -342,8 +361,7 @@ def run_driver(spec: DriverSpec) -> None:
                          state_location=spec.state_location,
                          state_options=spec.state_options or None,
                          trigger=spec.trigger, foreach_batch=spec.foreach_batch,
-                         metrics_port=spec.metrics_port,
-                         pipelined_commits=spec.pipelined_commits)
+                         metrics_port=spec.metrics_port, commits=spec.commits)
     if spec.stop_when_done:
         query.processAllAvailable()
         query.stop()

@@ -50,7 +50,9 @@ transactions were committed.
 
 Invariants: after every step, each visible row belongs to a decided batch's decision, none is
 visible twice, and no row of a batch is visible while a decided row of an earlier batch is not
-(batches become visible in order); right after every start and at the end of every example
+(batches become visible in order); a batch decided and committed in one step committed each of
+its transactions once (as many commits as transactions, none already committed); right after
+every start and at the end of every example
 (a final restart), what is visible is exactly the rows of the decided batches, nothing of the
 query is in doubt in the sink, and the state file has nothing pending. A decided transaction
 reported lost, or a zombie run not fenced, is a violation too. A failure is an
@@ -119,8 +121,9 @@ from twophase._retry import RetryPolicy
 from twophase._spark import RunConfig, write_partition
 from twophase._state import StateStore
 from twophase.errors import FencedError, TransactionLostError, TwoPhaseError
+from twophase.group import member_handles
 from twophase.sink import TwoPhaseCommitSink
-from twophase.testing.contract import ORDER_COLUMNS, orders
+from twophase.testing.contract import ORDER_COLUMNS, list_in_doubt, orders
 from twophase.testing.simulated import (
     PARTITIONS,
     DeferredCommit,
@@ -362,6 +365,27 @@ class ProtocolModel(RuleBasedStateMachine):
                                    f"{expected} rows")
         self.decided[batch] = rows
 
+    def check_committed_once(self, batch: int, handles: Sequence[Handle]) -> None:
+        """A batch decided and committed in one uninterrupted step (its record written, not
+        behind the next batch) committed each of its transactions once: as many outcomes as
+        transactions, none "already committed" (nobody else could have committed them) but
+        an empty one (a sink may prove it by its having nothing to add). A stage committed
+        twice breaks it."""
+        # Read by a store of its own: reading through the runs' store would move what its
+        # next compare-and-swap expects.
+        state = StateStore(self.state_dir / "state").read()
+        record = next((r for r in state.history if r.batch == batch), None) if state else None
+        if record is None:
+            return
+        transactions = [member for handle in handles
+                        for member in ([m for _, m in member_handles(handle)] or [handle])]
+        empty = sum(1 for member in transactions if not member.rows)
+        if record.txns != len(transactions) or record.already_committed > empty:
+            raise ExactlyOnceError(
+                f"batch {batch} has {len(transactions)} transactions ({empty} empty), but its "
+                f"commit reported {record.txns} commits, {record.already_committed} of them "
+                "already committed: a transaction was committed more than once")
+
     def decided_rows(self) -> list[int]:
         return sorted(event for rows in self.decided.values() for event in rows)
 
@@ -373,7 +397,7 @@ class ProtocolModel(RuleBasedStateMachine):
             extra = sorted((Counter(seen) - Counter(expected)).elements())
             raise ExactlyOnceError(f"{when}: missing rows {missing}, rows visible but not "
                                    f"decided or visible twice {extra}")
-        in_doubt = [str(h.txn_id) for h in self.inspector.list_in_doubt(self.namespace)
+        in_doubt = [str(h.txn_id) for h in list_in_doubt(self.inspector, self.namespace)
                     if h.txn_id.belongs_to(self.namespace, self.query_id)]
         if in_doubt:
             raise ExactlyOnceError(f"{when}: left in doubt {in_doubt}")
@@ -407,7 +431,10 @@ class ProtocolModel(RuleBasedStateMachine):
             return
         finally:
             self.traps.clear()
+        newly_decided = batch not in self.decided
         self.record_decision(batch, handles)
+        if newly_decided:
+            self.check_committed_once(batch, handles)
         if crash == BEFORE_SPARK_COMMIT_LOG:
             self.fault("driver kill")
             self.live = None

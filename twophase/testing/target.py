@@ -53,7 +53,7 @@ class Target(ABC):
     def in_doubt(self) -> list[Any]:
         """What the server itself still holds open for this target (prepared transactions,
         open uploads, open Kafka transactions): empty once every batch is finished. None by
-        default: the sink's own ``list_in_doubt`` is checked besides."""
+        default: the sink's committer's ``list_in_doubt`` is checked besides."""
         return []
 
 

@@ -1,0 +1,1 @@
+"""Repository tier: docs, guarantees, registry, layering and budgets, read from the files."""

@@ -1,0 +1,1 @@
+"""Sink tier: one room per prebuilt sink (``sinks/<name>/``), and here the tests of several."""

@@ -1,0 +1,1 @@
+"""The tests of ``sinks/delta``: contract, crash, keyed, security."""

@@ -1,0 +1,1 @@
+"""The tests of ``sinks/http``: contract, crash, keyed, security."""

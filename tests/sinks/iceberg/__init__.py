@@ -1,0 +1,1 @@
+"""The tests of ``sinks/iceberg``: contract, crash, keyed, security."""

@@ -1,0 +1,1 @@
+"""The tests of ``sinks/kafka``: contract, crash, keyed, security."""

@@ -1,0 +1,1 @@
+"""The tests of ``sinks/mysql``: contract, crash, keyed, security."""

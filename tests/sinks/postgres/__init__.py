@@ -1,0 +1,1 @@
+"""The tests of ``sinks/postgres``: contract, crash, keyed, security."""

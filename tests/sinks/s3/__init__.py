@@ -1,0 +1,1 @@
+"""The tests of ``sinks/s3``: contract, crash, keyed, security."""

@@ -1,0 +1,1 @@
+"""The tests of ``sinks/sqlite``: contract, crash, keyed, security."""

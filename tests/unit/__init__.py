@@ -1,0 +1,1 @@
+"""Unit tier: the framework's pieces without Spark (a test that takes a server is marked ``server``)."""
