@@ -1,4 +1,4 @@
-"""A pytest plugin for tests/test_compat.py: records every warning of a pytest run (collection
+"""A pytest plugin for tests/spark/test_compat.py: records every warning of a pytest run (collection
 included) as JSON lines in the file that ``COMPAT_WARNINGS`` names."""
 
 from __future__ import annotations

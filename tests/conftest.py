@@ -1,7 +1,12 @@
-"""Shared fixtures. Servers are real processes started here and stopped at the end of the run;
-each sink's setup (:mod:`setups`) is built over them per test: for every registered sink
-(:data:`setups.SETUPS`) the fixture ``<name>_setup`` (:func:`tests.sink_sets.fixture_of`),
-then variants over the secured servers."""
+"""Shared fixtures and the suite's markers. Servers are real processes started by the plugins
+of ``tests/fixtures/`` and stopped at the end of the run; each sink's setup (:mod:`setups`) is
+built over them per test: for every registered sink (:data:`setups.SETUPS`) the fixture
+``<name>_setup`` (:func:`tests.sink_sets.fixture_of`), then variants over the secured servers.
+
+Every test is marked ``server``, ``spark`` and with its sinks' names from what it takes
+(:mod:`tests.markers`), so ``scripts/test -m "not server and not spark"`` starts nothing and
+``scripts/test -m kafka`` runs one sink's tests; :mod:`tests.durations` sums the run's
+durations by room against the budgets."""
 
 from __future__ import annotations
 
@@ -32,13 +37,32 @@ from setups.servers.moto import MotoServer
 from setups.servers.postgres import PgView, PostgresServer
 from setups.sqlite import orders_database
 from sinks.sqlite import SQLiteSink
+from tests import markers
 from tests.sink_sets import fixture_of
+from twophase.testing.contract import QUERY_ID, use_query_id
 
-pytest_plugins = ["setups.servers.mariadb", "setups.servers.moto", "setups.servers.spark",
-                  "setups.servers.spark_cluster", "setups.servers.connect",
-                  "setups.servers.http_receiver", "setups.servers.kafka",
-                  "setups.servers.postgres", "setups.servers.prometheus", "setups.servers.tls",
-                  "setups.servers.iceberg_rest"]
+pytest_plugins = ["tests.fixtures.tls", "tests.fixtures.mariadb", "tests.fixtures.moto",
+                  "tests.fixtures.spark", "tests.fixtures.spark_cluster", "tests.fixtures.connect",
+                  "tests.fixtures.http_receiver", "tests.fixtures.kafka", "tests.fixtures.postgres",
+                  "tests.fixtures.prometheus", "tests.fixtures.iceberg_rest", "tests.durations"]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A ``-m`` that says nothing of ``long`` keeps CI's selection (``addopts``' ``-m 'not
+    long'``, which any ``-m`` replaces): ``-m kafka`` runs Kafka's CI tests, ``-m "kafka and
+    long"`` its long ones, ``-m ''`` everything."""
+    config.option.markexpr = markers.without_long(config.option.markexpr)
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m selects by them
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    markers.mark(items)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_fixture_setup(fixturedef: pytest.FixtureDef[Any], request: pytest.FixtureRequest
+                         ) -> None:
+    markers.check_marked(fixturedef.argname, request)
 
 
 def setup_fixture(setup: type[SinkSetup]) -> Callable[..., Any]:
@@ -165,3 +189,12 @@ def foreach_batch(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatc
     if request.param == "foreach-batch-rows":
         monkeypatch.setattr("twophase._spark.has_pyarrow", lambda: False)
     return bool(request.param != "data-source")
+
+
+@pytest.fixture(autouse=True)
+def _default_query_id() -> Iterator[None]:
+    """Every test starts under the builders' default query id (twophase.testing.contract): a
+    test that set its own and failed before putting it back must not decide whose orphans the
+    next test's sweep may abort."""
+    use_query_id(QUERY_ID)
+    yield

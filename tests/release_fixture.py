@@ -5,7 +5,7 @@ drop the older release's files). It writes under ``tests/data/releases/``:
 
 1. ``twophase-<version>-py3-none-any.whl``: the release's wheel (``pip wheel --no-deps`` of
    ``git archive <tag>``: its ``twophase`` and ``sinks`` packages, about 300 KB), which
-   :mod:`tests.test_upgrade` runs against every sink's real server;
+   :mod:`tests.spark.test_upgrade` runs against every sink's real server;
 2. ``<version>/sqlite/``: what that release leaves in the self-contained case, written by the
    release's own driver and sink: ``twophase/state.json`` (batch 0 done, batch 1 decided and
    pending: the driver SIGKILLed after the decision), ``orders.db`` (batch 0 committed, batch
@@ -28,12 +28,12 @@ from io import BytesIO
 from pathlib import Path
 
 from setups.sqlite import orders_database
+from tests import REPO
 from tests.releases import RELEASES, launch_release, leave_orphans, unpacked, wheel
 from twophase._crash import AFTER_DECISION
 from twophase.testing.driver import DriverSpec, generate_feed
 
 log = logging.getLogger("release-fixture")
-REPO = Path(__file__).resolve().parents[1]
 ROWS_PER_FILE, FILES, ORPHANS = 20, 3, 2
 
 

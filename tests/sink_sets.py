@@ -26,6 +26,7 @@ from twophase._eligibility import undecided_handles
 from twophase._state import State
 from twophase.group import member_handles
 from twophase.testing import GroupTarget, Target
+from twophase.testing.contract import list_in_doubt
 
 Registry = Mapping[str, type[SinkSetup]]
 
@@ -91,7 +92,7 @@ class Sinks:
 def undecided(sinks: Sinks, state: State) -> dict[str, int]:
     """How many transactions of the query each sink holds that no decision names (orphans,
     until a sweep aborts them), by the sinks' own listings and ``status``'s rule."""
-    handles = undecided_handles(sinks.target.build().list_in_doubt(state.namespace), state)
+    handles = undecided_handles(list_in_doubt(sinks.target.build(), state.namespace), state)
     if not isinstance(sinks.target, GroupTarget):
         return dict.fromkeys(sinks.members, len(handles))
     held = Counter(name for handle in handles for name, _ in member_handles(handle))

@@ -1,7 +1,7 @@
 """A sink a user writes from the README alone: JSON-lines files in a directory.
 
 It imports only the documented API (``twophase`` and ``twophase.kit``), and the shared contract
-and crash suites prove it (tests/test_user_sink.py): that is the claim that a user can.
+and crash suites prove it (tests/unit/test_user_sink.py): that is the claim that a user can.
 
 ==========  =================  ==================  =================  =========================
 phase       what it does       a crash here        resolved by        raises

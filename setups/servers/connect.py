@@ -1,8 +1,9 @@
 """A real Spark Connect server for tests, from the installed pyspark's own jars (no download).
 
-Used as a pytest plugin, it provides ``connect_server`` (session): a :class:`ConnectServer`,
-``spark-submit --class org.apache.spark.sql.connect.service.SparkConnectServer`` in local mode on
-a free loopback port. Its Python workers run this interpreter with the repository on their
+The test fixture ``connect_server`` (session; ``tests/fixtures/connect.py``) is a
+:class:`ConnectServer`, ``spark-submit --class
+org.apache.spark.sql.connect.service.SparkConnectServer`` in local mode on a free loopback
+port. Its Python workers run this interpreter with the repository on their
 path, so they import twophase, the sinks and the tests' own sinks. Its log, pid and scratch
 files stay in a private directory.
 
@@ -23,15 +24,12 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyspark
-import pytest
 
 from setups.servers.local import HOST, free_port
-from setups.servers.spark import require_java
 from twophase.testing.crash_points import CRASH_ENV, kill_session
 
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
@@ -139,12 +137,12 @@ class ConnectServer:
         deadline = time.monotonic() + READY_TIMEOUT_S
         while not self._logged_ready(offset) or not self._accepts():
             if not self.running():
-                pytest.fail(f"the Spark Connect server ended at its start: see {self.log}:\n"
-                            + self.log.read_text()[offset:][-3000:])
+                raise RuntimeError(f"the Spark Connect server ended at its start: see "
+                                   f"{self.log}:\n" + self.log.read_text()[offset:][-3000:])
             if time.monotonic() > deadline:
                 self.stop()
-                pytest.fail(f"the Spark Connect server did not start in {READY_TIMEOUT_S:.0f}s:"
-                            f" see {self.log}")
+                raise RuntimeError(f"the Spark Connect server did not start in "
+                                   f"{READY_TIMEOUT_S:.0f}s: see {self.log}")
             time.sleep(POLL_INTERVAL_S)
 
     def _logged_ready(self, offset: int) -> bool:
@@ -158,21 +156,3 @@ class ConnectServer:
         except OSError:
             return False
         return True
-
-
-@pytest.fixture(scope="session")
-def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConnectServer]:
-    """A Spark Connect server for the whole run; a test that arms or kills it restarts it."""
-    require_java()
-    server = ConnectServer(tmp_path_factory.mktemp("connect"))
-    server.start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def connect(connect_server: ConnectServer) -> ConnectServer:
-    """The session's Connect server, running, not armed and with no settings of a test's own
-    (restarted if a test left it otherwise)."""
-    connect_server.ensure()
-    return connect_server

@@ -1,6 +1,6 @@
 """The reference receiver (``python -m sinks.http.receiver``) on a free loopback port.
 
-Used as a pytest plugin (``pytest_plugins = ["setups.servers.http_receiver"]``) it provides:
+The test fixtures over it (the pytest plugin ``tests/fixtures/http_receiver.py``):
 
 * ``http_receiver`` (session): one receiver process for the whole run, requiring a bearer
   token and a signature, with its own SQLite store; stopped at the end.
@@ -37,9 +37,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from setups.servers.local import free_port, stop_process
+from setups.servers.local import ServerMissingError, free_port, stop_process
 from setups.servers.tls import CertificateAuthority
 from sinks.http.protocol import WELL_KNOWN
 
@@ -169,8 +167,9 @@ Receivers = Callable[..., ReceiverProcess]
 
 
 def require_aiohttp() -> None:
+    """Raises :class:`ServerMissingError` if aiohttp (the receiver's server) is missing."""
     if importlib.util.find_spec("aiohttp") is None:
-        pytest.fail(f"the HTTP receiver needs aiohttp: {INSTALL_HINT}")
+        raise ServerMissingError(f"the HTTP receiver needs aiohttp: {INSTALL_HINT}")
 
 
 @contextlib.contextmanager
@@ -191,43 +190,12 @@ def new_path() -> str:
     return f"/hooks/t{next(_paths)}"
 
 
-@pytest.fixture(scope="session")
-def http_receiver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReceiverProcess]:
-    with started(tmp_path_factory.mktemp("http-receiver")) as receiver:
-        yield receiver
-
-
 @contextlib.contextmanager
 def secured(workdir: Path, tls_ca: CertificateAuthority) -> Iterator[ReceiverProcess]:
     """A receiver over HTTPS with a certificate of ``tls_ca``, requiring token and signature."""
     with started(workdir, certfile=tls_ca.issue("http-receiver").certfile,
                  cafile=tls_ca.cafile) as receiver:
         yield receiver
-
-
-@pytest.fixture(scope="session")
-def http_secured(tmp_path_factory: pytest.TempPathFactory,
-                 tls_ca: CertificateAuthority) -> Iterator[ReceiverProcess]:
-    with secured(tmp_path_factory.mktemp("http-secured"), tls_ca) as receiver:
-        yield receiver
-
-
-@pytest.fixture
-def receiver_path() -> str:
-    return new_path()
-
-
-@pytest.fixture
-def private_receiver(tmp_path: Path) -> Iterator[Receivers]:
-    """``private_receiver(options=[...], certfile=..., token=..., signing_secret=...)``."""
-    with contextlib.ExitStack() as stack:
-        names = itertools.count()
-
-        def start(options: list[str] | None = None, **settings: Any) -> ReceiverProcess:
-            workdir = tmp_path / f"receiver-{next(names)}"
-            return stack.enter_context(started(workdir, options, **settings))
-
-        yield start
 
 
 class Downstream:
@@ -278,16 +246,3 @@ class Downstream:
         self.gate.set()
         self.server.shutdown()
         self.server.server_close()
-
-
-
-@pytest.fixture(name="downstream")
-def downstream_webhook() -> Iterator[Downstream]:
-    webhook = Downstream()
-    yield webhook
-    webhook.close()
-
-
-@pytest.fixture(name="forwarding")
-def forwarding_receiver(private_receiver: Receivers, downstream: Downstream) -> ReceiverProcess:
-    return private_receiver(options=["--forward", downstream.url])

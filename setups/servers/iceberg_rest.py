@@ -10,7 +10,7 @@ loopback port, with its own warehouse (a local directory: ``file://`` locations,
 store in its directory, so a restart (:meth:`IcebergRestServer.restart`, after a SIGKILL too)
 finds every table where it was.
 
-Used as a pytest plugin (``pytest_plugins = ["setups.servers.iceberg_rest"]``) it provides:
+The test fixtures over it (the pytest plugin ``tests/fixtures/iceberg_rest.py``):
 
 * ``iceberg_rest_server`` (session): one server for the whole test session, stopped at the end.
 * ``iceberg_rest`` (function): that server, started again if an earlier test killed it.
@@ -38,9 +38,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
-from setups.servers.local import HOST, ServerProcess, free_port
+from setups.servers.local import HOST, ServerMissingError, ServerProcess, free_port
 
 REPO = Path(__file__).resolve().parents[2]
 POM = REPO / "scripts" / "iceberg-rest" / "pom.xml"
@@ -60,7 +58,7 @@ STOP_TIMEOUT_S = 20.0
 ENV_PREFIX = "CATALOG_"
 
 
-class IcebergRestJarsMissingError(RuntimeError):
+class IcebergRestJarsMissingError(ServerMissingError):
     """The REST catalog server's jars are not in the cache."""
 
 
@@ -192,23 +190,3 @@ def private_rest_catalog(workdir: Path | None = None) -> Iterator[IcebergRestSer
         server.stop()
         if workdir is None:
             shutil.rmtree(base_dir, ignore_errors=True)
-
-
-@pytest.fixture(scope="session")
-def iceberg_rest_server(tmp_path_factory: pytest.TempPathFactory
-                        ) -> Iterator[IcebergRestServer]:
-    """A private REST catalog for the whole test session (fails, never skips, if its jars
-    are missing)."""
-    try:
-        libs_dir()
-    except IcebergRestJarsMissingError as exc:
-        pytest.fail(str(exc), pytrace=False)
-    with private_rest_catalog(tmp_path_factory.mktemp("iceberg-rest")) as server:
-        yield server
-
-
-@pytest.fixture
-def iceberg_rest(iceberg_rest_server: IcebergRestServer) -> IcebergRestServer:
-    """The session's catalog server, started again if an earlier test killed it."""
-    iceberg_rest_server.start()
-    return iceberg_rest_server

@@ -1,6 +1,6 @@
 """Private Apache Kafka brokers for tests and benchmarks: real KRaft single-node brokers.
 
-Used as a pytest plugin (``pytest_plugins = ["setups.servers.kafka"]``) it provides:
+The test fixtures over it (the pytest plugin ``tests/fixtures/kafka.py``):
 
 * ``kafka_broker`` (session): a :class:`KafkaBroker` (broker + controller in one JVM, loopback
   ports, its own log dir, ``-Xmx512m``, ``auto.create.topics.enable=false``) started once per
@@ -47,7 +47,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pytest
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 from kafka.admin import (
     ACL,
@@ -65,7 +64,7 @@ from kafka.admin import (
 from kafka.errors import KafkaError
 from kafka.structs import TopicPartition
 
-from setups.servers.local import free_port, stop_process
+from setups.servers.local import ServerMissingError, free_port, stop_process
 from setups.servers.tls import WRONG_HOST, CertificateAuthority, Issued
 
 HOST = "127.0.0.1"
@@ -176,7 +175,7 @@ DIRECTORY_PROVIDER = "org.apache.kafka.common.config.provider.DirectoryConfigPro
 OWNER_ONLY = 0o600
 
 
-class KafkaJarsMissingError(RuntimeError):
+class KafkaJarsMissingError(ServerMissingError):
     """The broker jars are not in the cache."""
 
 
@@ -709,34 +708,3 @@ def private_broker(home: Path, settings: dict[str, str] | None = None, *,
         yield broker
     finally:
         broker.stop()
-
-
-@pytest.fixture(scope="session")
-def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
-    with private_broker(tmp_path_factory.mktemp("kafka")) as broker:
-        yield broker
-
-
-@pytest.fixture
-def kafka_topic(kafka_broker: KafkaBroker) -> str:
-    return kafka_broker.new_topic()
-
-
-@pytest.fixture(scope="session")
-def kafka_secured_broker(tmp_path_factory: pytest.TempPathFactory, tls_ca: CertificateAuthority,
-                         other_ca: CertificateAuthority) -> Iterator[KafkaBroker]:
-    """A broker serving SASL_SSL (SCRAM-SHA-512) with a certificate of ``tls_ca``, ACLs
-    enforced (:class:`BrokerSecurity`); its :meth:`~KafkaBroker.options` are the sink's user's,
-    who holds no ACL until one is granted."""
-    with private_broker(tmp_path_factory.mktemp("kafka-secured"),
-                        security=BrokerSecurity.issued(tls_ca, other_ca)) as broker:
-        yield broker
-
-
-@pytest.fixture(scope="module")
-def kafka_short_timeout_broker(tmp_path_factory: pytest.TempPathFactory,
-                               ) -> Iterator[KafkaBroker]:
-    """A second broker that times transactions out after :data:`SHORT_MAX_TIMEOUT_MS`."""
-    with private_broker(tmp_path_factory.mktemp("kafka-short"),
-                        {"transaction.max.timeout.ms": str(SHORT_MAX_TIMEOUT_MS)}) as broker:
-        yield broker

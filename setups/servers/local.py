@@ -15,6 +15,11 @@ from typing import Any, ClassVar
 HOST = "127.0.0.1"
 
 
+class ServerMissingError(RuntimeError):
+    """A server's program, jars or library is not installed; the message names the fix. The
+    test fixtures that start the server turn it into a failure (never a skip)."""
+
+
 def free_port(host: str = HOST) -> int:
     """A TCP port nothing listens on now (the OS picks it; a server binds it next)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:

@@ -1,6 +1,6 @@
 """A private MariaDB server for tests and benchmarks: own datadir, port, socket; never a service.
 
-Used as a pytest plugin (``pytest_plugins = ["setups.servers.mariadb"]``) it provides:
+The test fixtures over it (the pytest plugin ``tests/fixtures/mariadb.py``):
 
 * ``mariadb_server`` (session): a :class:`MariaDBServer` started once per test session in a
   temporary directory, with binary logging on (XA crash safety needs it), a database and a user
@@ -42,9 +42,8 @@ from pathlib import Path
 from typing import Any
 
 import pymysql
-import pytest
 
-from setups.servers.local import ServerProcess, free_port
+from setups.servers.local import ServerMissingError, ServerProcess, free_port
 from setups.servers.tls import CertificateAuthority, Issued
 from sinks.mysql.connection import TlsMode
 from twophase import Handle
@@ -77,7 +76,7 @@ SERVER_OPTIONS = (
 )
 
 
-class MariaDBMissingError(RuntimeError):
+class MariaDBMissingError(ServerMissingError):
     """The MariaDB server binaries are not installed."""
 
 
@@ -303,43 +302,10 @@ def private_server(ca: CertificateAuthority | None = None) -> Iterator[MariaDBSe
         shutil.rmtree(base_dir, ignore_errors=True)
 
 
-def _session_server(ca: CertificateAuthority | None = None
-                    ) -> contextlib.AbstractContextManager[MariaDBServer]:
-    """:func:`private_server`, failing the test (never skipping) if MariaDB is missing."""
-    try:
-        for name in (SERVER_BINARY, INSTALL_BINARY, ADMIN_BINARY, CLIENT_BINARY):
-            _binary(name)
-    except MariaDBMissingError as exc:
-        pytest.fail(str(exc), pytrace=False)
-    return private_server(ca)
-
-
-@pytest.fixture(scope="session")
-def mariadb_server() -> Iterator[MariaDBServer]:
-    """A private MariaDB for the whole test session (fails, never skips, if not installed)."""
-    with _session_server() as server:
-        yield server
-
-
-@pytest.fixture
-def mariadb(mariadb_server: MariaDBServer) -> MariaDBServer:
-    """The session's server, started again if an earlier test killed it."""
-    mariadb_server.start()
-    return mariadb_server
-
-
-@pytest.fixture(scope="session")
-def secured_mariadb_server(tls_ca: CertificateAuthority) -> Iterator[MariaDBServer]:
-    """A private MariaDB that takes verified TLS only (a certificate of ``tls_ca``)."""
-    with _session_server(tls_ca) as server:
-        yield server
-
-
-@pytest.fixture
-def secured_mariadb(secured_mariadb_server: MariaDBServer) -> MariaDBServer:
-    """The secured session server, started again if an earlier test killed it."""
-    secured_mariadb_server.start()
-    return secured_mariadb_server
+def require_installed() -> None:
+    """Raises :class:`MariaDBMissingError` if a program the server needs is missing."""
+    for name in (SERVER_BINARY, INSTALL_BINARY, ADMIN_BINARY, CLIENT_BINARY):
+        _binary(name)
 
 
 _table_numbers = itertools.count()
@@ -394,14 +360,3 @@ class Db:
         for gtrid, bqual, fmt in left:
             self.query(f"XA ROLLBACK X'{gtrid.hex()}',X'{bqual.hex()}',{fmt}")
         return left
-
-
-@pytest.fixture
-def db(mariadb: MariaDBServer) -> Iterator[Db]:
-    """The server's view; fails the test if it leaves a prepared branch behind."""
-    view = Db(mariadb)
-    view.rollback_all_prepared()
-    yield view
-    mariadb.start()  # a test that killed the server may have failed before restarting it
-    left = view.rollback_all_prepared()
-    assert left == [], f"prepared XA branches left behind: {left}"

@@ -1,6 +1,6 @@
 """A private S3 endpoint for tests and benchmarks: ``moto_server`` on a free loopback port.
 
-Used as a pytest plugin (``pytest_plugins = ["setups.servers.moto"]``) it provides:
+The test fixtures over it (the pytest plugin ``tests/fixtures/moto.py``):
 
 * ``moto_server`` (session): a :class:`MotoServer` process started once per test session with
   dummy credentials and a small minimum part size (``S3_UPLOAD_PART_MIN_SIZE``, so tests can
@@ -37,11 +37,10 @@ from pathlib import Path
 from typing import Any
 
 import boto3
-import pytest
 from botocore.config import Config
 
-from setups.servers.local import free_port, stop_process
-from setups.servers.tls import WRONG_HOST, CertificateAuthority, Issued
+from setups.servers.local import ServerMissingError, free_port, stop_process
+from setups.servers.tls import CertificateAuthority, Issued
 
 HOST = "127.0.0.1"
 ACCESS_KEY_ID = "testing-access-key"
@@ -58,7 +57,7 @@ INSTALL_HINT = "install the dev extra: pip install -e '.[dev]' (it brings moto[s
 _buckets = itertools.count()
 
 
-class MotoMissingError(RuntimeError):
+class MotoMissingError(ServerMissingError):
     """moto_server is not installed."""
 
 
@@ -186,41 +185,3 @@ def private_server(log_dir: Path, *, checks_credentials: bool = False,
         yield server
     finally:
         server.stop()
-
-
-@pytest.fixture(scope="session")
-def moto_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer]:
-    with private_server(tmp_path_factory.mktemp("moto")) as server:
-        yield server
-
-
-@pytest.fixture
-def s3_bucket(moto_server: MotoServer) -> str:
-    return moto_server.new_bucket()
-
-
-@pytest.fixture(scope="module")
-def moto_checking_credentials(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer]:
-    """A second moto_server that refuses wrong credentials and unpermitted actions."""
-    with private_server(tmp_path_factory.mktemp("moto-iam"), checks_credentials=True) as server:
-        yield server
-
-
-@pytest.fixture(scope="session")
-def moto_secured(tmp_path_factory: pytest.TempPathFactory,
-                 tls_ca: CertificateAuthority) -> Iterator[MotoServer]:
-    """moto_server over HTTPS (a certificate of the run's CA) checking credentials and IAM
-    policies: its clients verify the certificate against ``tls_ca``."""
-    with private_server(tmp_path_factory.mktemp("moto-secured"), checks_credentials=True,
-                        tls=tls_ca.issue("moto"), ca=tls_ca) as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def moto_wrong_host(tmp_path_factory: pytest.TempPathFactory,
-                    tls_ca: CertificateAuthority) -> Iterator[MotoServer]:
-    """moto_server over HTTPS whose certificate, of the run's CA, names another host."""
-    with private_server(tmp_path_factory.mktemp("moto-wrong-host"),
-                        tls=tls_ca.issue("moto-wrong-host", (WRONG_HOST,)), ca=tls_ca,
-                        names_host=False) as server:
-        yield server

@@ -14,8 +14,9 @@ One module for every PostgreSQL test (contract, crash, model, chaos, benchmark):
   what is in doubt (:meth:`~PgView.prepared`).
 * :class:`PgTarget`: one fresh target for the shared suites: the sink's options (through a
   fault proxy's port if given), a reader, the in-doubt view.
-* fixtures ``postgres_server`` (session), ``postgres`` (restarted if a test killed it) and
-  ``pg`` (the view; fails the test if it leaves a prepared transaction behind).
+* fixtures (``tests/fixtures/postgres.py``) ``postgres_server`` (session), ``postgres``
+  (restarted if a test killed it) and ``pg`` (the view; fails the test if it leaves a
+  prepared transaction behind).
 * ``secured_postgres_server`` (session) and ``secured_postgres``: a second cluster with a
   certificate from the run's private CA (``tls_ca``, :mod:`setups.servers.tls`) whose
   ``pg_hba.conf`` takes ``hostssl`` lines only (plain TCP refused); its params carry the sink's
@@ -64,10 +65,9 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-import pytest
 from psycopg import sql
 
-from setups.servers.local import HOST, ServerProcess, free_port
+from setups.servers.local import HOST, ServerMissingError, ServerProcess, free_port
 from setups.servers.tls import OWNER_ONLY, CertificateAuthority, Issued
 
 BIN_DIRS = tuple(sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True))
@@ -116,7 +116,7 @@ CLIENT_CERTIFICATE_HBA = (
 CERT_FILE, KEY_FILE, CLIENT_CA_FILE = "server.crt", "server.key", "client-ca.crt"
 
 
-class PostgresMissingError(RuntimeError):
+class PostgresMissingError(ServerMissingError):
     """The PostgreSQL server binaries are not installed."""
 
 
@@ -440,51 +440,7 @@ class PgView:
         return left
 
 
-def _session_server(ca: CertificateAuthority | None = None
-                    ) -> contextlib.AbstractContextManager[PostgresServer]:
-    """:func:`private_server`, failing the test (never skipping) if PostgreSQL is missing."""
-    try:
-        for name in ("initdb", "postgres"):
-            _binary(name)
-    except PostgresMissingError as exc:
-        pytest.fail(str(exc), pytrace=False)
-    return private_server(ca=ca)
-
-
-@pytest.fixture(scope="session")
-def postgres_server() -> Iterator[PostgresServer]:
-    """A private PostgreSQL for the whole test session (fails, never skips, if missing)."""
-    with _session_server() as server:
-        yield server
-
-
-@pytest.fixture(scope="session")
-def secured_postgres_server(tls_ca: CertificateAuthority) -> Iterator[PostgresServer]:
-    """A private PostgreSQL that takes verified TLS only (``hostssl``, a ``tls_ca`` cert)."""
-    with _session_server(tls_ca) as server:
-        yield server
-
-
-@pytest.fixture
-def secured_postgres(secured_postgres_server: PostgresServer) -> PostgresServer:
-    """The secured session server, started again if an earlier test killed it."""
-    secured_postgres_server.start()
-    return secured_postgres_server
-
-
-@pytest.fixture
-def postgres(postgres_server: PostgresServer) -> PostgresServer:
-    """The session's server, started again if an earlier test killed it."""
-    postgres_server.start()
-    return postgres_server
-
-
-@pytest.fixture
-def pg(postgres: PostgresServer) -> Iterator[PgView]:
-    """The server's view; fails the test if it leaves a prepared transaction behind."""
-    view = PgView(postgres)
-    view.rollback_all_prepared()
-    yield view
-    postgres.start()  # a test that killed the server may have failed before restarting it
-    left = view.rollback_all_prepared()
-    assert left == [], f"prepared transactions left behind: {left}"
+def require_installed() -> None:
+    """Raises :class:`PostgresMissingError` if a program the server needs is missing."""
+    for name in ("initdb", "postgres"):
+        _binary(name)

@@ -1,6 +1,6 @@
 """A private Prometheus for tests: Debian's ``prometheus`` on loopback, own data directory.
 
-Used as a pytest plugin (``pytest_plugins = ["setups.servers.prometheus"]``) it provides:
+The test fixtures over it (the pytest plugin ``tests/fixtures/prometheus.py``):
 
 * ``prometheus_server`` (session): a :class:`PrometheusServer` started once per test session
   with a short scrape interval and a file of scrape targets that tests fill;
@@ -20,6 +20,7 @@ If Debian's Prometheus is missing, the fixture FAILS (it never skips): install i
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import subprocess
@@ -32,9 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from setups.servers.local import HOST, free_port, stop_process
+from setups.servers.local import HOST, ServerMissingError, free_port, stop_process
 
 BINARY = "prometheus"
 PROMTOOL = "promtool"
@@ -61,9 +60,10 @@ Sample = tuple[dict[str, str], float]
 
 
 def binary(name: str) -> str:
+    """The path of Prometheus's program ``name``; :class:`ServerMissingError` if missing."""
     path = shutil.which(name)
     if path is None:
-        pytest.fail(f"{name} not found on PATH: {INSTALL_HINT}")
+        raise ServerMissingError(f"{name} not found on PATH: {INSTALL_HINT}")
     return path
 
 
@@ -152,6 +152,35 @@ class PrometheusServer:
         return log.read_text(errors="replace")[-2000:] if log.exists() else "(no log)"
 
 
+@contextlib.contextmanager
+def private_prometheus() -> Iterator[PrometheusServer]:
+    """A private Prometheus on loopback for the block (a temporary data directory, deleted
+    after)."""
+    binary(BINARY)
+    base = Path(tempfile.mkdtemp(prefix="twophase-prometheus-"))
+    server = PrometheusServer(base, free_port())
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def private_pushgateway(workdir: Path) -> Iterator[str]:
+    """A private Pushgateway on loopback (no persistence) for the block: its URL."""
+    url = f"http://{HOST}:{free_port()}"
+    process = subprocess.Popen([binary(PUSHGATEWAY), f"--web.listen-address={url[7:]}",
+                                "--log.level=warn"], cwd=workdir,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _wait_ready(f"{url}/-/ready", process, "prometheus-pushgateway")
+        yield url
+    finally:
+        stop_process(process, STOP_TIMEOUT_S)
+
+
 def _wait_ready(url: str, process: subprocess.Popen[bytes], what: str) -> None:
     deadline = time.monotonic() + READY_TIMEOUT_S
     while not _answers(url):
@@ -170,36 +199,3 @@ def _answers(url: str) -> bool:
 
 def _matches(value: float | None, want: float | Callable[[float | None], bool]) -> bool:
     return want(value) if callable(want) else value == want
-
-
-@pytest.fixture(scope="session")
-def prometheus_server() -> Iterator[PrometheusServer]:
-    binary(BINARY)
-    base = Path(tempfile.mkdtemp(prefix="twophase-prometheus-"))
-    server = PrometheusServer(base, free_port())
-    try:
-        server.start()
-        yield server
-    finally:
-        server.stop()
-        shutil.rmtree(base, ignore_errors=True)
-
-
-@pytest.fixture
-def prometheus(prometheus_server: PrometheusServer) -> PrometheusServer:
-    prometheus_server.clear_targets()
-    return prometheus_server
-
-
-@pytest.fixture
-def pushgateway(tmp_path: Path) -> Iterator[str]:
-    """A private Pushgateway on loopback (no persistence): its URL."""
-    url = f"http://{HOST}:{free_port()}"
-    process = subprocess.Popen([binary(PUSHGATEWAY), f"--web.listen-address={url[7:]}",
-                                "--log.level=warn"], cwd=tmp_path,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        _wait_ready(f"{url}/-/ready", process, "prometheus-pushgateway")
-        yield url
-    finally:
-        stop_process(process, STOP_TIMEOUT_S)

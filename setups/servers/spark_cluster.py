@@ -1,6 +1,7 @@
 """A real Spark standalone cluster for tests: a master and two workers from the installed pyspark.
 
-Used as a pytest plugin, it provides ``spark_cluster`` (session): a :class:`SparkCluster` with
+The test fixture ``spark_cluster`` (session; ``tests/fixtures/spark_cluster.py``) is a
+:class:`SparkCluster` with
 
 * a master (``spark-class org.apache.spark.deploy.master.Master``) on a free loopback port;
 * two workers (``...deploy.worker.Worker``), one core and 1 GiB each, every one with its own
@@ -36,7 +37,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyspark
-import pytest
 
 from setups.servers.bare_python import bare_venv, site_packages
 from setups.servers.local import free_port
@@ -178,16 +178,3 @@ def private_cluster(root: Path, *, bare_executors: bool = False) -> Iterator[Spa
         yield cluster
     finally:
         cluster.stop()
-
-
-@pytest.fixture(scope="session")
-def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkCluster]:
-    with private_cluster(tmp_path_factory.mktemp("spark-cluster")) as cluster:
-        yield cluster
-
-
-@pytest.fixture(scope="module")
-def bare_spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkCluster]:
-    """A cluster whose executors have PySpark and pyarrow only (for one test module)."""
-    with private_cluster(tmp_path_factory.mktemp("bare-cluster"), bare_executors=True) as cluster:
-        yield cluster

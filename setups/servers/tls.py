@@ -1,8 +1,9 @@
 """A private certificate authority for the secured servers of the test setups.
 
-The fixture ``tls_ca`` makes one CA per test run (in its temporary directory, files readable by
-the owner only) and issues server certificates from it: MariaDB, PostgreSQL, the Kafka broker,
-``moto_server`` and the HTTP receiver all present one for ``localhost`` and ``127.0.0.1``.
+The fixture ``tls_ca`` (``tests/fixtures/tls.py``) makes one CA per test run (in its
+temporary directory, files readable by the owner only) and issues server certificates from
+it: MariaDB, PostgreSQL, the Kafka broker, ``moto_server`` and the HTTP receiver all present
+one for ``localhost`` and ``127.0.0.1``.
 A second, unrelated CA (``other_ca``) and a certificate for another host name make the
 "wrong CA" and "wrong host name" cases: a client that trusts the first CA and checks host
 names must refuse both. :meth:`CertificateAuthority.issue_client` issues client certificates
@@ -18,7 +19,6 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -120,15 +120,3 @@ def _write(path: Path, data: bytes) -> None:
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, OWNER_ONLY)
     with os.fdopen(descriptor, "wb") as out:
         out.write(data)
-
-
-@pytest.fixture(scope="session")
-def tls_ca(tmp_path_factory: pytest.TempPathFactory) -> CertificateAuthority:
-    """The run's private CA: every secured server's certificate is issued by it."""
-    return CertificateAuthority(tmp_path_factory.mktemp("tls-ca"))
-
-
-@pytest.fixture(scope="session")
-def other_ca(tmp_path_factory: pytest.TempPathFactory) -> CertificateAuthority:
-    """An unrelated CA: a client told to trust it must refuse every secured server."""
-    return CertificateAuthority(tmp_path_factory.mktemp("tls-other-ca"), "some other CA")

@@ -16,12 +16,13 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from setups.servers.prometheus import promtool
+from tests import REPO
 from twophase import cleanup
 from twophase._metrics import MEMBERS_LOST, key, retry_key
 from twophase._state import BatchRecord, StateStore
 from twophase.metrics import StateCollector
 
-RULES_DIR = Path(__file__).resolve().parent.parent / "deploy" / "prometheus"
+RULES_DIR = REPO / "deploy" / "prometheus"
 RULES = RULES_DIR / "twophase-rules.yml"
 RULE_TESTS = RULES_DIR / "twophase-rules.test.yml"
 DASHBOARD = RULES_DIR.parent / "grafana" / "twophase.json"

@@ -12,16 +12,15 @@ from __future__ import annotations
 import re
 import tomllib
 from collections.abc import Iterable
-from pathlib import Path
 
 import twophase
 import twophase.kit
 import twophase.testing
 import twophase.testing.contract
 import twophase.testing.crash
-from tests.test_guarantees import table_rows
+from tests import REPO
+from tests.repo.test_guarantees import table_rows
 
-REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
 SINKS = REPO / "sinks"
 PREBUILT_HEADING = "Prebuilt sinks"

@@ -223,6 +223,14 @@ def test_the_setups_import_no_suite() -> None:
         package: set() for package in TOP}
 
 
+def test_setups_chaos_bench_and_examples_import_no_pytest() -> None:
+    """The servers and setups serve benchmarks, chaos runs and scripts without pytest: their
+    test fixtures live in ``tests/fixtures``."""
+    edges = [path for edge in EDGES for path in _files(edge)]
+    assert {package: importers_of(edges, package) for package in ("pytest", "_pytest")} == {
+        "pytest": set(), "_pytest": set()}
+
+
 def test_chaos_and_bench_import_no_test_module() -> None:
     assert importers_of([*_files("chaos"), *_files("bench")], "tests") == set()
 

@@ -3,9 +3,11 @@
 
 Nothing fails silently: a package under ``sinks/`` without a registration, a registration
 naming a fixture that does not exist, a suite class naming a setup fixture that does not exist,
-a registered sink without its contract suite, its crash suite or its benchmark peer (found by
-name), and a README whose "adding a sink" steps no longer match what a registered sink is made
-of each fail a test here.
+a registered sink without its room of tests (``tests/sinks/<name>/``: its contract suite and
+its crash suite, found by name), its marker (``pyproject.toml``, which ``--strict-markers``
+needs), its benchmark peer, or an extra of ``pyproject.toml`` named by its ``kind`` (the client
+libraries the preflight checks on the driver and every executor), and a README whose "adding a
+sink" steps no longer match what a registered sink is made of each fail a test here.
 """
 
 from __future__ import annotations
@@ -14,20 +16,25 @@ import ast
 import importlib.util
 import inspect
 import re
-from collections.abc import Iterable
+import tomllib
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import setups
 from bench.spark_peers import peer_module
 from setups import SETUPS, MySQLSetup, SinkSetup, SQLiteSetup
+from tests import REPO
+from tests.repo.test_docs import paragraph, prebuilt_sinks
 from tests.sink_sets import Registry, fixture_of, shipped_in, sink_sets
-from tests.test_docs import paragraph, prebuilt_sinks
 
-REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
+PYPROJECT = REPO / "pyproject.toml"
 TESTS = REPO / "tests"
+#: A registered sink's room of tests: its contract and crash suites, found by name.
+ROOM = "sinks/{name}"
 #: The README's "adding a sink" steps: a numbered list in the paragraph that begins so.
 STEPS_START = "Inside this repository a prebuilt sink is"
 STEP = re.compile(r"\d+\. ")
@@ -91,6 +98,35 @@ def readme_steps(readme: str) -> list[str]:
     return steps
 
 
+def room(name: str) -> Path:
+    """The directory of a registered sink's tests."""
+    return TESTS / ROOM.format(name=name)
+
+
+def sink_class(setup: type[SinkSetup]) -> type[Any]:
+    """The sink class a setup's factory names (``sinks.mysql:MySQLXASink``)."""
+    module, _, name = setup.factory.partition(":")
+    found: type[Any] = getattr(importlib.import_module(module), name)
+    return found
+
+
+def missing_extras(registry: Registry, extras: Mapping[str, object]) -> list[str]:
+    """The registered sinks whose ``kind`` names no extra of ``pyproject.toml`` (the preflight
+    would then check no client library of theirs)."""
+    return [f"{name}: no extra {sink_class(setup).kind!r}" for name, setup in registry.items()
+            if sink_class(setup).kind not in extras]
+
+
+def pyproject() -> dict[str, Any]:
+    return tomllib.loads(PYPROJECT.read_text())
+
+
+def registered_markers() -> set[str]:
+    """The markers ``pyproject.toml`` registers (``--strict-markers`` refuses any other)."""
+    lines = pyproject()["tool"]["pytest"]["ini_options"]["markers"]
+    return {line.partition(":")[0].strip() for line in lines}
+
+
 def crash_suites(path: Path) -> list[str]:
     """The classes of a test module that subclass the shared crash suite directly."""
     return [node.name for node in ast.parse(path.read_text()).body
@@ -113,22 +149,30 @@ def test_every_registration_names_fixtures_that_exist(request: pytest.FixtureReq
 
 
 def test_every_suite_names_a_setup_fixture_that_exists(request: pytest.FixtureRequest) -> None:
-    named = {fixture for path in TESTS.glob("test_*.py")
+    named = {fixture for path in TESTS.rglob("test_*.py")
              for fixture in SETUP_FIXTURE.findall(path.read_text())}
     assert {fixture_of(name) for name in SETUPS} <= named
     assert missing_fixtures(request, sorted(named)) == []
 
 
 def test_every_registered_sink_has_its_contract_suite_crash_suite_and_peer() -> None:
-    """Found by name; the crash suites in one layout (the README's own sink, no prebuilt one,
-    in tests/test_crash.py)."""
-    assert SETUP_FIXTURE.findall((TESTS / "test_crash.py").read_text()) == []
+    """Found by name in the sink's room; the crash suites in one layout (the README's own
+    sink, no prebuilt one, in tests/spark/test_crash.py)."""
+    assert SETUP_FIXTURE.findall((TESTS / "spark" / "test_crash.py").read_text()) == []
     for name in SETUPS:
-        contract = TESTS / f"test_{name}_sink.py"
+        assert (room(name) / "__init__.py").is_file(), f"no room {ROOM.format(name=name)}"
+        contract = room(name) / f"test_{name}_sink.py"
         assert f'setup_fixture = "{fixture_of(name)}"' in contract.read_text(), (
             f"{contract.name} runs no contract suite over the registered setup of {name}")
-        assert crash_suites(TESTS / f"test_{name}_crash.py"), f"no crash suite of {name}"
+        assert crash_suites(room(name) / f"test_{name}_crash.py"), f"no crash suite of {name}"
         assert importlib.util.find_spec(peer_module(name)) is not None, f"no peer of {name}"
+
+
+def test_every_registered_sink_has_its_marker_and_the_extra_of_its_kind() -> None:
+    """``scripts/test -m <name>`` selects the sink's tests (tests/markers.py marks them); its
+    ``kind`` names the extra whose client libraries the preflight checks (``client_extras``)."""
+    assert set(SETUPS) - registered_markers() == set()
+    assert missing_extras(SETUPS, pyproject()["project"]["optional-dependencies"]) == []
 
 
 def test_every_registration_states_what_the_suites_derive() -> None:
@@ -172,4 +216,9 @@ def test_the_checks_refuse_an_unregistered_package_a_missing_fixture_and_a_missi
                                   f"its setup, `setups/{NAME}.py`."]
     assert len(readme_steps(text)) != len(places(SQLiteSetup))
     assert places(MySQLSetup) == [f"sinks/{NAME}", f"setups/{NAME}.py", "setups/__init__.py"]
-    assert crash_suites(TESTS / "test_registry.py") == []
+    assert crash_suites(TESTS / "repo" / "test_registry.py") == []
+    extras = pyproject()["project"]["optional-dependencies"]
+    assert missing_extras({"mysql": MySQLSetup}, {**extras, "mysql": []}) == []
+    assert missing_extras({"mysql": MySQLSetup}, {k: v for k, v in extras.items()
+                                                  if k != "mysql"}) == ["mysql: no extra 'mysql'"]
+    assert {"server", "spark", "long"} <= registered_markers()

@@ -19,10 +19,17 @@ from setups import IcebergSetup, Target
 from setups.lake import YOUNG_ENOUGH, commit_batch
 from sinks.delta import DeltaSink
 from sinks.iceberg import IcebergSink
-from tests.test_cleanup import running_query
+from tests.unit.test_cleanup import running_query
 from twophase import cleanup
 from twophase._state import Decision
-from twophase.testing.contract import NAMESPACE, OPENED_AT, ORDER_COLUMNS, orders, prepare
+from twophase.testing.contract import (
+    NAMESPACE,
+    OPENED_AT,
+    ORDER_COLUMNS,
+    list_in_doubt,
+    orders,
+    prepare,
+)
 
 
 def delta_table(sink: DeltaSink) -> DeltaTable:
@@ -112,10 +119,10 @@ def test_cleanup_and_status_know_lake_handles_and_settle_leaves_nothing_in_doubt
     assert f"undecided  {undecided.txn_id}" in status.stdout
 
     assert cleanup.main(argv) in (cleanup.EXIT_OK, cleanup.EXIT_ATTENTION)
-    assert {str(h.txn_id) for h in sink.list_in_doubt(NAMESPACE)} == {str(undecided.txn_id)}
+    assert {str(h.txn_id) for h in list_in_doubt(sink, NAMESPACE)} == {str(undecided.txn_id)}
     assert cleanup.main([*argv, "--settle"]) == cleanup.EXIT_OK
 
-    assert sink.list_in_doubt(NAMESPACE) == []
+    assert list_in_doubt(sink, NAMESPACE) == []
     assert sorted(setup.visible(target)) == [0, 1, 10, 11, 20, 21, 30, 31, 32]
     maintenance = lake.left_for_maintenance(setup, target, sink)
     assert len(maintenance) == lake.left_after_compaction, "the compaction's own leftovers"

@@ -34,6 +34,7 @@ from twophase.testing.contract import (
     ORDER_COLUMNS,
     QUERY_ID,
     commit,
+    list_in_doubt,
     orders,
     prepare,
 )
@@ -220,5 +221,5 @@ def test_kafka_commits_checks_and_begins_with_the_rotated_sasl_password(
     handle = prepare(sink, orders(ROWS, ROWS), batch=1, attempt=secrets.randbelow(ATTEMPT_IDS))
     assert commit(sink, handle) is CommitOutcome.COMMITTED
     assert broker.event_ids(topic) == list(range(2 * ROWS))
-    assert sink.list_in_doubt(NAMESPACE) == []
+    assert list_in_doubt(sink, NAMESPACE) == []
     assert broker.open_transactions(sink.transactional_id_prefix) == {}

@@ -9,9 +9,9 @@ CA; MariaDB with ``require_secure_transport=ON``, PostgreSQL with ``hostssl`` li
   before anything is written, the error naming the cause and the option that relaxes it; a
   server without TLS refused by the default options (never a fall back to plain text);
 * least privilege: one grant missing is refused at the start, named with its GRANT (the crash
-  suites of both sinks, tests/test_mysql_crash.py and tests/test_postgres_crash.py, run as a user
-  holding exactly the README's grants, on verified TLS, its password a
-  ``Secret(file=...)``);
+  suites of both sinks, tests/sinks/mysql/test_mysql_crash.py and
+  tests/sinks/postgres/test_postgres_crash.py, run as a user holding exactly the README's
+  grants, on verified TLS, its password a ``Secret(file=...)``);
 * secrets by reference: the pickled sink holds the reference only, a connection works with
   ``Secret(env=...)`` and ``Secret(file=...)``, and no error carries a password.
 """

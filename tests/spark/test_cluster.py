@@ -4,11 +4,11 @@ Python workers, in a mount namespace where the driver's disk is an empty tmpfs).
 The crash suite runs for the networked sinks with the driver killed at every driver-side point
 and an executor killed after its pre-commit: with the state on the driver's disk (tasks cannot
 read it; they learn with the task which batches were decided before the run) and with the state
-on S3 (tasks read it there). In CI (CI time) MySQL's driver is killed either side of the
-decision and an executor after its pre-commit (every point runs in CI in local mode in the
-MySQL + Kafka group, tests/test_group_crash.py); PostgreSQL, Kafka, HTTP and S3 go through
-every point under ``-m long``. Plus the proof that executors cannot read the driver's state
-directory.
+on S3 (tasks read it there). In CI (CI time) an executor is killed after its pre-commit and
+MySQL's driver after the decision (every point over MySQL in the model; on the cluster in the
+MySQL + Kafka group, tests/spark/test_group_crash.py, ``-m long``); PostgreSQL, Kafka, HTTP and
+S3 go through every point under ``-m long``. Plus the proof that executors cannot read the
+driver's state directory.
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ import pytest
 
 from setups.servers.moto import MotoServer
 from setups.servers.spark_cluster import SparkCluster
-from tests.test_failover import s3_state
-from twophase._crash import AFTER_PRE_COMMIT
+from tests.spark.test_failover import s3_state
+from twophase._crash import AFTER_DECISION, AFTER_PRE_COMMIT
 from twophase._state import StateStore
-from twophase.testing.crash import DECISION_POINTS, CrashSuite
+from twophase.testing.crash import CrashSuite
 
 pytestmark = [pytest.mark.spark, pytest.mark.crash]
 
@@ -70,7 +70,11 @@ class TestMySQLOnCluster(OnCluster, CrashSuite):
     """State on the driver's disk: tasks cannot read it."""
 
     setup_fixture = "mysql_setup"
-    crash_points = (*DECISION_POINTS, AFTER_PRE_COMMIT)
+    #: CI time: the cluster's own paths, an executor killed after its pre-commit (its retried
+    #: task aborts the orphan) and a driver killed after the decision (tasks learn what was
+    #: decided); before the decision the restart's sweep is the driver's alone, as in local
+    #: mode (every point on the cluster over MySQL: TestMySQLKafkaGroupOnCluster, -m long)
+    crash_points = (AFTER_DECISION, AFTER_PRE_COMMIT)
 
 
 @pytest.mark.long

@@ -18,19 +18,39 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import sqlite3
 import subprocess
 import sys
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from setups.servers.postgres import PgView
-from twophase import AbortOutcome, CommitOutcome, Committer, Handle, TwoPhaseCommitSink
+from sinks.sqlite import SQLiteSink
+from tests import DATA, REPO
+from twophase import (
+    AbortOutcome,
+    CommitOutcome,
+    Committer,
+    Handle,
+    SinkGroup,
+    TwoPhaseCommitSink,
+)
 from twophase.kit import COMMITS_VIA_COMMITTER_DEPRECATED, CommitsViaCommitter
+from twophase.sink import DRIVER_SIDE_ON_SINK_DEPRECATED
 from twophase.testing import Target
-from twophase.testing.contract import SINK_FIXTURE_DEPRECATED, SinkContract, context
+from twophase.testing.contract import (
+    SINK_FIXTURE_DEPRECATED,
+    SinkContract,
+    context,
+    list_in_doubt,
+    orders,
+    prepare,
+)
 from twophase.testing.crash import (
     SINK_TARGET_DEPRECATED,
     SUITE_VISIBLE_DEPRECATED,
@@ -38,8 +58,7 @@ from twophase.testing.crash import (
     SinkTarget,
 )
 
-REPO = Path(__file__).resolve().parents[1]
-COMPAT = Path(__file__).resolve().parent / "data" / "compat_0_1_0"
+COMPAT = DATA / "compat_0_1_0"
 #: The release whose README the newcomer followed, and its commit (CHANGELOG.md's 0.1.0).
 RELEASE, RELEASE_COMMIT = "0.1.0", "8da4bfe9cc4985f6677a0fff962ae3e86a94cd1f"
 RUN_TIMEOUT_S = 1800
@@ -156,8 +175,10 @@ def test_commits_via_committer_only_warns_and_the_sink_commits_through_its_commi
     assert vars(CommitsViaCommitter).keys().isdisjoint({"commit", "abort", "committer"})
     handle = Handle(context().txn_id, "memory", 0)
     Memory.outcomes.clear()
-    assert sink_class().commit(handle) is CommitOutcome.COMMITTED
-    assert sink_class().abort(handle) is AbortOutcome.ABORTED
+    with pytest.warns(DeprecationWarning, match=r"OldShape.commit\(\) on the sink is deprecated"):
+        assert sink_class().commit(handle) is CommitOutcome.COMMITTED  # until 0.6.0
+    with pytest.warns(DeprecationWarning, match=r"OldShape.abort\(\) on the sink is deprecated"):
+        assert sink_class().abort(handle) is AbortOutcome.ABORTED
     assert Memory.outcomes == [f"commit {handle.txn_id}", "closed",
                                f"abort {handle.txn_id}", "closed"]
 
@@ -186,3 +207,38 @@ def test_the_crash_suites_old_target_and_visible_are_read_as_a_target() -> None:
         pass
 
     assert NewCrashes()._read_by_suite(old) is old  # a suite without visible reads the target
+
+
+def test_the_driver_side_called_on_a_prebuilt_sink_warns_and_still_answers(
+        tmp_path: Path) -> None:
+    """0.4.0's ``sink.list_in_doubt(ns)``, ``sink.purge_commit_records(...)``,
+    ``sink.commit(handle)``, ``group.list_in_doubt(ns)``: the driver side lives in the
+    committer since 0.5.0; until 0.6.0 each still answers, through a committer of its own,
+    with a DeprecationWarning naming the committer's method, pointing at the caller."""
+    with sqlite3.connect(tmp_path / "orders.db") as connection:
+        connection.execute("CREATE TABLE orders (event_id, order_id, status, ts)")
+    sink = SQLiteSink(tmp_path / "orders.db", "orders")
+    kept, dropped = (prepare(sink, orders(2 * p, 2), partition=p) for p in range(2))
+
+    def deprecated(method: str, name: str = "SQLiteSink") -> Any:
+        message = DRIVER_SIDE_ON_SINK_DEPRECATED.format(sink=name, method=method)
+        assert f"committer.{method}(...)" in message, "it names the replacement"
+        return pytest.warns(DeprecationWarning, match=re.escape(message))
+
+    with deprecated("list_in_doubt") as caught:
+        listed = sink.list_in_doubt("orders")
+    assert Path(caught[0].filename) == Path(__file__), "the warning points at the caller"
+    assert sorted(h.txn_id for h in listed) == sorted([kept.txn_id, dropped.txn_id])
+    with deprecated("commit"):
+        assert sink.commit(kept) is CommitOutcome.COMMITTED
+    with deprecated("abort"):
+        assert sink.abort(dropped) is AbortOutcome.ABORTED
+    with deprecated("purge_commit_records"):
+        assert sink.purge_commit_records("orders", datetime.now(UTC) + timedelta(hours=1)) == 1
+    assert list_in_doubt(sink, "orders") == []  # the replacement answers without a warning
+
+    group = SinkGroup({"orders": sink})
+    member = prepare(sink, orders(4, 1), namespace="orders-orders", batch=1)
+    with deprecated("list_in_doubt", "SinkGroup"):
+        (partition,) = group.list_in_doubt("orders")
+    assert [h.txn_id for _, h in group.member_handles(partition)] == [member.txn_id]

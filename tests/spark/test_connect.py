@@ -4,17 +4,18 @@ clients in processes of their own (``twophase.testing.driver`` with ``remote=``)
 Both adapters and the batch ``write`` deliver every row exactly once into SQLite and MariaDB;
 the crash suite runs with the *server* SIGKILLed at every crash point and the client starting
 the query again; a client killed mid-stream, and a second client taking the query over while
-the first runs, write nothing twice and lose nothing. In CI: both adapters and the batch job
-into both sinks, the example, the checks before the takeover, the crash suite for SQLite through
-the data source with the server killed either side of the decision and through
-``foreachBatch`` after it (CI time: every point runs in local mode in tests/test_sqlite_crash.py),
-and both takeovers for SQLite; the other crash suites (every point) and the MariaDB takeovers
-under ``-m long``.
+the first runs, write nothing twice and lose nothing. In CI: the batch job into SQLite, the
+example (a stream through ``foreachBatch``), the checks before the takeover, the crash suite
+for SQLite through the data source (a stream) with the server killed either side of the decision
+(CI time: every point runs in local mode in tests/sinks/sqlite/test_sqlite_crash.py), and both
+takeovers for SQLite; MariaDB, ``foreachBatch``'s crash suites, the other crash suites (every
+point) and the MariaDB takeovers under ``-m long``.
 
 Spark 4.3 binds ``foreachBatch``'s batch DataFrame to the query's cloned session on Connect
 (SPARK-44462); :data:`~setups.servers.connect.USE_CLONED_SESSION` = false binds it to the root
-session, as before. The ``foreachBatch`` crash suites run on a server set either way: the
-cloned session (the default) in CI and for MariaDB, the root session for SQLite under ``-m long``.
+session, as before. The ``foreachBatch`` crash suites run on a server set either way (``-m
+long``): the cloned session (the default) for SQLite and MariaDB, the root session for SQLite;
+in CI the example runs ``foreachBatch`` in the cloned session.
 """
 
 from __future__ import annotations
@@ -33,17 +34,18 @@ from typing import Any
 import pytest
 
 from setups.servers.connect import USE_CLONED_SESSION, ConnectServer
+from tests import REPO
 from twophase._crash import AFTER_DECISION, kill_session
 from twophase._state import NO_BATCH
 from twophase.spark import SPARK_COMMITS_DIR
 from twophase.testing import Target
+from twophase.testing.contract import list_in_doubt
 from twophase.testing.crash import DECISION_POINTS, LOST_STATE_MESSAGE, CrashSuite
 from twophase.testing.driver import AVAILABLE_NOW, DriverSpec, RunResult, generate_feed, launch
 from twophase.testing.suite import TargetSuite
 
 pytestmark = [pytest.mark.spark]
 
-REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "connect_pipeline.py"
 EXAMPLE_TIMEOUT_S = 300.0
 
@@ -74,7 +76,7 @@ def assert_finished(spec: DriverSpec, target: Target, *, last_batch: int) -> Non
     state = spec.state_store().read()
     assert state is not None
     assert (state.pending, state.last_done_batch) == ((), last_batch)
-    assert target.build().list_in_doubt(state.namespace) == [], "left in doubt"
+    assert list_in_doubt(target.build(), state.namespace) == [], "left in doubt"
 
 
 def spark_committed_through(spec: DriverSpec) -> int:
@@ -138,6 +140,8 @@ class TestSQLiteFromConnect(DeliverySuite):
         super().test_a_stream_from_a_connect_client_is_delivered_exactly_once(
             connect, target, tmp_path, foreach_batch=foreach_batch)
 
+    @pytest.mark.long  # CI time: a stream through the data source from a Connect client runs in
+    # CI in the crash suite (TestSQLiteConnectCrashes: every row exactly once after each kill)
     @pytest.mark.parametrize("foreach_batch", [False], ids=["data_source"])
     def test_a_stream_from_a_connect_client_is_delivered_exactly_once(
         self, connect: ConnectServer, target: Target, tmp_path: Path, *, foreach_batch: bool
@@ -196,6 +200,8 @@ class TestSQLiteFromConnect(DeliverySuite):
         assert target.visible() == expected
 
 
+@pytest.mark.long  # CI time: Connect's adapters and batch jobs run in CI into SQLite above (a
+# client's path does not depend on the sink); MySQL in CI everywhere else
 class TestMySQLFromConnect(DeliverySuite):
     setup_fixture = "mysql_setup"
 
@@ -246,9 +252,11 @@ class ForeachBatchConnectCrashSuite(ConnectCrashSuite):
         return {} if self.cloned_session else {USE_CLONED_SESSION: "false"}
 
 
+@pytest.mark.long  # CI time: recovery over Connect in CI by TestSQLiteConnectCrashes, the
+# foreachBatch adapter over Connect by the example (TestSQLiteFromConnect)
 class TestSQLiteForeachBatchConnectCrashes(ForeachBatchConnectCrashSuite):
-    """CI time: killed after the decision (recovery over Connect through foreachBatch); every
-    point in the root session and for MariaDB under ``-m long``."""
+    """Killed after the decision (recovery over Connect through foreachBatch); every point in
+    the root session and for MariaDB under ``-m long`` too."""
 
     setup_fixture = "sqlite_setup"
     crash_points = (AFTER_DECISION,)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_user_sink import JsonLinesTarget
+from tests.unit.test_user_sink import JsonLinesTarget
 from twophase.testing.crash import CrashSuite
 
 pytestmark = [pytest.mark.spark, pytest.mark.crash]
@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.spark, pytest.mark.crash]
 @pytest.mark.long
 class TestJsonLinesCrashes(CrashSuite):
     """The sink a user wrote from the README survives the same crashes (its contract suite
-    runs in CI: tests/test_user_sink.py)."""
+    runs in CI: tests/unit/test_user_sink.py)."""
 
     @pytest.fixture
     def target(self, tmp_path: Path) -> JsonLinesTarget:

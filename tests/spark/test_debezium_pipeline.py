@@ -56,6 +56,7 @@ from setups.servers.kafka import KafkaBroker, spark_kafka_jars
 from setups.servers.kafka_connect import ConnectWorker, debezium_postgres_config, start_worker
 from setups.servers.mariadb import Db, MariaDBServer
 from setups.servers.postgres import PgView, PostgresServer, logical_server
+from tests import REPO
 from twophase._state import StateStore
 from twophase.testing.crash_points import (
     BETWEEN_MEMBERS,
@@ -67,7 +68,6 @@ from twophase.testing.driver import SPARK_CONF, driver_environment
 
 pytestmark = [pytest.mark.spark]
 
-REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "debezium_pipeline.py"
 SOURCE_DDL = ("CREATE TABLE {table} (id bigint PRIMARY KEY, status text NOT NULL, "
               "amount numeric(12,2))")

@@ -3,17 +3,17 @@ crash point in turn, between two members' commits too (``GROUP_CRASH_POINTS``), 
 judged by its own reader (the setups' ``visible``: the table, a read_committed consumer, the
 S3 listing, the receiver's store) and every member's server checked for what it holds in doubt.
 
-The groups: MySQL XA then Kafka (the outbox: the table commits before the topic, which takes
-some of the columns; also on the standalone cluster, ``-m long``), PostgreSQL then S3 and SQLite
-then the HTTP receiver (``-m long``: CI time), two SQLite tables over Spark Connect
-(``-m long``), and MySQL XA, then a Delta table, then Kafka (a table, the lake, a change feed:
-in CI either side of the decision and between two members' commits, ``-m long`` every point);
-PostgreSQL, then an Iceberg table, then Kafka (the lake read by DuckDB's Iceberg reader; in
-CI either side of the decision, ``-m long`` every point), and MySQL XA then an Iceberg table
-whose SQL catalog is PostgreSQL's (``-m long``).
-Each member
-keeps the options its setup gives; its namespace is the group's plus its name, so the
-members' are distinct. The group of SQLite and a directory of JSON-lines files: tests/test_group.py.
+The groups: PostgreSQL, then an Iceberg table, then Kafka (a table, the lake read by DuckDB's
+Iceberg reader, a change feed; in CI either side of the decision and between two members'
+commits, ``-m long`` every point); under ``-m long`` (CI time) MySQL XA then Kafka (the outbox:
+the table commits before the topic, which takes some of the columns; in local mode and on the
+standalone cluster; in CI the pair runs its chaos round, tests/spark/test_chaos.py), MySQL XA,
+then a Delta table, then Kafka (either side of the decision and between members, and every
+point), PostgreSQL then S3, SQLite then the HTTP receiver, two SQLite tables over Spark
+Connect, and MySQL XA then an Iceberg table whose SQL catalog is PostgreSQL's.
+Each member keeps the options its setup gives; its namespace is the group's plus its name, so
+the members' are distinct. The group of SQLite and a directory of JSON-lines files:
+tests/unit/test_group.py.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from setups import (
     S3Setup,
     SQLiteSetup,
 )
-from tests.test_cluster import OnCluster
-from tests.test_connect import ConnectCrashSuite
+from tests.spark.test_cluster import OnCluster
+from tests.spark.test_connect import ConnectCrashSuite
 from twophase._crash import BETWEEN_MEMBERS, GROUP_CRASH_POINTS
 from twophase.testing import GroupTarget
 from twophase.testing.crash import DECISION_POINTS, CrashSuite
@@ -55,6 +55,9 @@ class OnTableAndTopic(CrashSuite):
                               columns={"events": EVENT_COLUMNS})
 
 
+@pytest.mark.long  # CI time: a group crashed in CI either side of the decision and between
+# members by the PostgreSQL + Iceberg + Kafka group below; this pair in CI in its chaos round
+# (tests/spark/test_chaos.py); every group point over SQLite in the model
 class TestMySQLKafkaGroupCrashes(OnTableAndTopic):
     """In local mode: the driver and its executors in one session."""
 
@@ -118,8 +121,11 @@ class OnTableLakeAndFeed(CrashSuite):
                               columns={"changes": EVENT_COLUMNS})
 
 
+@pytest.mark.long  # CI time: a lake between members crashed in CI by the PostgreSQL + Iceberg
+# + Kafka group below; Delta crashed in CI by tests/sinks/delta/test_delta_crash.py, a member of
+# a group in tests/sinks/delta/test_delta_sink.py
 class TestMySQLDeltaKafkaGroupCrashes(OnTableLakeAndFeed):
-    """CI: either side of the decision, and between two members' commits (the table's
+    """Either side of the decision, and between two members' commits (the table's
     committed, the lake's and the topic's not)."""
 
     crash_points = (*DECISION_POINTS, BETWEEN_MEMBERS)
@@ -149,10 +155,10 @@ class OnTableIcebergAndFeed(CrashSuite):
 
 
 class TestPostgresIcebergKafkaGroupCrashes(OnTableIcebergAndFeed):
-    """CI: either side of the decision (``between_members``: under ``-m long`` here, in CI
-    through the MySQL groups above)."""
+    """CI: either side of the decision, and between two members' commits (the table's
+    committed, the lake's and the topic's not): the one group crashed through Spark in CI."""
 
-    crash_points = DECISION_POINTS
+    crash_points = (*DECISION_POINTS, BETWEEN_MEMBERS)
 
 
 @pytest.mark.long

@@ -1,5 +1,6 @@
 """Metrics: counts kept in the state by whichever process decides, exported, scraped by a real
-Prometheus through a driver crash and the recovery, for both Spark adapters; and served by a
+Prometheus through a driver crash and the recovery, for both Spark adapters (foreachBatch's
+under ``-m long``); and served by a
 Spark Connect client, whose server's processes decide and commit."""
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from twophase._state import StateStore
 from twophase.errors import ConfigurationError
 from twophase.metrics import StateCollector, parse_listen
 from twophase.spark import write_stream
-from twophase.testing.contract import QUERY_ID, orders, prepare
+from twophase.testing.contract import QUERY_ID, abort, list_in_doubt, orders, prepare
 from twophase.testing.driver import DriverSpec, generate_feed, launch, read_feed
 
 FAST_RETRY = RetryPolicy(max_attempts=3, initial_backoff_s=0.001, max_backoff_s=0.002)
@@ -82,7 +83,7 @@ def test_the_coordinator_counts_into_the_state_and_the_collector_exports_it(
         run.commit_batch(1, QUERY_ID, [prepare(sink, orders(2, 3), batch=1, partition=p)
                                        for p in range(2)])
         run.abort_batch(2, QUERY_ID, [prepare(sink, orders(8, 1), batch=2)])
-    assert sink.list_in_doubt("orders") == []
+    assert list_in_doubt(sink, "orders") == []
 
     seen = scraped(store)
     assert seen["twophase_batches_decided_total"] == 2
@@ -100,7 +101,7 @@ def test_the_coordinator_counts_into_the_state_and_the_collector_exports_it(
     assert seen["twophase_batches_pending"] == 0
     assert seen["twophase_last_committed_batch"] == 1
     assert seen["twophase_transactions_lost_total"] == 0
-    assert str(orphan.txn_id) not in {str(h.txn_id) for h in sink.list_in_doubt("orders")}
+    assert str(orphan.txn_id) not in {str(h.txn_id) for h in list_in_doubt(sink, "orders")}
 
 
 def test_a_lost_transaction_and_a_fenced_run_are_counted(orders_db: Path,
@@ -117,7 +118,7 @@ def test_a_lost_transaction_and_a_fenced_run_are_counted(orders_db: Path,
     store.update(lambda s: replace(s, query_id=QUERY_ID), epoch=None)
     with newer:
         newer.commit_batch(0, QUERY_ID, [])
-        sink.abort(lost)  # aborted outside after the decision below is written
+        abort(sink, lost)  # aborted outside after the decision below is written
         with pytest.raises(Exception, match="neither prepared nor recorded"):
             newer.commit_batch(1, QUERY_ID, [lost])
 
@@ -157,7 +158,11 @@ def exporter(tmp_path: Path) -> Iterator[tuple[int, Path]]:
 
 @pytest.mark.spark
 @pytest.mark.crash
-@pytest.mark.parametrize("foreach_batch", [False, True], ids=["data_source", "foreach_batch"])
+@pytest.mark.parametrize("foreach_batch", [
+    pytest.param(False, id="data_source"),
+    # CI time: the counts are the state's, whichever adapter decides (the data source's, in
+    # Spark's process, is the harder); foreachBatch crashed in CI by the SQLite crash suite
+    pytest.param(True, id="foreach_batch", marks=pytest.mark.long)])
 def test_prometheus_sees_a_driver_crash_with_a_decided_batch_and_its_recovery(
     spark: SparkSession, prometheus: PrometheusServer, exporter: tuple[int, Path],
     tmp_path: Path, *, foreach_batch: bool

@@ -5,14 +5,13 @@ of the secured broker (SASL_SSL, SCRAM-SHA-512, ACLs enforced), and the driver r
 Spark's Kafka source (one file's rows per micro-batch) as the sink's least-privileged user, who
 may only READ that topic (Spark's source assigns partitions itself: no consumer group, no other
 ACL), its password by reference (Kafka's DirectoryConfigProvider reads it from a file);
-SIGKILLed at crash points in turn and restarted: either side of the decision into Kafka over
-SASL_SSL as that user, with the sink's ACLs (CI time: the Kafka sink goes through every point
-in CI in the MySQL + Kafka group, tests/test_group_crash.py), every point into MariaDB (``-m
-long``). At the end every source record is in the target exactly once, nothing is in doubt,
-and the target's own view has nothing left open: no prepared XA branch in MariaDB, no open
-transaction of the query's transactional ids on the broker. Below it,
-``examples/orders_pipeline.py`` run as is (``--kafka-user``: SASL_SSL, the same ACLs), into
-each target.
+SIGKILLed at crash points in turn and restarted (``-m long``, CI time: a Kafka source is crashed
+in CI by tests/spark/test_debezium_pipeline.py): either side of the decision into Kafka over
+SASL_SSL as that user, with the sink's ACLs, every point into MariaDB. At the end every source
+record is in the target exactly once, nothing is in doubt, and the target's own view has
+nothing left open: no prepared XA branch in MariaDB, no open transaction of the query's
+transactional ids on the broker. Below it, in CI, ``examples/orders_pipeline.py`` run as is
+(``--kafka-user``: SASL_SSL, the same ACLs), into each target.
 """
 
 from __future__ import annotations
@@ -39,6 +38,7 @@ from setups.servers.mariadb import Db, MariaDBServer
 from sinks.kafka import KafkaSink
 from sinks.kafka.access import grants
 from sinks.kafka.registry import DEFAULT_REGISTRY_TOPIC
+from tests import REPO
 from twophase.testing.crash import DECISION_POINTS, CrashSuite, FeedSource
 from twophase.testing.driver import generate_feed
 
@@ -46,7 +46,6 @@ pytestmark = [pytest.mark.spark, pytest.mark.crash]
 
 #: One partition: ``maxOffsetsPerTrigger`` then cuts the feed exactly at its files' ends.
 SOURCE_PARTITIONS = 1
-REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "orders_pipeline.py"
 KAFKA_PASSWORD_ENV = "KAFKA_PASSWORD"  # the example reads the password from it
 #: The example's sink's transactional ids: KafkaSink's default prefix, then its namespace.
@@ -105,6 +104,9 @@ class TestKafkaToMySQL(KafkaSource, CrashSuite):
     setup_fixture = "mysql_setup"
 
 
+@pytest.mark.long  # CI time: a Kafka source through a driver kill in CI by the Debezium pipeline
+# (tests/spark/test_debezium_pipeline.py); this source as the least-privileged user over
+# SASL_SSL in CI by the examples below
 class TestKafkaToKafka(KafkaSource, CrashSuite):
     """Kafka in and out, both over SASL_SSL as the least-privileged user: no open transaction
     holds rows of the target topic at the end."""

@@ -6,10 +6,10 @@ batch in ONE local transaction (:class:`twophase.kit.LocalCommitMember`).
 The proof: a reader polls, in one REPEATABLE READ transaction, the table's event ids and the
 catalog row's ``metadata_location`` (then the files of that metadata, read by pyiceberg), and
 never finds a row in one and not the other, while a Spark driver is killed at the crash points
-(CI: either side of the decision; ``-m long``: every point a group's driver passes but
-``between_members``, which one local stage never reaches). Without Spark: the group commits in
-one stage, an error in the lake's swap rolls the table back too, and the staged sink alone
-commits, aborts and lists what is in doubt.
+(``-m long``, CI time: either side of the decision, and every point a group's driver passes
+but ``between_members``, which one local stage never reaches). Without Spark, in CI: the group
+commits in one stage, an error in the lake's swap rolls the table back too, and the staged sink
+alone commits, aborts and lists what is in doubt.
 """
 
 from __future__ import annotations
@@ -32,10 +32,25 @@ from setups.servers.postgres import PostgresServer
 from sinks.iceberg import local_commit
 from sinks.postgres.schema import Table
 from sinks.postgres.staging import staging_table_of
-from twophase import AbortOutcome, CommitOutcome, Handle, RetryableError, SinkGroup
+from twophase import (
+    AbortOutcome,
+    CommitOutcome,
+    Handle,
+    RetryableError,
+    SinkGroup,
+    StageCommits,
+)
 from twophase._crash import CRASH_POINTS
 from twophase.testing import GroupTarget
-from twophase.testing.contract import ORDER_COLUMNS, orders, prepare, use_query_id
+from twophase.testing.contract import (
+    ORDER_COLUMNS,
+    abort,
+    commit,
+    list_in_doubt,
+    orders,
+    prepare,
+    use_query_id,
+)
 from twophase.testing.crash import DECISION_POINTS, CrashSuite
 
 #: How often the reader looks (a snapshot of both tables each time).
@@ -150,8 +165,9 @@ def _batch(group: SinkGroup, batch: int, partitions: int = 3, rows: int = 4) -> 
 def _commit(group: SinkGroup, handles: list[Handle]) -> list[CommitOutcome]:
     with group.committer() as committer:
         stages = committer.commit_stages(handles)
-        outcomes = [stage.committer.commit(handle) for stage in stages
-                    for handle in stage.handles]
+        outcomes = [outcome for stage in stages
+                    for outcome in stage.committer.commit_handles(
+                        stage.handles, StageCommits(stage.committer))]
         committer.finish_batch("orders", 0, handles)
     return outcomes
 
@@ -201,16 +217,16 @@ def test_the_staged_sink_alone_commits_aborts_and_lists_in_doubt(
     sink = target.build()
     sink.check_schema(ORDER_COLUMNS)
     kept, dropped = (prepare(sink, orders(p * 5, 5), partition=p) for p in range(2))
-    assert sorted(h.txn_id for h in sink.list_in_doubt("orders")) == sorted(
+    assert sorted(h.txn_id for h in list_in_doubt(sink, "orders")) == sorted(
         [kept.txn_id, dropped.txn_id])
     assert target.visible() == []
-    assert sink.commit(kept) == CommitOutcome.COMMITTED
-    assert sink.commit(kept) == CommitOutcome.ALREADY_COMMITTED
-    assert sink.abort(dropped) == AbortOutcome.ABORTED
-    assert sink.abort(dropped) == AbortOutcome.NOT_FOUND
-    assert sink.abort(kept) == AbortOutcome.NOT_FOUND
+    assert commit(sink, kept) == CommitOutcome.COMMITTED
+    assert commit(sink, kept) == CommitOutcome.ALREADY_COMMITTED
+    assert abort(sink, dropped) == AbortOutcome.ABORTED
+    assert abort(sink, dropped) == AbortOutcome.NOT_FOUND
+    assert abort(sink, kept) == AbortOutcome.NOT_FOUND
     assert target.visible() == list(range(5))
-    assert sink.list_in_doubt("orders") == []
+    assert list_in_doubt(sink, "orders") == []
     assert target.in_doubt() == []
     with contextlib.suppress(Exception):
         sink.committer().close()
@@ -239,8 +255,11 @@ class SameInstantCrashes(CrashSuite):
         self.reader.check()
 
 
+@pytest.mark.long  # CI time: the one local transaction, its failed swap and its recommit in CI
+# above (test_the_group_commits_both_tables_in_one_local_transaction and the tests after it);
+# recovery either side of the decision in CI by every other crash suite
 class TestSameInstantCrashes(SameInstantCrashes):
-    """CI: either side of the decision."""
+    """Either side of the decision."""
 
     crash_points = DECISION_POINTS
 

@@ -233,7 +233,7 @@ def driver_spec(canaries: Mapping[str, Canary], workdir: Path, checkpoint: Path,
         members[first] = {**members[first], "options": {**members[first]["options"], **extra}}
     return DriverSpec(
         input_dir=str(workdir.parent / "feed"), checkpoint=str(checkpoint),
-        sink_factory="tests.test_secret_canary:group_with_secrets",
+        sink_factory="tests.spark.test_secret_canary:group_with_secrets",
         sink_kwargs={"members": members, "as_reference": as_reference}, log_level="DEBUG",
         metrics_port=metrics_port,
         spark_conf={**EVENT_LOG_CONF, "spark.eventLog.dir": str(_made(workdir / "eventlog"))})
@@ -276,6 +276,7 @@ def group_references(canaries: Mapping[str, Canary]) -> str:
                                    for name, canary in canaries.items()}})
 
 
+@pytest.mark.server  # every sink's servers, taken by name at run time (CANARIES)
 @pytest.mark.parametrize("as_reference", [
     pytest.param(False, id="clear"), pytest.param(True, id="reference", marks=pytest.mark.long)])
 def test_no_secret_reaches_anything_the_job_or_its_tools_produce(

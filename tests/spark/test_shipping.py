@@ -55,9 +55,10 @@ from setups.shipping import (
     unpack,
 )
 from setups.sqlite import SQLiteSetup
-from tests.test_cluster import OnCluster
-from tests.test_connect import ConnectCrashSuite
+from tests.spark.test_cluster import OnCluster
+from tests.spark.test_connect import ConnectCrashSuite
 from twophase._crash import AFTER_DECISION
+from twophase.testing.contract import list_in_doubt
 from twophase.testing.crash import DECISION_POINTS, ROWS_PER_FILE, CrashSuite
 from twophase.testing.driver import DriverSpec, RunResult, generate_feed, launch
 
@@ -250,7 +251,7 @@ class TestShippedByAddArtifacts(ShippedBySession, OnBareCluster, ConnectCrashSui
         assert target.visible() == expected, "rows lost or duplicated"
         state = second.state_store().read()
         assert state is not None and state.pending == ()
-        assert target.build().list_in_doubt(state.namespace) == [], "left in doubt"
+        assert list_in_doubt(target.build(), state.namespace) == [], "left in doubt"
         assert target.in_doubt() == [], "left in doubt on the server"
 
 

@@ -7,20 +7,23 @@ import os
 import sqlite3
 import threading
 import time
+import warnings
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 from pyspark.errors import StreamingQueryException
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 
 from sinks.sqlite import SQLiteCommitter, SQLiteSink
 from twophase import CommitOutcome, ConfigurationError, Handle, SchemaMismatchError
 from twophase._pipeline import COMMIT_BEHIND_THREAD
+from twophase._spark import RunConfig, register_data_source
 from twophase._state import Decision, StateStore
+from twophase._workers import WORKER_TUNING_ENV
 from twophase.spark import write, write_stream
-from twophase.testing.contract import OPENED_AT, QUERY_ID, prepare
+from twophase.testing.contract import OPENED_AT, QUERY_ID, list_in_doubt, prepare
 from twophase.testing.driver import FEED_SCHEMA, generate_feed, read_feed
 
 pytestmark = pytest.mark.spark
@@ -47,7 +50,7 @@ def run_to_end(spark: SparkSession, feed: Path, sink: SQLiteSink, checkpoint: Pa
 def assert_exactly_once(reader: sqlite3.Connection, sink: SQLiteSink, expected: int) -> None:
     ids = [row[0] for row in reader.execute("SELECT event_id FROM orders ORDER BY event_id")]
     assert ids == list(range(expected))  # none missing, none twice
-    assert sink.list_in_doubt("orders") == []
+    assert list_in_doubt(sink, "orders") == []
 
 
 def test_a_stream_delivers_every_row_exactly_once(
@@ -63,13 +66,16 @@ def test_a_stream_delivers_every_row_exactly_once(
     assert all(r.txns == 2 for r in state.history)
 
 
+@pytest.mark.parametrize("asked", [{"commits": "behind"}, {"pipelined_commits": True}],
+                         ids=["commits", "deprecated-pipelined-commits"])
 def test_a_query_that_ends_by_itself_and_pipelines_returns_once_its_last_batch_is_visible(
     spark: SparkSession, feed: Path, sqlite_sink: SQLiteSink, sqlite_reader: sqlite3.Connection,
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, asked: dict[str, Any],
 ) -> None:
-    """``availableNow`` with ``pipelined_commits=True`` (foreachBatch): each batch commits
-    behind the next on a thread of this process, slowed here so that a query reported finished
-    before its last commit would show it; ``awaitTermination`` returns after that commit."""
+    """``availableNow`` with ``commits="behind"`` (through foreachBatch, chosen for it; or
+    the deprecated ``pipelined_commits=True``, with a warning): each batch commits behind the
+    next on a thread of this process, slowed here so that a query reported finished before
+    its last commit would show it; ``awaitTermination`` returns after that commit."""
     behind: list[bool] = []
     commit = SQLiteCommitter.commit
 
@@ -79,8 +85,14 @@ def test_a_query_that_ends_by_itself_and_pipelines_returns_once_its_last_batch_i
         return commit(self, handle)
 
     monkeypatch.setattr(SQLiteCommitter, "commit", slow_commit)
-    run_to_end(spark, feed, sqlite_sink, tmp_path / "ckpt", foreach_batch=True,
-               pipelined_commits=True)
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always", DeprecationWarning)
+        run_to_end(spark, feed, sqlite_sink, tmp_path / "ckpt", **asked)
+    ours = [w for w in warned if w.category is DeprecationWarning
+            and str(w.message).startswith("write_stream(")]
+    assert [(str(w.message).split(": ")[-1], w.filename) for w in ours] == (
+        [("pass commits='behind' (for True) or commits='inline' (for False)", __file__)]
+        if "pipelined_commits" in asked else [])  # named at the caller's line
     assert_exactly_once(sqlite_reader, sqlite_sink, FILES * ROWS_PER_FILE)
     state = StateStore(tmp_path / "ckpt" / "twophase").read()
     assert state is not None and (state.last_done_batch, state.pending) == (FILES - 1, ())
@@ -219,3 +231,26 @@ def test_a_new_checkpoint_with_an_old_state_location_is_refused_before_the_start
                        r"to query \(none: a new checkpoint\)"):
         run_to_end(spark, feed, sqlite_sink, tmp_path / "new-ckpt", state_location=state)
     assert_exactly_once(sqlite_reader, sqlite_sink, FILES * ROWS_PER_FILE)
+
+
+@pytest.mark.parametrize("setting", [None, "0"], ids=["default", "opted-out"])
+def test_the_worker_tuning_opt_out_where_write_runs_is_shipped_to_the_tasks(
+        spark: SparkSession, feed: Path, sqlite_sink: SQLiteSink, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, setting: str | None) -> None:
+    """``TWOPHASE_WORKER_TUNING=0`` where ``write`` (or ``write_stream``) runs is read there
+    into the run's config, which Spark pickles into every task (the tasks honour it:
+    tests/unit/test_workers.py)."""
+    if setting is None:
+        monkeypatch.delenv(WORKER_TUNING_ENV, raising=False)
+    else:
+        monkeypatch.setenv(WORKER_TUNING_ENV, setting)
+    shipped: list[RunConfig] = []
+
+    def registered(df: DataFrame, config: RunConfig) -> str:
+        shipped.append(config)
+        return register_data_source(df, config)
+
+    monkeypatch.setattr("twophase.spark.register_data_source", registered)
+    write(spark.read.schema(FEED_SCHEMA).json(str(feed)), sqlite_sink,
+          state_location=str(tmp_path / "state"))
+    assert [config.worker_tuning for config in shipped] == [setting is None]

@@ -25,7 +25,10 @@ from twophase.testing.contract import (
     OPENED_AT,
     OTHER_QUERY_ID,
     QUERY_ID,
+    abort,
+    commit,
     context,
+    list_in_doubt,
     orders,
     prepare,
 )
@@ -54,7 +57,7 @@ def run_cleanup(tgt: cleanup.Target, *, now: float, dry_run: bool = False) -> cl
 
 
 def in_doubt(sink: SQLiteSink) -> set[str]:
-    return {str(h.txn_id) for h in sink.list_in_doubt("orders")}
+    return {str(h.txn_id) for h in list_in_doubt(sink, "orders")}
 
 
 def test_decided_batches_are_rolled_forward(sqlite_sink: SQLiteSink,
@@ -127,7 +130,7 @@ def test_a_lost_decided_transaction_needs_attention_then_can_be_forgotten(
     store = running_query(tmp_path)
     handle = prepare(sqlite_sink, orders(0, 1))
     store.update(lambda s: replace(s, pending=(Decision(0, 1, OPENED_AT, (handle,)),)), epoch=None)
-    sqlite_sink.abort(handle)
+    abort(sqlite_sink, handle)
 
     report = run_cleanup(target(sqlite_sink, store), now=OPENED_AT)
     (roll,) = [a for a in report.actions if a.action == "roll_forward"]
@@ -337,7 +340,7 @@ def test_settle_finishes_decided_batches_and_aborts_every_undecided_transaction(
     assert cleanup.main([*argv, "--settle"]) == cleanup.EXIT_OK
 
     assert sqlite_reader.execute("SELECT count(*) FROM orders").fetchone() == (3,)
-    assert {h.txn_id.query for h in sqlite_sink.list_in_doubt("orders")} == {
+    assert {h.txn_id.query for h in list_in_doubt(sqlite_sink, "orders")} == {
         query_key(OTHER_QUERY_ID)}
     state = store.read()
     assert state is not None and (state.pending, state.epoch, state.last_done_batch) == ((), 3, 0)
@@ -360,7 +363,7 @@ def test_cleanup_purges_tombstones_past_the_sinks_retention_and_status_counts_th
     options = {"path": str(path), "table": "live", "mode": "keyed", "key": ["order_id"],
                "version": "version", "deleted": "op", "tombstone_retention_s": HOUR}
     sink = SQLiteSink(**options)  # type: ignore[arg-type]
-    sink.commit(prepare(sink, [(1, None, 3, "d"), (2, None, 4, "d")], columns=KEYED_COLUMNS))
+    commit(sink, prepare(sink, [(1, None, 3, "d"), (2, None, 4, "d")], columns=KEYED_COLUMNS))
     store = running_query(tmp_path)
     status = subprocess.run(
         [sys.executable, "-m", "twophase.status", str(store.location),

@@ -26,8 +26,10 @@ from twophase import (
 from twophase._coordinator import Coordinator
 from twophase._pipeline import CommitPipeline
 from twophase._state import StateStore
-from twophase.spark import _pipelined
-from twophase.testing.contract import QUERY_ID, orders, prepare
+from twophase.spark import _commits_of, _plan
+from twophase.testing.contract import QUERY_ID, list_in_doubt, orders, prepare
+from twophase.testing.crash import CrashSuite
+from twophase.testing.driver import DriverSpec
 
 FAST_RETRY = RetryPolicy(max_attempts=2, initial_backoff_s=0.01, max_backoff_s=0.02)
 #: Long enough for a commit that should not be waited for to show that it was not.
@@ -152,31 +154,62 @@ def test_a_failed_commit_behind_is_finished_by_the_next_batch_first(
     ({"once": True}, False, False),
     (None, True, False),
 ])
-@pytest.mark.parametrize("foreach_batch", [False, True])
-def test_by_default_a_stream_pipelines_when_it_runs_until_stopped_in_classic_spark(
+@pytest.mark.parametrize("foreach_batch", [None, False, True])
+def test_by_default_a_stream_commits_behind_when_it_runs_until_stopped_in_classic_spark(
         trigger: dict[str, Any] | None, *, connect: bool, expected: bool,
-        foreach_batch: bool) -> None:
-    assert _pipelined(None, trigger, connect=connect, foreach_batch=foreach_batch) is expected
-    assert _pipelined(False, trigger, connect=connect, foreach_batch=foreach_batch) is False
+        foreach_batch: bool | None) -> None:
+    assert _plan("auto", trigger, connect=connect, foreach_batch=foreach_batch).behind is expected
+    assert _plan("inline", trigger, connect=connect, foreach_batch=foreach_batch).behind is False
 
 
 @pytest.mark.parametrize("trigger", [{"availableNow": True}, {"once": True}])
-def test_a_query_that_ends_by_itself_pipelines_when_asked_through_foreach_batch(
-        trigger: dict[str, Any]) -> None:
-    assert _pipelined(True, trigger, connect=False, foreach_batch=True) is True
+@pytest.mark.parametrize("foreach_batch", [None, True])
+def test_a_query_that_ends_by_itself_commits_behind_when_asked_through_foreach_batch(
+        trigger: dict[str, Any], foreach_batch: bool | None) -> None:
+    plan = _plan("behind", trigger, connect=False, foreach_batch=foreach_batch, pyspark=(4, 3))
+    assert (plan.behind, plan.foreach_batch) == (True, True)
 
 
-@pytest.mark.parametrize(("trigger", "connect", "foreach_batch", "message", "fix"), [
-    ({"availableNow": True}, False, False, "ends by itself", "pass foreach_batch=True"),
-    ({"once": True}, False, False, "ends by itself", "pass foreach_batch=True"),
-    (None, True, False, "over Spark Connect", "leave pipelined_commits out"),
-    (None, True, True, "over Spark Connect", "leave pipelined_commits out"),
+@pytest.mark.parametrize(("trigger", "connect", "pyspark", "expected"), [
+    (None, False, (4, 3), False),
+    ({"availableNow": True}, False, (4, 3), False),
+    (None, False, (4, 1), True),  # before 4.3, foreachBatch is the faster way
+    ({"availableNow": True}, False, (4, 2), True),
+    ({"continuous": "1 second"}, False, (4, 1), False),  # foreachBatch is micro-batch only
+    (None, True, (4, 1), False),  # over Spark Connect the client's PySpark tells nothing
 ])
-def test_pipelined_commits_where_nothing_could_commit_behind_are_refused(
-        trigger: dict[str, Any] | None, *, connect: bool, foreach_batch: bool, message: str,
-        fix: str) -> None:
+def test_the_way_into_the_sink_is_chosen_by_pyspark_and_spark_connect(
+        trigger: dict[str, Any] | None, *, connect: bool, pyspark: tuple[int, int],
+        expected: bool) -> None:
+    assert _plan("auto", trigger, connect=connect, foreach_batch=None,
+                 pyspark=pyspark).foreach_batch is expected
+    for forced in (False, True):  # the escape hatch
+        assert _plan("auto", trigger, connect=connect, foreach_batch=forced,
+                     pyspark=pyspark).foreach_batch is forced
+
+
+@pytest.mark.parametrize(("commits", "trigger", "connect", "foreach_batch", "message", "fix"), [
+    ("behind", {"availableNow": True}, False, False, "ends by itself",
+     "leave foreach_batch out"),
+    ("behind", {"once": True}, False, False, "ends by itself", "leave foreach_batch out"),
+    ("behind", None, True, None, "over Spark Connect", "leave commits out"),
+    ("behind", None, True, True, "over Spark Connect", "leave commits out"),
+    ("later", None, False, None, "is none of 'auto', 'behind', 'inline'", "leave it out"),
+])
+def test_commits_where_nothing_could_commit_behind_are_refused(
+        commits: Any, trigger: dict[str, Any] | None, *, connect: bool,
+        foreach_batch: bool | None, message: str, fix: str) -> None:
     with pytest.raises(ConfigurationError, match=f"{message}.*Fix: {fix}"):
-        _pipelined(True, trigger, connect=connect, foreach_batch=foreach_batch)
+        _plan(commits, trigger, connect=connect, foreach_batch=foreach_batch)
+
+
+@pytest.mark.parametrize(("pipelined", "commits"), [(True, "behind"), (False, "inline"),
+                                                    (None, "auto")])
+def test_the_deprecated_pipelined_commits_asks_for_commits(
+        pipelined: bool | None, commits: str) -> None:
+    assert _commits_of("auto", {"pipelined_commits": pipelined}) == commits
+    with pytest.raises(ConfigurationError, match="Fix: pass commits= alone"):
+        _commits_of("inline", {"pipelined_commits": True})
 
 
 def test_a_long_lived_coordinator_sweeps_at_its_first_batch_after_a_failure_and_by_interval(
@@ -188,10 +221,25 @@ def test_a_long_lived_coordinator_sweeps_at_its_first_batch_after_a_failure_and_
     run.commit_batch(0, QUERY_ID, [prepare(sqlite_sink, orders(0, 1), batch=0, epoch=epoch)])
     orphan = prepare(sqlite_sink, orders(10, 1), batch=1, attempt=7, epoch=epoch)
     run.commit_batch(1, QUERY_ID, [prepare(sqlite_sink, orders(1, 1), batch=1, epoch=epoch)])
-    assert orphan.txn_id in {h.txn_id for h in sqlite_sink.list_in_doubt("orders")}  # not due
+    assert orphan.txn_id in {h.txn_id for h in list_in_doubt(sqlite_sink, "orders")}  # not due
     run.abort_batch(2, QUERY_ID, [])  # a failed batch: the next sweep is due at once
-    assert sqlite_sink.list_in_doubt("orders") == []
+    assert list_in_doubt(sqlite_sink, "orders") == []
     orphan = prepare(sqlite_sink, orders(20, 1), batch=3, attempt=7, epoch=epoch)
     run.sweep_next_batch()
     run.commit_batch(3, QUERY_ID, [prepare(sqlite_sink, orders(3, 1), batch=3, epoch=epoch)])
-    assert sqlite_sink.list_in_doubt("orders") == []
+    assert list_in_doubt(sqlite_sink, "orders") == []
+
+
+def test_the_testing_harness_s_deprecated_pipelined_commits_sets_commits(tmp_path: Path) -> None:
+    """``DriverSpec(pipelined_commits=...)`` and a crash suite's ``pipelined_commits = ...``
+    (deprecated in 0.5.0) still work, each with a warning naming ``commits``."""
+    with pytest.warns(DeprecationWarning, match="DriverSpec's pipelined_commits is deprecated"
+                      ".*set commits='behind'"):
+        spec = DriverSpec(input_dir=str(tmp_path), checkpoint=str(tmp_path / "ckpt"),
+                          sink_factory="sinks.sqlite:SQLiteSink", pipelined_commits=True)
+    assert (spec.commits, spec.pipelined_commits) == ("behind", None)
+    assert spec.fields_set().get("commits") == "behind"  # what the driver process is told
+    with pytest.warns(DeprecationWarning, match="Inline's pipelined_commits is deprecated"):
+        class Inline(CrashSuite):
+            pipelined_commits = False
+    assert Inline.commits == "inline"

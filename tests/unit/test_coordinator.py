@@ -12,7 +12,14 @@ from sinks.sqlite import SQLiteSink
 from twophase import ConfigurationError, FatalError, FencedError, RetryPolicy, TransactionLostError
 from twophase._coordinator import Coordinator
 from twophase._state import HISTORY_LIMIT, Decision, StateStore
-from twophase.testing.contract import OTHER_QUERY_ID, QUERY_ID, orders, prepare
+from twophase.testing.contract import (
+    OTHER_QUERY_ID,
+    QUERY_ID,
+    abort,
+    list_in_doubt,
+    orders,
+    prepare,
+)
 
 FAST_RETRY = RetryPolicy(max_attempts=3, initial_backoff_s=0.01, max_backoff_s=0.02)
 
@@ -50,7 +57,7 @@ def test_a_replayed_batch_aborts_its_new_transactions_and_commits_nothing_twice(
     replay = [prepare(sqlite_sink, orders(0, 3), attempt=2)]
     run.commit_batch(0, QUERY_ID, replay)
     assert event_ids(sqlite_reader) == [0, 1, 2]
-    assert sqlite_sink.list_in_doubt("orders") == []
+    assert list_in_doubt(sqlite_sink, "orders") == []
 
 
 def test_orphans_of_failed_attempts_and_older_runs_are_aborted_others_kept(
@@ -68,7 +75,7 @@ def test_orphans_of_failed_attempts_and_older_runs_are_aborted_others_kept(
 
     run.commit_batch(0, QUERY_ID, [winner])
 
-    in_doubt = {h.txn_id for h in sqlite_sink.list_in_doubt("orders")}
+    in_doubt = {h.txn_id for h in list_in_doubt(sqlite_sink, "orders")}
     assert older_run_orphan.txn_id not in in_doubt
     assert failed_attempt.txn_id not in in_doubt
     assert in_doubt == {other_query.txn_id, future_batch.txn_id, newer_run.txn_id}
@@ -112,7 +119,7 @@ def test_a_zombie_run_is_refused_and_changes_nothing(
     # The newer run replays batch 0 and sweeps the zombie's prepared transaction.
     newer.commit_batch(0, QUERY_ID, [prepare(sqlite_sink, orders(0, 2), epoch=newer.epoch)])
     assert event_ids(sqlite_reader) == [0, 1]
-    assert sqlite_sink.list_in_doubt("orders") == []
+    assert list_in_doubt(sqlite_sink, "orders") == []
 
 
 def test_a_decided_transaction_aborted_outside_is_reported_lost_and_stays_pending(
@@ -122,7 +129,7 @@ def test_a_decided_transaction_aborted_outside_is_reported_lost_and_stays_pendin
     handle = prepare(sqlite_sink, orders(0, 2))
     run.store.update(lambda s: replace(s, pending=(Decision(0, run.epoch, 0.0, (handle,)),)),
                      epoch=run.epoch)
-    sqlite_sink.abort(handle)  # an operator's over-eager cleanup
+    abort(sqlite_sink, handle)  # an operator's over-eager cleanup
 
     with pytest.raises(TransactionLostError, match=f"transaction {handle.txn_id}"):
         start_run(sqlite_sink, tmp_path).recover()
@@ -181,7 +188,7 @@ def test_a_new_run_aborts_earlier_runs_orphans_before_it_writes(
 
     start_run(sqlite_sink, tmp_path).start(QUERY_ID)
 
-    in_doubt = {h.txn_id for h in sqlite_sink.list_in_doubt("orders")}
+    in_doubt = {h.txn_id for h in list_in_doubt(sqlite_sink, "orders")}
     assert orphan.txn_id not in in_doubt
     assert in_doubt == {other_query.txn_id}
     assert event_ids(sqlite_reader) == [0]
@@ -194,4 +201,4 @@ def test_a_handle_of_another_sink_kind_is_refused_before_the_sink_sees_it(
     foreign = replace(prepare(sqlite_sink, orders(0, 1), epoch=coordinator.epoch), sink="mysql")
     with pytest.raises(ConfigurationError, match="written by a 'mysql' sink"):
         coordinator.commit_batch(0, QUERY_ID, [foreign])
-    assert sqlite_sink.list_in_doubt("orders") == [replace(foreign, sink="sqlite", rows=1)]
+    assert list_in_doubt(sqlite_sink, "orders") == [replace(foreign, sink="sqlite", rows=1)]

@@ -22,7 +22,7 @@ from pyspark.sql import SparkSession
 
 from setups.sqlite import SQLiteSetup, orders_database
 from sinks.sqlite import SQLiteCommitter, SQLiteSink, SQLiteTransaction
-from tests.test_user_sink import JsonLinesTarget
+from tests.unit.test_user_sink import JsonLinesTarget
 from tests.user_sink import JsonLinesSink
 from twophase import (
     CommitOutcome,
@@ -40,18 +40,20 @@ from twophase._crash import BETWEEN_MEMBERS, GROUP_CRASH_POINTS
 from twophase._handle import NAMESPACE_MAX_LENGTH, fitted_namespace, validate_namespace
 from twophase._state import StateStore
 from twophase.group import fan_out
-from twophase.spark import as_sink, write_stream
+from twophase.spark import as_sink, write, write_stream
 from twophase.testing import GroupTarget
 from twophase.testing.contract import (
     NAMESPACE,
     ORDER_COLUMNS,
     QUERY_ID,
     SinkContract,
+    abort,
+    list_in_doubt,
     orders,
     prepare,
 )
 from twophase.testing.crash import CrashSuite
-from twophase.testing.driver import generate_feed, read_feed
+from twophase.testing.driver import FEED_SCHEMA, generate_feed, read_feed
 
 #: The order in which member transactions committed, across the members of a test.
 COMMITS: list[str] = []
@@ -73,7 +75,7 @@ class TestGroupContract(SinkContract):
 
 
 @pytest.mark.long  # CI time: the group crash points run in CI over MySQL and Kafka
-class TestGroupCrashes(CrashSuite):  # (tests/test_group_crash.py)
+class TestGroupCrashes(CrashSuite):  # (tests/spark/test_group_crash.py)
     crash_points = GROUP_CRASH_POINTS
 
     @pytest.fixture
@@ -193,7 +195,7 @@ def test_every_transaction_of_a_member_commits_before_any_of_the_next(tmp_path: 
     assert sorted(COMMITS[3:]) == ["changes:0", "changes:1", "changes:2"]
     assert rows_in(group, "orders") == rows_in(group, "changes") == sorted(
         10 * p + i for p in range(3) for i in range(3))
-    assert group.list_in_doubt(NAMESPACE) == []
+    assert list_in_doubt(group, NAMESPACE) == []
     record = StateStore(tmp_path / "state").read_existing().history[-1]
     assert (record.rows, record.txns, record.already_committed) == (9, 6, 0)
 
@@ -213,7 +215,7 @@ def test_the_decision_lists_each_member_transaction_and_recovery_finishes_in_ord
     pending = StateStore(tmp_path / "state").read_existing().pending
     assert [sorted(h.data["members"]) for h in pending[0].handles] == [
         ["changes", "orders"]] * 2, "the decision lists every member's transaction"
-    assert [sorted(group.member_handles(h)[0][0] for h in group.list_in_doubt(NAMESPACE))] == [
+    assert [sorted(group.member_handles(h)[0][0] for h in list_in_doubt(group, NAMESPACE))] == [
         ["changes", "changes"]], "the first member committed, the second not"
     assert rows_in(group, "orders") != [] and rows_in(group, "changes") == []
     COMMITS.clear()
@@ -229,9 +231,9 @@ def test_a_member_transaction_lost_after_the_decision_reports_the_split_batch(
 
     def lose_the_second_member(point: str, batch: int) -> None:
         if point == BETWEEN_MEMBERS:
-            for handle in group.list_in_doubt(NAMESPACE):  # what "changes" holds of it
+            for handle in list_in_doubt(group, NAMESPACE):  # what "changes" holds of it
                 for name, member in group.member_handles(handle):
-                    group.members[name].abort(member)
+                    abort(group.members[name], member)
             raise SystemExit("and the driver dies")
 
     with run(group, tmp_path, crash_point=lose_the_second_member) as coordinator, \
@@ -260,7 +262,7 @@ def test_a_member_that_may_expire_before_its_commit_is_not_decided(tmp_path: Pat
     state = StateStore(tmp_path / "state").read_existing()
     assert state.pending == () and state.metrics.get("batches_expiring") == 1
     assert rows_in(group, "orders") == rows_in(group, "changes") == []
-    assert group.list_in_doubt(NAMESPACE) == [], "the refused batch's transactions are aborted"
+    assert list_in_doubt(group, NAMESPACE) == [], "the refused batch's transactions are aborted"
 
 
 @pytest.mark.parametrize("failing", [FailingPreCommit, FailingWrite])
@@ -270,7 +272,7 @@ def test_one_member_failing_leaves_nothing_of_any_member(
     with pytest.raises((RetryableError, SchemaMismatchError),
                        match=r"^sink group member 'changes': .* \(on purpose\)"):
         prepare(group, orders(0, 6), arrow=True)
-    assert group.list_in_doubt(NAMESPACE) == []
+    assert list_in_doubt(group, NAMESPACE) == []
     assert rows_in(group, "orders") == rows_in(group, "changes") == []
 
 
@@ -408,7 +410,7 @@ def test_status_shows_and_cleanup_finishes_a_group_from_its_config(
     cleanup.clean(target, report, dry_run=False)
     assert report.exit_code == cleanup.EXIT_OK, report.actions
     assert rows_in(group, "orders") == rows_in(group, "changes") == [0, 1, 2, 10, 11, 12]
-    assert store.read_existing().pending == () and group.list_in_doubt(NAMESPACE) == []
+    assert store.read_existing().pending == () and list_in_doubt(group, NAMESPACE) == []
 
 
 # -- through Spark: the job names its sinks, the adapters make the group ----------------------
@@ -421,9 +423,9 @@ def test_a_stream_into_named_sinks_delivers_every_row_once_to_each(
     generate_feed(tmp_path / "feed", files=files, rows_per_file=rows_per_file)
     table = SQLiteSink(orders_database(tmp_path / "orders.db"), "orders")
     events = JsonLinesSink(tmp_path / "events")
-    query = write_stream(read_feed(spark, tmp_path / "feed"), {"table": table, "events": events},
-                         commit_order=["table", "events"],
-                         columns={"events": ["event_id", "order_id", "status"]},
+    group = SinkGroup({"table": table, "events": events}, commit_order=["table", "events"],
+                      columns={"events": ["event_id", "order_id", "status"]})
+    query = write_stream(read_feed(spark, tmp_path / "feed"), group,
                          checkpoint_location=str(tmp_path / "ckpt"),
                          trigger={"availableNow": True}, foreach_batch=foreach_batch)
     query.awaitTermination()
@@ -436,6 +438,30 @@ def test_a_stream_into_named_sinks_delivers_every_row_once_to_each(
     state = StateStore(tmp_path / "ckpt" / "twophase").read_existing()
     assert (state.last_done_batch, state.pending) == (files - 1, ())
     assert [record.rows for record in state.history] == [rows_per_file] * files
+
+
+@pytest.mark.spark
+def test_the_deprecated_group_options_of_write_still_make_the_group_with_a_warning(
+        spark: SparkSession, tmp_path: Path) -> None:
+    """``write(df, {...}, commit_order=..., columns=...)`` (deprecated in 0.5.0): the group is
+    made as before, each option warned about with ``SinkGroup`` as the replacement."""
+    table = SQLiteSink(orders_database(tmp_path / "orders.db"), "orders")
+    events = JsonLinesSink(tmp_path / "events")
+    generate_feed(tmp_path / "feed", files=1, rows_per_file=5)
+    with pytest.warns(DeprecationWarning, match=r"write\(\.\.\., (commit_order|columns)=\) "
+                      r"is deprecated .*pass SinkGroup\(") as warned:
+        write(
+            spark.read.schema(FEED_SCHEMA).json(str(tmp_path / "feed")),
+            {"table": table, "events": events}, state_location=str(tmp_path / "state"),
+            commit_order=["events", "table"], columns={"events": ["event_id", "status"]})
+    assert sorted(str(w.message).split("=")[0] for w in warned
+                  if w.category is DeprecationWarning) == ["write(..., columns",
+                                                           "write(..., commit_order"]
+    assert sorted(row["event_id"] for row in events.rows()) == list(range(5))
+    assert set(events.rows()[0]) == {"event_id", "status"}
+    with pytest.raises(TypeError, match="unexpected keyword argument 'comit_order'"):
+        write(spark.range(1), table, state_location=str(tmp_path / "state"),
+              comit_order=["a"])
 
 
 def test_the_adapters_make_a_group_of_named_sinks_and_refuse_group_options_for_one(

@@ -1,13 +1,13 @@
 """Transaction ids and handles: the values that cross processes and live in state files."""
 
 import json
-from pathlib import Path
 
 import pytest
 
+from tests import DATA
 from twophase import ConfigurationError, Handle, StateCorruptError, TxnId, _handle
 
-GOLDEN = Path(__file__).parent / "data" / "handles"
+GOLDEN = DATA / "handles"
 QUERY = "3f2a9c1e-7b6d-4a01-9f00-000000000000"
 
 

@@ -30,7 +30,7 @@ from hypothesis import Phase
 
 from setups import SETUPS, SinkSetup, SQLiteSetup
 from tests.sink_sets import fixture_of
-from twophase import CommitOutcome, Handle
+from twophase import CommitOutcome, CommitStage, Handle
 from twophase._coordinator import Coordinator
 from twophase._pipeline import CommitPipeline
 from twophase._state import Decision, State, StateStore
@@ -43,9 +43,9 @@ from twophase.testing.target import ExactlyOnceError, GroupTarget, Target
 
 #: Examples of the model over a sink group (two SQLite tables) in the CI profile (a sink's:
 #: its setup's ``model_ci_examples``; the long profile ignores both).
-GROUP_CI_EXAMPLES = 60
+GROUP_CI_EXAMPLES = 30
 #: Examples of the model over pipelined commits (SQLite, a sink and a group) in the CI profile.
-PIPELINED_CI_EXAMPLES = 40
+PIPELINED_CI_EXAMPLES = 20
 MEMORY_FS = Path("/dev/shm")
 #: The broken variants must be caught within this many examples (over SQLite), found but not
 #: shrunk (shrinking a schedule takes minutes; a real failure of the model is shrunk).
@@ -139,6 +139,15 @@ class CommitsMembersOutOfOrder(Coordinator):
                 for outcome in self._commit_stage(decision.batch, stage)]
 
 
+class CommitsAStageTwice(Coordinator):
+    """Commits every commit stage again once it committed (a stage commit that does not know
+    that a settle already made the whole stage visible)."""
+
+    def _commit_stage(self, batch: int, stage: CommitStage) -> list[CommitOutcome]:
+        super()._commit_stage(batch, stage)
+        return super()._commit_stage(batch, stage)
+
+
 class DecidesWithAMemberUnprepared(Coordinator):
     """Decides a sink group's batch with the last member of one partition left out."""
 
@@ -206,6 +215,8 @@ class LeavesEarlierBatchesPending(Coordinator):
     pytest.param({"coordinator_class": NeverSweepsOrphans}, id="never-sweep-orphans"),
     pytest.param({"coordinator_class": CommitsMembersOutOfOrder, "group": True},
                  id="commit-a-group-out-of-order"),
+    pytest.param({"coordinator_class": CommitsAStageTwice, "group": True},
+                 id="commit-a-stage-twice"),
     pytest.param({"coordinator_class": DecidesWithAMemberUnprepared, "group": True},
                  id="decide-a-group-with-a-member-unprepared"),
     pytest.param({"coordinator_class": LeavesEarlierBatchesPending,

@@ -12,7 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from twophase._workers import FREEZE_AT_UNIT, SPARK_REUSE_WORKER_ENV
+from twophase._workers import (
+    FREEZE_AT_UNIT,
+    SPARK_REUSE_WORKER_ENV,
+    WORKER_TUNING_ENV,
+)
 
 #: Units of work as a reused worker runs them: each followed by the daemon's full collection.
 _UNITS_OF_WORK = """
@@ -95,3 +99,34 @@ def test_a_reused_worker_reads_an_unchanged_archive_on_its_path_once(
     # reused: the first two tasks' reads (before the first unit of work, and the first the
     # importer makes itself), then only the changed archive's; anywhere else one per task
     assert reads == (3 if reused else 6)
+
+
+#: A reused worker's units of work with the tuning turned off (by the run's setting, shipped in
+#: its config: ``sys.argv[1] == "run"``; or by the worker's own environment): what is frozen,
+#: and whether the zip importers' cache invalidation is still zipimport's own.
+_UNITS_OF_WORK_TUNED_OFF = """
+import gc, sys, zipimport
+original = zipimport.zipimporter.invalidate_caches
+from twophase._workers import keep_out_of_worker_collections
+frozen = []
+for _ in range(4):
+    keep_out_of_worker_collections(tuning=sys.argv[1] != "run")
+    gc.collect()
+    frozen.append(gc.get_freeze_count())
+print(*frozen, zipimport.zipimporter.invalidate_caches is original)
+"""
+
+
+@pytest.mark.parametrize("off", ["run", "0", "false", "OFF"],
+                         ids=["the-run-s-setting", "env-0", "env-false", "env-OFF"])
+def test_the_opt_out_leaves_a_reused_worker_s_collections_and_zip_importers_untouched(
+        off: str) -> None:
+    env = {key: value for key, value in os.environ.items() if key != WORKER_TUNING_ENV}
+    env[SPARK_REUSE_WORKER_ENV] = "1"
+    if off != "run":
+        env[WORKER_TUNING_ENV] = off
+    run = subprocess.run([sys.executable, "-c", _UNITS_OF_WORK_TUNED_OFF, off], env=env,
+                         capture_output=True, text=True, timeout=120, check=True)
+    *frozen, untouched = run.stdout.split()
+    assert frozen == ["0"] * 4
+    assert untouched == "True"

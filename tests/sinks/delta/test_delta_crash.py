@@ -1,6 +1,7 @@
 """DeltaSink under the shared crash suite: a real Spark driver SIGKILLed at crash points and
 restarted, into a Delta table (local, and on S3) read back by DuckDB (every row exactly once,
-nothing unreferenced and no intent left: the setup's ``in_doubt``), each batch one commit."""
+nothing unreferenced and no intent left: the setup's ``in_doubt``), each batch one commit.
+In CI the local table either side of the decision; on S3 and every point under ``-m long``."""
 
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ class TestDeltaEveryPointCrashes(TestDeltaCrashes):
     crash_points = CrashSuite.crash_points
 
 
+@pytest.mark.long  # CI time: Delta crashed in CI by TestDeltaCrashes, on S3 by its contract
 class TestDeltaOnS3Crashes(TestDeltaCrashes):
     """The table under an S3 prefix (moto): data files and intents by conditional put."""
 

@@ -35,6 +35,7 @@ from sinks.delta.errors import classify, iam_policy
 from sinks.delta.schema import RETENTION_PROPERTY
 from sinks.delta.snapshot import app_id_of
 from sinks.delta.stats import FileStats
+from tests import REPO
 from twophase import (
     AbortOutcome,
     Column,
@@ -45,6 +46,7 @@ from twophase import (
     RetryableError,
     RetryPolicy,
     SchemaMismatchError,
+    StageCommits,
     TransactionLostError,
 )
 from twophase._coordinator import Coordinator
@@ -55,6 +57,7 @@ from twophase.testing.contract import (
     ORDER_COLUMNS,
     QUERY_ID,
     SinkContract,
+    list_in_doubt,
     orders,
     prepare,
 )
@@ -191,7 +194,7 @@ def test_a_batch_that_could_outlive_the_vacuum_retention_is_not_decided(
         run.commit_batch(0, QUERY_ID, handles)
     assert store.read_existing().pending == ()
     assert delta_setup.visible(target) == []
-    assert sink.list_in_doubt(NAMESPACE) == [] and delta_setup.in_doubt(target) == []
+    assert list_in_doubt(sink, NAMESPACE) == [] and delta_setup.in_doubt(target) == []
 
 
 # -- orphans: what no commit references ----------------------------------------------------------
@@ -204,7 +207,7 @@ def test_a_committed_batch_survives_an_optimize_and_the_sweeps_after_it(
     DeltaTable(sink.table_uri).optimize.compact()
     later = prepare(sink, orders(200, 2), batch=1)  # pre-committed, not yet decided
     for _sweep in range(3):  # every batch's sweep, as the coordinator runs it
-        listed = sink.list_in_doubt(NAMESPACE)
+        listed = list_in_doubt(sink, NAMESPACE)
         assert {h.txn_id for h in listed} == {orphan.txn_id, later.txn_id}
     with sink.committer() as committer:
         assert committer.abort(listed[0]) is AbortOutcome.ABORTED
@@ -331,7 +334,7 @@ def test_a_partitioned_table_gets_its_files_in_partition_directories_and_duckdb_
             f"EXPLAIN ANALYZE SELECT * FROM {scan} WHERE status = 'sent out'").fetchall()
     sent_out = sum(f["partition_values"]["status"] == "sent out" for f in handle.data["files"])
     assert f"Scanning Files: {sent_out}/{len(handle.data['files'])}" in plan[0][1]
-    assert sink.list_in_doubt(NAMESPACE) == []
+    assert list_in_doubt(sink, NAMESPACE) == []
 
 
 def test_a_column_of_another_type_is_refused_naming_the_column_and_the_fix(
@@ -446,14 +449,20 @@ def test_in_a_group_the_delta_member_commits_each_batch_once_at_its_place_in_the
     with sink.committer() as committer:
         stages = committer.commit_stages(handles)
         assert [stage.label for stage in stages] == ["lake", "orders"]
-        lake_stage = stages[0]
-        assert lake_stage.committer.commit(lake_stage.handles[0]) is CommitOutcome.COMMITTED
-        # the first commit of the member's stage made the member's whole batch visible
+        lake_stage, orders_stage = stages
+        assert lake_stage.committer.commit_handles(
+            lake_stage.handles, StageCommits(lake_stage.committer)
+        ) == [CommitOutcome.COMMITTED] * 3
+        # the member's stage made its whole batch visible in one commit, before the next member
         assert int(DeltaTable(table_uri).version()) == before + 1
         assert lake.visible() == [0, 1, 10, 11, 20, 21]
-        for stage in stages:
-            for handle in stage.handles:
-                stage.committer.commit(handle)
+        assert group.members["orders"].visible() == []
+        # committed again (a recovery), the stage is proven, not committed twice
+        assert lake_stage.committer.commit_handles(
+            lake_stage.handles, StageCommits(lake_stage.committer)
+        ) == [CommitOutcome.ALREADY_COMMITTED] * 3
+        orders_stage.committer.commit_handles(orders_stage.handles,
+                                              StageCommits(orders_stage.committer))
         committer.finish_batch(NAMESPACE, 0, handles)
     assert int(DeltaTable(table_uri).version()) == before + 1
     assert group.visible() == [0, 1, 10, 11, 20, 21]
@@ -498,7 +507,7 @@ def test_through_the_coordinator_each_batch_is_one_commit_and_orphans_are_swept(
     state = store.read()
     assert state is not None and [record.already_committed for record in state.history] == [
         0, 0, 0]
-    assert sink.list_in_doubt(NAMESPACE) == []
+    assert list_in_doubt(sink, NAMESPACE) == []
 
 
 # -- S3 grants -----------------------------------------------------------------------------------
@@ -524,7 +533,7 @@ def least_privileged_sink(server: MotoServer, *, without: str | None = None
 
 def test_the_readme_policy_is_enough_for_every_call_of_the_sink(
         moto_checking_credentials: MotoServer) -> None:
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    readme = (REPO / "README.md").read_text()
     section = readme.split("### Delta Lake", 1)[1].split("\n### ", 1)[0]
     assert json.loads(section.split("```json", 1)[1].split("```", 1)[0]) == iam_policy(
         "my-bucket", "lake/orders")

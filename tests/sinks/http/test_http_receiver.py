@@ -1,7 +1,7 @@
 """The reference receiver (sinks/http/receiver.py) running as a separate process on loopback,
 spoken to directly: its answers (400/401/409/413/415/422, replays, expiry), its signature check,
 keys left in flight by a killed receiver, and a forwarding receiver's downstream webhook hit
-once per key. The sink's reaction to each answer: tests/test_http_sink.py."""
+once per key. The sink's reaction to each answer: tests/sinks/http/test_http_sink.py."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """sinks.http against the reference receiver running as a separate process on loopback: the
 shared contract suite, and the sink's reaction to each of the receiver's answers, with the
 receiver SIGKILLed and restarted between requests. The receiver's own answers:
-tests/test_http_receiver.py."""
+tests/sinks/http/test_http_receiver.py."""
 
 from __future__ import annotations
 
@@ -48,7 +48,17 @@ from twophase import (
     Secret,
     TransactionLostError,
 )
-from twophase.testing.contract import NAMESPACE, SinkContract, commit, context, orders, prepare
+from twophase.testing.contract import (
+    NAMESPACE,
+    SinkContract,
+    abort,
+    commit,
+    context,
+    list_in_doubt,
+    orders,
+    prepare,
+    purge_commit_records,
+)
 
 #: The tests' sinks: small requests, quick retries.
 CONTRACT_OPTIONS = {"max_records_per_request": 3, "initial_backoff_s": 0.02,
@@ -119,10 +129,10 @@ def test_a_task_that_never_pre_committed_is_listed_and_the_sweep_removes_it(
     sink = make_sink(http_receiver, receiver_path, tmp_path)
     txn = sink.begin_transaction(context(batch=3))
     sink.write(txn, orders(0, 10))  # three full requests written, no pre-commit
-    listed = sink.list_in_doubt(NAMESPACE)
+    listed = list_in_doubt(sink, NAMESPACE)
     assert [h.txn_id for h in listed] == [txn.txn_id]
-    assert sink.abort(listed[0]) is AbortOutcome.ABORTED
-    assert sink.list_in_doubt(NAMESPACE) == [] and list(tmp_path.iterdir()) == []
+    assert abort(sink, listed[0]) is AbortOutcome.ABORTED
+    assert list_in_doubt(sink, NAMESPACE) == [] and list(tmp_path.iterdir()) == []
     assert http_receiver.records(receiver_path) == []
 
 
@@ -251,7 +261,7 @@ def test_a_handle_older_than_the_key_expiry_is_lost_and_nothing_is_sent(
                        r"for 1s.*execute it twice.*Fix: "):
         commit(sink, handle)
     assert http_receiver.records(receiver_path) == []
-    assert sink.abort(handle) is AbortOutcome.ABORTED
+    assert abort(sink, handle) is AbortOutcome.ABORTED
 
 
 def test_a_key_expiry_longer_than_the_receiver_publishes_is_refused(
@@ -313,14 +323,16 @@ def test_before_a_decision_the_receiver_is_asked_and_a_down_one_is_retryable(
     path = new_path()
     sink = make_sink(receiver, path, tmp_path)
     handle, empty = prepare(sink, orders(0, 4)), prepare(sink, [], partition=1)
-    sink.check_committable([handle, empty])
-    receiver.kill()
-    with pytest.raises(RetryableError, match=r"GET .*/\.well-known/idempotency.*ConnectionError"
-                       r".*Fix: retried automatically; if it persists, check url="):
-        sink.check_committable([handle, empty])
-    sink.check_committable([empty])  # nothing to send: the receiver is not asked
-    receiver.restart()
-    sink.check_committable([handle])
+    with sink.committer() as committer:
+        committer.check_committable([handle, empty])
+        receiver.kill()
+        with pytest.raises(RetryableError, match=r"GET .*/\.well-known/idempotency"
+                           r".*ConnectionError.*Fix: retried automatically; if it persists, "
+                           r"check url="):
+            committer.check_committable([handle, empty])
+        committer.check_committable([empty])  # nothing to send: the receiver is not asked
+        receiver.restart()
+        committer.check_committable([handle])
     assert commit(sink, handle) is CommitOutcome.COMMITTED
     assert receiver.event_ids(path) == [0, 1, 2, 3]
 
@@ -451,11 +463,11 @@ def test_options_are_checked_before_anything_is_written(tmp_path: Path) -> None:
 RESOLVE_ELSEWHERE = """
 import json, sys
 from sinks.http import HttpSink
-from twophase.testing.contract import NAMESPACE, commit
+from twophase.testing.contract import NAMESPACE, abort, commit, list_in_doubt
 sink = HttpSink(**json.loads(sys.argv[1]))
 print(json.dumps([[str(h.txn_id), h.data["requests"],
-                   (commit(sink, h) if h.txn_id.batch == 0 else sink.abort(h)).name]
-                  for h in sink.list_in_doubt(NAMESPACE)]))
+                   (commit(sink, h) if h.txn_id.batch == 0 else abort(sink, h)).name]
+                  for h in list_in_doubt(sink, NAMESPACE)]))
 """
 
 #: A process of its own that writes three full requests of one transaction, never
@@ -506,7 +518,7 @@ def test_s3_staging_seals_with_the_manifest_written_last_and_removes_all_at_comm
     assert staged_keys(moto_server, s3_bucket) == [f"staging/{txn}.committed"]
     assert commit(sink, handle) is CommitOutcome.ALREADY_COMMITTED
     assert http_receiver.event_ids(receiver_path) == list(range(7))
-    assert sink.purge_commit_records(NAMESPACE, datetime.now(UTC) + timedelta(seconds=5)) == 1
+    assert purge_commit_records(sink, NAMESPACE, datetime.now(UTC) + timedelta(seconds=5)) == 1
     assert staged_keys(moto_server, s3_bucket) == []
 
 
@@ -520,7 +532,7 @@ def test_s3_staged_transactions_are_listed_committed_and_aborted_by_another_proc
     assert resolved == [[str(kept.txn_id), 3, "COMMITTED"], [str(dropped.txn_id), 2, "ABORTED"]]
     assert http_receiver.event_ids(receiver_path) == list(range(7))
     assert staged_keys(moto_server, s3_bucket) == [f"staging/{kept.txn_id}.committed"]
-    assert sink.list_in_doubt(NAMESPACE) == []
+    assert list_in_doubt(sink, NAMESPACE) == []
 
 
 def test_a_killed_writers_partial_bodies_on_s3_are_listed_and_aborted(
@@ -537,11 +549,11 @@ def test_a_killed_writers_partial_bodies_on_s3_are_listed_and_aborted(
         writer.wait()
     assert staged_keys(moto_server, s3_bucket) == [
         f"staging/{txn}.staged/{index:06d}.body" for index in range(3)]  # no manifest
-    listed = sink.list_in_doubt(NAMESPACE)
+    listed = list_in_doubt(sink, NAMESPACE)
     assert [(str(h.txn_id), h.data["requests"]) for h in listed] == [(txn, 0)]
-    assert sink.abort(listed[0]) is AbortOutcome.ABORTED
-    assert sink.abort(listed[0]) is AbortOutcome.NOT_FOUND
-    assert staged_keys(moto_server, s3_bucket) == [] and sink.list_in_doubt(NAMESPACE) == []
+    assert abort(sink, listed[0]) is AbortOutcome.ABORTED
+    assert abort(sink, listed[0]) is AbortOutcome.NOT_FOUND
+    assert staged_keys(moto_server, s3_bucket) == [] and list_in_doubt(sink, NAMESPACE) == []
     assert http_receiver.records(receiver_path) == []
 
 

@@ -4,9 +4,11 @@ Iceberg's REST catalog server, and with its files on S3, read back by DuckDB's I
 (every row exactly once, no file no snapshot added and no intent left: the setup's
 ``in_doubt``), each batch one snapshot, no file added twice.
 
-CI: the PostgreSQL catalog at either side of the decision (the embedded catalog is crashed in
-CI as a member of the PostgreSQL -> Iceberg -> Kafka group, ``tests/test_group_crash.py``);
-``-m long``: every point, on every catalog and on S3."""
+CI: none here (CI time): the embedded catalog is crashed in CI as a member of the PostgreSQL
+-> Iceberg -> Kafka group (``tests/spark/test_group_crash.py``: either side of the decision and
+between members), and the PostgreSQL catalog's commits race in CI
+(``tests/sinks/iceberg/test_iceberg_sink.py``); ``-m long``: the PostgreSQL catalog either side
+of the decision, and every point on every catalog and on S3."""
 
 from __future__ import annotations
 
@@ -37,6 +39,7 @@ class IcebergCrashes(CrashSuite):
         assert len(files) == len(set(files)), "a data file referenced twice"
 
 
+@pytest.mark.long  # CI time: Iceberg crashed in CI in the PostgreSQL + Iceberg + Kafka group
 class TestIcebergOnPostgresCatalogCrashes(IcebergCrashes):
     """The SQL catalog in the private PostgreSQL server's database (the catalog a team runs)."""
 

@@ -37,6 +37,7 @@ from twophase.testing.contract import (
     NAMESPACE,
     ORDER_COLUMNS,
     SinkContract,
+    list_in_doubt,
     orders,
     prepare,
 )
@@ -161,7 +162,7 @@ def test_a_committed_batch_survives_a_rewrite_and_the_sweeps_of_later_batches(
     table.overwrite(rows)  # the rewrite: same rows, new files, the old ones deleted
     for batch in (1, 2):
         commit_batch(sink, [prepare(sink, orders(10 * batch, 2), batch=batch)])
-        assert sink.list_in_doubt(NAMESPACE) == []
+        assert list_in_doubt(sink, NAMESPACE) == []
     assert sorted(iceberg_setup.visible(target)) == [0, 1, 2, 10, 11, 20, 21]
     # The first batch's files are referenced by history, so none is in doubt.
     assert iceberg_setup.in_doubt(target) == []
@@ -179,7 +180,7 @@ def test_a_decided_file_gone_is_a_lost_transaction_and_nothing_is_added(
 
 def test_a_file_older_than_the_orphan_age_is_never_committed(
         iceberg_setup: IcebergSetup) -> None:
-    target = iceberg_setup.new_target(orphan_age=1)
+    target = iceberg_setup.new_target(orphan_age_s=1)
     sink = built(target)
     handle = prepare(sink, orders(0, 2))
     handle.data["files"][0]["created"] -= 5_000
@@ -220,8 +221,50 @@ def test_a_partitioned_table_gets_files_per_partition_read_back_whole(
 
 def test_a_missing_table_without_create_names_the_fix(iceberg_setup: IcebergSetup) -> None:
     sink = iceberg_setup.new_target(create=False).build()
-    with pytest.raises(ConfigurationError, match="create=True"):
+    with pytest.raises(ConfigurationError, match=r"Fix: .*create=True.*catalog_name="):
         sink.check_schema(ORDER_COLUMNS)
+
+
+@pytest.mark.parametrize("setup", ["iceberg_setup", "iceberg_pg_setup"],
+                         ids=["sqlite-catalog", "postgres-catalog"])
+def test_create_without_a_warehouse_names_warehouse_and_the_fix(
+        request: pytest.FixtureRequest, setup: str) -> None:
+    """pyiceberg's bare ``ValueError: No default path is set`` becomes a ConfigurationError."""
+    iceberg: IcebergSetup = request.getfixturevalue(setup)
+    properties = iceberg.catalog_properties()
+    del properties["warehouse"]
+    sink = IcebergSink(str(iceberg.new_target().options["table"]), catalog=properties,
+                       catalog_name=CATALOG_NAME, create=True)
+    with pytest.raises(ConfigurationError,
+                       match=r'catalog= has no "warehouse".*Fix: add "warehouse" to catalog='):
+        sink.check_schema(ORDER_COLUMNS)
+
+
+@pytest.mark.parametrize("setup", ["iceberg_setup", "iceberg_pg_setup"],
+                         ids=["sqlite-catalog", "postgres-catalog"])
+@pytest.mark.parametrize("create", [False, True])
+def test_a_table_of_another_catalog_name_is_refused_naming_catalog_name(
+        request: pytest.FixtureRequest, setup: str, *, create: bool) -> None:
+    """The readers' catalog ("lake", as ``load_catalog("lake", ...)`` names it) holds the
+    table; a sink left at the default catalog_name cannot see it: refused naming
+    ``catalog_name='lake'``, and never a second, invisible table of the same name."""
+    iceberg: IcebergSetup = request.getfixturevalue(setup)
+    target = iceberg.new_target()
+    built(target)  # created by the readers' catalog, "lake"
+    table = str(target.options["table"])
+    default = IcebergSink(table, catalog=iceberg.catalog_properties(), create=create)
+    with pytest.raises(ConfigurationError, match=(
+            rf"{table} under the catalog name '{CATALOG_NAME}'.*Fix: pass "
+            rf"catalog_name='{CATALOG_NAME}'")):
+        default.check_schema(ORDER_COLUMNS)
+    assert not default.catalog().table_exists(table)  # nothing made under "default"
+
+
+def test_the_deprecated_orphan_age_still_works_with_a_warning(
+        iceberg_setup: IcebergSetup) -> None:
+    with pytest.warns(DeprecationWarning, match=r"orphan_age=\) is deprecated.*orphan_age_s="):
+        sink = iceberg_setup.new_target(orphan_age=60).build()
+    assert isinstance(sink, IcebergSink) and sink.orphan_age_s == 60
 
 
 def test_refused_table_settings_are_named(iceberg_setup: IcebergSetup) -> None:
@@ -243,8 +286,8 @@ def test_a_column_of_another_type_is_refused_before_anything_is_written(
 
 
 def test_a_bad_option_is_refused_naming_it(iceberg_setup: IcebergSetup) -> None:
-    with pytest.raises(ConfigurationError, match="orphan_age"):
-        iceberg_setup.new_target(orphan_age=0).build()
+    with pytest.raises(ConfigurationError, match="orphan_age_s"):
+        iceberg_setup.new_target(orphan_age_s=0).build()
     with pytest.raises(ConfigurationError, match="namespace"):
         IcebergSink("orders", catalog=iceberg_setup.catalog_properties())
 
@@ -357,7 +400,7 @@ def test_the_readme_grants_on_the_catalog_database_are_enough(
                 commit_batch(sink, handles[:1])
             continue
         commit_batch(sink, handles[:1])
-        assert [h.txn_id for h in sink.list_in_doubt(NAMESPACE)] == [handles[1].txn_id]
+        assert [h.txn_id for h in list_in_doubt(sink, NAMESPACE)] == [handles[1].txn_id]
         with sink.committer() as committer:
             committer.abort(handles[1])
         target = admin.new_target(table=f"db.orders_{name}")

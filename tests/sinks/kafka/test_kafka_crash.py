@@ -1,10 +1,12 @@
 """The crash suite against a real Kafka broker: a Spark driver SIGKILLed at every crash point,
 judged by a read_committed consumer; at the end no open transaction of the query is left.
 
-In CI it runs against the secured broker (SASL_SSL, SCRAM-SHA-512, certificate and host name
-verified, ACLs enforced), as a user holding exactly the ACLs :mod:`sinks.kafka.access` lists,
-its password read from a file by the driver and every executor; the plain broker's run is
-under ``-m long``."""
+Under ``-m long`` (CI time) it runs against the secured broker (SASL_SSL, SCRAM-SHA-512,
+certificate and host name verified, ACLs enforced), as a user holding exactly the ACLs
+:mod:`sinks.kafka.access` lists, its password read from a file by the driver and every
+executor, and over the plain broker. In CI Kafka is crashed in the PostgreSQL + Iceberg + Kafka
+group (``tests/spark/test_group_crash.py``), and the listed ACLs are checked call by call by
+``tests/sinks/kafka/test_kafka_security.py``."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import pytest
 from setups.base import Target as SetupTarget
 from setups.kafka import SecuredKafkaSetup
 from setups.servers.kafka import APP_USER
-from tests.test_sqlite_crash import PIPELINED_TRIGGER
+from tests.sinks.sqlite.test_sqlite_crash import PIPELINED_TRIGGER
 from twophase._crash import COMMITTING_BEHIND, CRASH_POINTS
 from twophase.testing.crash import DECISION_POINTS, CrashSuite, FeedSource
 from twophase.testing.target import Target
@@ -41,14 +43,15 @@ class TestPipelinedKafkaCrashes(TestKafkaCrashes):
     crash_points = (*CRASH_POINTS, COMMITTING_BEHIND)
 
 
-class TestSecuredKafkaCrashes(CrashSuite):
+@pytest.mark.long  # CI time: Kafka crashed in CI in the PostgreSQL + Iceberg + Kafka group; its
+class TestSecuredKafkaCrashes(CrashSuite):  # ACLs, every step, in test_kafka_security.py
     """The same over SASL_SSL with least privilege; the broker's authorizer saw the sink's
     user write the records (the executors' librdkafka) and end the transactions (the driver's
     kafka-python)."""
 
     setup_fixture = "kafka_secured_setup"
-    #: CI time: every point runs in CI in the MySQL + Kafka group (tests/test_group_crash.py),
-    #: over the plain broker under -m long (TestKafkaCrashes)
+    #: Either side of the decision: every point over the plain broker (TestKafkaCrashes) and in
+    #: the MySQL + Kafka group (tests/spark/test_group_crash.py) under -m long; in CI in the model
     crash_points = DECISION_POINTS
 
     def test_a_driver_killed_at_every_point_in_turn_delivers_every_row_exactly_once(

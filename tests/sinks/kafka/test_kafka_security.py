@@ -4,7 +4,7 @@ and a password given by reference that nothing carries in clear.
 
 Sink-level: the executors' librdkafka producer and the driver's kafka-python clients run in
 this process, as the contract suite runs them. The crash test over the same broker is in
-``tests/test_kafka_crash.py``.
+``tests/sinks/kafka/test_kafka_crash.py``.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from twophase.testing.contract import (
     ORDER_COLUMNS,
     abort,
     commit,
+    list_in_doubt,
     orders,
     prepare,
 )
@@ -94,7 +95,7 @@ def every_step(sink: KafkaSink) -> None:
     sink.check_schema(ORDER_COLUMNS)
     assert commit(sink, prepare(sink, orders(0, 3))) is CommitOutcome.COMMITTED
     prepare(sink, orders(3, 3), batch=1)
-    (in_doubt,) = sink.list_in_doubt(NAMESPACE)
+    (in_doubt,) = list_in_doubt(sink, NAMESPACE)
     assert abort(sink, in_doubt) is AbortOutcome.ABORTED
     assert commit(sink, prepare(sink, orders(6, 3), batch=2)) is CommitOutcome.COMMITTED
 
@@ -164,11 +165,11 @@ def test_status_and_cleanup_need_only_their_listed_acls(
         sink.check_schema(ORDER_COLUMNS)
         prepare(sink, orders(0, 3))
     with granted(broker, status_grants(target.prefix, target.registry)):
-        (listed,) = sink.list_in_doubt(NAMESPACE)
+        (listed,) = list_in_doubt(sink, NAMESPACE)
         with pytest.raises(ConfigurationError, match="TRANSACTIONAL_ID_AUTHORIZATION_FAILED"):
             abort(sink, listed)
     with granted(broker, cleanup_grants(target.prefix, target.registry)):
-        (listed,) = sink.list_in_doubt(NAMESPACE)
+        (listed,) = list_in_doubt(sink, NAMESPACE)
         assert abort(sink, listed) is AbortOutcome.ABORTED
     assert broker.open_transactions(target.prefix) == {}
 

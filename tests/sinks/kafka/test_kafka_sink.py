@@ -39,6 +39,7 @@ from twophase.testing.contract import (
     SinkContract,
     abort,
     commit,
+    list_in_doubt,
     orders,
     prepare,
 )
@@ -196,7 +197,7 @@ def test_the_ids_the_broker_knows_stay_at_the_pool_bound_over_many_batches_and_r
             attempt += 1
         for handle in handles:
             assert commit(sink, handle) is CommitOutcome.COMMITTED
-        for orphan in sink.list_in_doubt(NAMESPACE):
+        for orphan in list_in_doubt(sink, NAMESPACE):
             assert abort(sink, orphan) is AbortOutcome.ABORTED
     listed = kafka_broker.admin().list_transactions(
         transactional_id_pattern=f"{re.escape(kafka_topic)}-.*")  # the broker: a full match
@@ -263,7 +264,7 @@ def test_a_topic_column_naming_a_missing_topic_fails_the_task_with_the_fix(
     with pytest.raises(ConfigurationError, match=r"NO_TOPIC_METADATA.*Fix: create the topic"):
         prepare(sink, [(kafka_topic, 1), ("no-such-topic", 2)], columns=columns)
     assert kafka_broker.event_ids(kafka_topic) == []
-    assert sink.list_in_doubt(NAMESPACE) == []
+    assert list_in_doubt(sink, NAMESPACE) == []
 
 
 def test_an_oversize_record_fails_the_task_and_leaves_nothing_visible(
@@ -273,7 +274,7 @@ def test_an_oversize_record_fails_the_task_and_leaves_nothing_visible(
     with pytest.raises(SchemaMismatchError, match=r"MESSAGE_SIZE_TOO_LARGE.*max_request_size"):
         prepare(sink, big)
     assert kafka_broker.event_ids(kafka_topic) == []
-    assert sink.list_in_doubt(NAMESPACE) == []  # discarded: aborted at once
+    assert list_in_doubt(sink, NAMESPACE) == []  # discarded: aborted at once
     assert commit(sink, prepare(sink, orders(0, 2))) is CommitOutcome.COMMITTED
     assert kafka_broker.event_ids(kafka_topic) == [0, 1]
 
@@ -282,7 +283,7 @@ def test_a_broker_that_is_down_is_a_retryable_error_naming_the_servers() -> None
     sink = KafkaSink("127.0.0.1:9", "orders", connect_timeout_ms=1000, max_block_ms=1000,
                      request_timeout_ms=1000)
     with pytest.raises(RetryableError, match=r"127.0.0.1:9.*Fix: .*bootstrap_servers"):
-        sink.list_in_doubt(NAMESPACE)
+        list_in_doubt(sink, NAMESPACE)
     with pytest.raises(ConfigurationError, match="exactly one of topic"):
         KafkaSink("127.0.0.1:9")
 
@@ -294,7 +295,7 @@ def test_the_password_never_shows_in_repr_or_logs(caplog: pytest.LogCaptureFixtu
     assert "s3cret" not in repr(sink.settings)
     assert sink.settings.client_configs()["sasl_plain_password"] == "s3cret"
     with caplog.at_level(logging.DEBUG), pytest.raises(RetryableError):
-        sink.list_in_doubt(NAMESPACE)
+        list_in_doubt(sink, NAMESPACE)
     assert caplog.records and "s3cret" not in caplog.text
 
 

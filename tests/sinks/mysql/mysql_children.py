@@ -1,6 +1,6 @@
 """The child processes the MySQL crash tests SIGKILL, and how a test runs one.
 
-A child is ``python -m tests.mysql_children <spec>``, the spec a JSON object naming its
+A child is ``python -m tests.sinks.mysql.mysql_children <spec>``, the spec a JSON object naming its
 ``role`` (:func:`writer` or :func:`driver`), the server and table to write to, and the role's
 own keys; the password travels in the environment, not on the command line. :func:`run_killed`
 starts one and returns its output once it died of SIGKILL.
@@ -13,16 +13,22 @@ import os
 import signal
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
 from setups.servers.mariadb import ConnectionParams
 from sinks.mysql import MySQLXASink
-from tests.mysql_table import COLUMNS, make_sink, prepare, prepare_batch, rows_for, start_run
+from tests import REPO
+from tests.sinks.mysql.mysql_table import (
+    COLUMNS,
+    make_sink,
+    prepare,
+    prepare_batch,
+    rows_for,
+    start_run,
+)
 from twophase._crash import CRASH_ENV
 from twophase.testing.contract import context
 
-REPO = Path(__file__).resolve().parents[1]
 PASSWORD_ENV = "TWOPHASE_TEST_MYSQL_PASSWORD"
 CHILD_TIMEOUT_S = 60
 

@@ -4,7 +4,7 @@ for it, sinks over it, a task's steps and a run's coordinator over it, and two f
 The fixtures ``table`` (a fresh table) and ``sink`` (a sink over it, its schema checked) are
 defined here under other function names; a test module registers them by importing those::
 
-    from tests.mysql_table import checked_sink, fresh_table  # noqa: F401 - fixtures
+    from tests.sinks.mysql.mysql_table import checked_sink, fresh_table  # noqa: F401 - fixtures
 """
 
 from __future__ import annotations

@@ -1,6 +1,11 @@
 """MySQLXASink under the shared crash suite: a real Spark driver SIGKILLed at the named crash
 points and restarted, as the least-privileged user over verified TLS; then MariaDB itself
-killed while branches are prepared."""
+killed while branches are prepared; a keyed change stream.
+
+All under ``-m long`` (CI time): in CI MySQL is crashed on the standalone cluster
+(``tests/spark/test_cluster.py``), its keyed mode by the Debezium pipeline
+(``tests/spark/test_debezium_pipeline.py``), MariaDB killed with branches prepared in
+``tests/sinks/mysql/test_mysql_sink.py``, and the model runs every crash point over it."""
 
 from __future__ import annotations
 
@@ -24,13 +29,15 @@ KEYED_FEED_DDL = ("CREATE TABLE `{table}` (order_id BIGINT NOT NULL PRIMARY KEY,
                   "event_id BIGINT NOT NULL, ts DATETIME(6)) ENGINE=InnoDB")
 
 
-class TestMySQLCrashes(CrashSuite):
+@pytest.mark.long  # CI time: MySQL crashed in CI on the cluster (tests/spark/test_cluster.py),
+class TestMySQLCrashes(CrashSuite):  # the server kill-9 in tests/sinks/mysql/test_mysql_sink.py
     """Over the secured server (verified TLS), as a user holding exactly the README's grants,
     its password a ``Secret(file=...)`` (:mod:`setups.least_privilege`)."""
 
     setup_fixture = "least_privileged_mysql_setup"
-    #: CI time: every point runs in CI in the MySQL + Kafka group (tests/test_group_crash.py),
-    #: and under -m long from a Kafka source (tests/test_pipeline.py) and over Spark Connect
+    #: Either side of the decision: every point over MySQL runs under -m long in the MySQL +
+    #: Kafka group (tests/spark/test_group_crash.py), from a Kafka source
+    #: (tests/spark/test_pipeline.py) and over Spark Connect; in CI in the model
     crash_points = DECISION_POINTS
 
     def test_a_server_killed_while_branches_are_prepared_loses_nothing(
@@ -68,7 +75,8 @@ class MySQLKeyedFeedTarget(KeyedFeedTarget):
         return self.db.xa_recover()
 
 
-class TestMySQLKeyedCrashes(KeyedCrashSuite):
+@pytest.mark.long  # CI time: keyed MySQL crashed in CI by the Debezium pipeline
+class TestMySQLKeyedCrashes(KeyedCrashSuite):  # (tests/spark/test_debezium_pipeline.py)
     """A change stream (late, repeated, deleting changes) in the keyed mode, routed by key,
     the driver killed either side of the decision: the table equals the feed's newest
     changes, no branch left prepared."""

@@ -25,7 +25,7 @@ import pytest
 from setups.servers.mariadb import Db, MariaDBServer
 from sinks.mysql import MySQLXASink
 from sinks.mysql.schema import Table
-from tests.mysql_table import new_query_id
+from tests.sinks.mysql.mysql_table import new_query_id
 from twophase import Column, ConfigurationError, Handle, RetryableError, SchemaMismatchError
 from twophase.kit import tombstone_table_name
 from twophase.testing.contract import context, prepare

@@ -4,7 +4,8 @@ connections, fencing, the committer, error classification.
 Every assertion about data is made on MariaDB's own view (SELECT, XA RECOVER), and every test
 ends with no prepared XA branch left on the server (checked by the ``db`` fixture). What the
 rows become in the table (values, encodings, time zones, refused rows and schemas):
-tests/test_mysql_values.py; the crash tests' child processes: tests/mysql_children.py.
+tests/sinks/mysql/test_mysql_values.py; the crash tests' child processes:
+tests/sinks/mysql/mysql_children.py.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ from setups.servers.mariadb import Db, MariaDBServer
 from sinks.mysql import MARKER_TABLE_DDL, MySQLXASink, xa
 from sinks.mysql.connection import WRITER_IDLE_TIMEOUT_S, Server
 from sinks.mysql.errors import classify
-from tests.mysql_children import run_killed
-from tests.mysql_table import (
+from tests.sinks.mysql.mysql_children import run_killed
+from tests.sinks.mysql.mysql_table import (
     COLUMNS,
     FAST_RETRY,
     checked_sink,  # noqa: F401 - the sink fixture
@@ -51,7 +52,15 @@ from twophase import (
 )
 from twophase._handle import query_key
 from twophase._state import StateStore
-from twophase.testing.contract import NAMESPACE, SinkContract, context
+from twophase.testing.contract import (
+    NAMESPACE,
+    SinkContract,
+    abort,
+    commit,
+    context,
+    list_in_doubt,
+    purge_commit_records,
+)
 
 # -- the shared contract (commit, abort, loss, empty, reuse, namespaces, processes, purge) ----
 
@@ -70,7 +79,7 @@ def test_prepared_rows_invisible_to_read_committed(sink: MySQLXASink, db: Db, ta
             handle = prepare(sink, new_query_id(), rows_for(0, 0, 100))
             cursor.execute(f"SELECT COUNT(*) FROM `{table}`")
             assert cursor.fetchone() == (0,)
-            sink.commit(handle)
+            commit(sink, handle)
             cursor.execute(f"SELECT COUNT(*) FROM `{table}`")
             assert cursor.fetchone() == (100,)
     finally:
@@ -87,14 +96,14 @@ def test_list_in_doubt_filters_by_namespace(sink: MySQLXASink, db: Db) -> None:
     for xid in foreign:
         db.prepare_foreign(xid)
 
-    in_doubt = sink.list_in_doubt(NAMESPACE)
+    in_doubt = list_in_doubt(sink, NAMESPACE)
     assert {h.txn_id for h in in_doubt} == mine  # round trip of every TxnId field
     assert all(h.sink == "mysql" and h.data["gtrid"].startswith("tph.orders.") for h in in_doubt)
-    assert [h.txn_id for h in sink.list_in_doubt("orders-eu")] == [other.txn_id]
-    assert [h.txn_id for h in sink.list_in_doubt("orders_x")] == [prefix_only.txn_id]
+    assert [h.txn_id for h in list_in_doubt(sink, "orders-eu")] == [other.txn_id]
+    assert [h.txn_id for h in list_in_doubt(sink, "orders_x")] == [prefix_only.txn_id]
 
     for handle in [*in_doubt, other, prefix_only]:
-        assert sink.abort(handle) is AbortOutcome.ABORTED
+        assert abort(sink, handle) is AbortOutcome.ABORTED
     for xid in foreign:
         db.query(f"XA ROLLBACK {xid}")
 
@@ -103,21 +112,21 @@ def test_purge_commit_records(sink: MySQLXASink, db: Db) -> None:
     query, namespace = new_query_id(), "purged"
     old, recent = (prepare(sink, query, rows_for(b, 0, 1), batch=b, namespace=namespace)
                    for b in (0, 1))
-    sink.commit(old)
-    sink.commit(recent)
+    commit(sink, old)
+    commit(sink, recent)
     db.query("UPDATE _twophase_xa_markers SET committed_at = UTC_TIMESTAMP(6) - INTERVAL 2 DAY "
              "WHERE txn_id = %s", (str(old.txn_id),))
     pending = prepare(sink, query, rows_for(2, 0, 1), batch=2, namespace=namespace)
     now = dt.datetime.now(dt.UTC)
 
-    assert sink.purge_commit_records(namespace, now - dt.timedelta(days=1)) == 1
+    assert purge_commit_records(sink, namespace, now - dt.timedelta(days=1)) == 1
     assert db.marker(old) is None and db.marker(recent) is not None
     started = time.monotonic()
-    assert sink.purge_commit_records(namespace, now + dt.timedelta(days=1)) == 1
+    assert purge_commit_records(sink, namespace, now + dt.timedelta(days=1)) == 1
     assert time.monotonic() - started < 2  # never waits for the prepared marker's row lock
-    assert sink.purge_commit_records("other", now + dt.timedelta(days=1)) == 0
+    assert purge_commit_records(sink, "other", now + dt.timedelta(days=1)) == 0
 
-    assert sink.commit(pending) is CommitOutcome.COMMITTED
+    assert commit(sink, pending) is CommitOutcome.COMMITTED
     assert db.marker(pending) is not None
 
 
@@ -134,8 +143,8 @@ def test_prepared_branches_survive_writer_and_server_kill(
     mariadb.restart_after_kill()
     assert len(db.xa_recover()) == 3 and db.ids(table) == []
 
-    assert [sink.commit(h) for h in handles] == [CommitOutcome.COMMITTED] * 3
-    assert [sink.commit(h) for h in handles] == [CommitOutcome.ALREADY_COMMITTED] * 3
+    assert [commit(sink, h) for h in handles] == [CommitOutcome.COMMITTED] * 3
+    assert [commit(sink, h) for h in handles] == [CommitOutcome.ALREADY_COMMITTED] * 3
     assert db.ids(table) == ids_of(*(rows_for(0, p, 200) for p in range(3)))
     assert db.xa_recover() == []
     assert mariadb.root_sql("SELECT COUNT(*) FROM information_schema.INNODB_TRX").strip() == "0"
@@ -238,7 +247,7 @@ def test_lock_wait_on_prepared_rows_is_retryable(mariadb: MariaDBServer, sink: M
     impatient = make_sink(mariadb.params, table, mode="upsert", lock_wait_timeout_s=1)
     with pytest.raises(RetryableError, match=r"\[1205\].*XA RECOVER"):
         prepare(impatient, query, [(7, "other", 2.0)], attempt=1)
-    assert sink.commit(holder) is CommitOutcome.COMMITTED
+    assert commit(sink, holder) is CommitOutcome.COMMITTED
     assert db.query(f"SELECT name FROM `{table}`") == [("held",)]
 
 
@@ -254,9 +263,9 @@ def test_branch_still_attached_to_its_writer_is_retryable(sink: MySQLXASink, db:
                           f"XA END {xid}", f"XA PREPARE {xid}"):
             cursor.execute(statement)
     with pytest.raises(RetryableError, match="still attached"):
-        sink.commit(handle)
+        commit(sink, handle)
     writer.close()
-    assert sink.commit(handle) is CommitOutcome.COMMITTED
+    assert commit(sink, handle) is CommitOutcome.COMMITTED
     assert db.marker(handle) is not None
 
 
@@ -316,8 +325,8 @@ def test_fencing_stops_a_zombie_run(mariadb: MariaDBServer, db: Db, table: str) 
 def test_a_fence_claim_lives_in_its_committer_only(mariadb: MariaDBServer, db: Db,
                                                    table: str) -> None:
     """A fence claims the epoch on the server and keeps the claim in its committer only: the
-    pickled sink holds no per-process state, so sink.commit (a short-lived committer) is
-    refused with fencing on."""
+    pickled sink holds no per-process state, so a committer that claimed nothing (a
+    short-lived one, as the deprecated sink.commit opens) is refused with fencing on."""
     query = new_query_id()
     sink = make_sink(mariadb.params, table, fencing=True)
     sink.check_schema(COLUMNS)
@@ -327,8 +336,9 @@ def test_a_fence_claim_lives_in_its_committer_only(mariadb: MariaDBServer, db: D
                     (query_key(query),)) == [(3,)]
     handle = prepare(sink, query, rows_for(0, 0, 2), epoch=3)
     with pytest.raises(ConfigurationError, match=r"never claimed.*Fix: commit through "
-                                                 r"sink.committer\(\) after committer.fence"):
-        sink.commit(handle)
+                                                 r"sink.committer\(\) after committer.fence"), \
+            sink.committer() as short_lived:
+        short_lived.commit(handle)
     shipped = pickle.dumps(sink)
     with sink.committer() as committer:
         with pytest.raises(FencedError):
@@ -345,19 +355,21 @@ def test_fence_waits_for_a_commit_past_its_check(mariadb: MariaDBServer, db: Db,
     query = new_query_id()
     old = make_sink(mariadb.params, table, fencing=True)
     old.check_schema(COLUMNS)
-    old.fence(NAMESPACE, query, 1)
+    with old.committer() as committer:
+        committer.fence(NAMESPACE, query, 1)
     holder = mariadb.connect(autocommit=False)  # what _fenced holds during XA COMMIT
     with holder.cursor() as cursor:
         cursor.execute("SELECT epoch FROM _twophase_xa_fence WHERE namespace = %s "
                        "AND query = %s LOCK IN SHARE MODE", (NAMESPACE, query_key(query)))
     newer = make_sink(mariadb.params, table, fencing=True, lock_wait_timeout_s=1)
-    with pytest.raises(RetryableError, match="1205"):
-        newer.fence(NAMESPACE, query, 2)
+    with pytest.raises(RetryableError, match="1205"), newer.committer() as committer:
+        committer.fence(NAMESPACE, query, 2)
 
     release = threading.Timer(0.5, holder.commit)
     release.start()
     patient = make_sink(mariadb.params, table, fencing=True, lock_wait_timeout_s=10)
-    patient.fence(NAMESPACE, query, 2)  # returns once the "commit" released the row
+    with patient.committer() as committer:
+        committer.fence(NAMESPACE, query, 2)  # returns once the "commit" released the row
     release.join()
     holder.close()
     assert db.query("SELECT epoch FROM _twophase_xa_fence WHERE query = %s",

@@ -4,7 +4,7 @@ their encodings, time zones, rows and schemas the table refuses.
 
 Every assertion about data is made on MariaDB's own view (SELECT), and every test ends with no
 prepared XA branch left on the server (checked by the ``db`` fixture). XA outcomes, recovery
-and fencing: tests/test_mysql_sink.py.
+and fencing: tests/sinks/mysql/test_mysql_sink.py.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from sinks.mysql import MySQLXASink
 from sinks.mysql.arrow import CHUNKS_AHEAD, ArrowChunk, chunks_ahead, chunks_of, encode_batch
 from sinks.mysql.encoding import encode_tsv
 from sinks.mysql.sink import MySQLBranch
-from tests.mysql_table import (
+from tests.sinks.mysql.mysql_table import (
     COLUMNS,
     checked_sink,  # noqa: F401 - the sink fixture
     fresh_table,  # noqa: F401 - the table fixture
@@ -37,7 +37,7 @@ from tests.mysql_table import (
 )
 from twophase import Column, CommitOutcome, ConfigurationError, SchemaMismatchError
 from twophase.testing.arrow import record_batches
-from twophase.testing.contract import context
+from twophase.testing.contract import commit, context, purge_commit_records
 
 PATHS = ("rows", "arrow")
 
@@ -68,7 +68,7 @@ def test_upsert_updates_rows_by_key(mariadb: MariaDBServer, db: Db, table: str) 
 
     handle = prepare(upsert, new_query_id(), [(1, "new", 10.0), (3, "added", 3.0)])
     assert db.query(f"SELECT name FROM `{table}` WHERE id = 1") == [("old",)]
-    assert upsert.commit(handle) is CommitOutcome.COMMITTED
+    assert commit(upsert, handle) is CommitOutcome.COMMITTED
 
     assert db.query(f"SELECT id, name, amount FROM `{table}` ORDER BY id") == [
         (1, "new", 10.0), (2, "keep", 2.0), (3, "added", 3.0)]
@@ -100,7 +100,7 @@ def test_values_round_trip(mariadb: MariaDBServer, db: Db, bulk: str, path: str)
 
     handle = prepare(writer, new_query_id(), AWKWARD_ROWS, columns=AWKWARD_COLUMNS,
                      arrow=path == "arrow")
-    assert writer.commit(handle) is CommitOutcome.COMMITTED
+    assert commit(writer, handle) is CommitOutcome.COMMITTED
 
     stored = db.query(f"SELECT * FROM `{table}` ORDER BY id")
     expected = [(i, s, None if b is None else bytes(b), d, ts, day,
@@ -171,7 +171,7 @@ def test_arrow_nested_column_goes_through_the_row_encoder(sink: MySQLXASink, db:
                         ("amount", pa.float64())])
     rows = [(1, None, 1.0), (2, None, None)]
     handle = prepare(sink, new_query_id(), rows, batches=[batch_of(rows, nested)])
-    assert sink.commit(handle) is CommitOutcome.COMMITTED
+    assert commit(sink, handle) is CommitOutcome.COMMITTED
     assert db.query(f"SELECT id, name, amount FROM `{table}` ORDER BY id") == rows
 
 
@@ -248,7 +248,7 @@ def test_timestamps_are_stored_in_utc(mariadb: MariaDBServer, db: Db, mode: str,
     rows = [(i, value, value) for i, value in enumerate(TZ_VALUES)]
     batches = tz_batches(rows) if path == "arrow" else None
 
-    assert writer.commit(prepare(writer, new_query_id(), rows, columns=TZ_COLUMNS,
+    assert commit(writer, prepare(writer, new_query_id(), rows, columns=TZ_COLUMNS,
                                  batches=batches)) is CommitOutcome.COMMITTED
 
     instants = db.query(f"SELECT id, UNIX_TIMESTAMP(ts) FROM `{table}` ORDER BY id")
@@ -296,7 +296,7 @@ def test_own_times_and_purge_cutoff_are_utc(sink: MySQLXASink, db: Db) -> None:
     namespace = "purge-tz"
     before = dt.datetime.now(dt.UTC).replace(tzinfo=None)
     handle = prepare(sink, new_query_id(), rows_for(0, 0, 1), namespace=namespace)
-    sink.commit(handle)
+    commit(sink, handle)
     after = dt.datetime.now(dt.UTC).replace(tzinfo=None)
     [(created, prepared, committed)] = db.query(
         "SELECT created_at, prepared_at, committed_at FROM _twophase_xa_markers "
@@ -307,11 +307,11 @@ def test_own_times_and_purge_cutoff_are_utc(sink: MySQLXASink, db: Db) -> None:
     assert created <= prepared and before - slack <= prepared <= committed <= after + slack
 
     hour = dt.timedelta(hours=1)
-    assert sink.purge_commit_records(namespace, before - hour) == 0  # naive: UTC, not New York
-    assert sink.purge_commit_records(namespace, (after - hour).replace(tzinfo=dt.UTC)
-                                     .astimezone(TOKYO)) == 0
+    assert purge_commit_records(sink, namespace, before - hour) == 0  # naive: UTC, not New York
+    assert purge_commit_records(sink, namespace, (after - hour).replace(tzinfo=dt.UTC)
+                                .astimezone(TOKYO)) == 0
     assert db.marker(handle) is not None
-    assert sink.purge_commit_records(namespace, after + hour) == 1
+    assert purge_commit_records(sink, namespace, after + hour) == 1
     assert db.marker(handle) is None
 
 
@@ -383,7 +383,7 @@ def test_server_refusing_local_loads(mariadb: MariaDBServer, db: Db, table: str)
     try:
         auto = make_sink(mariadb.params, table)
         auto.check_schema(COLUMNS)
-        assert auto.commit(prepare(auto, new_query_id(), rows_for(0, 0, 25))) is (
+        assert commit(auto, prepare(auto, new_query_id(), rows_for(0, 0, 25))) is (
             CommitOutcome.COMMITTED)
         insisting = make_sink(mariadb.params, table, bulk="load_data")
         with pytest.raises(ConfigurationError, match="local_infile=1"):

@@ -1,6 +1,9 @@
 """PostgresSink under the shared crash suite: a real Spark driver SIGKILLed at every named
 crash point and restarted, on the data source path (COPY from Arrow) and on foreachBatch
-(rows). The server itself killed with transactions prepared: tests/test_postgres_sink.py."""
+(rows). The server itself killed with transactions prepared:
+tests/sinks/postgres/test_postgres_sink.py. The keyed mode's crash suites under ``-m long``
+(CI time: the Debezium pipeline crashes a keyed PostgreSQL table in CI,
+tests/spark/test_debezium_pipeline.py)."""
 
 from __future__ import annotations
 
@@ -53,7 +56,8 @@ class PostgresKeyedFeedTarget(KeyedFeedTarget):
         return self.view.prepared()
 
 
-class TestPostgresKeyedCrashes(KeyedCrashSuite):
+@pytest.mark.long  # CI time: keyed PostgreSQL crashed in CI by the Debezium pipeline
+class TestPostgresKeyedCrashes(KeyedCrashSuite):  # (tests/spark/test_debezium_pipeline.py)
     """A change stream (late, repeated, deleting changes) in the keyed mode, prepared
     transactions routed by key, the driver killed either side of the decision: the table
     equals the feed's newest changes, nothing left prepared."""

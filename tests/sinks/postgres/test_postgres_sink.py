@@ -32,8 +32,10 @@ from twophase.testing.contract import (
     QUERY_ID,
     SinkContract,
     commit,
+    list_in_doubt,
     orders,
     prepare,
+    purge_commit_records,
     use_query_id,
 )
 
@@ -142,7 +144,7 @@ def test_a_server_killed_with_transactions_prepared_loses_nothing(
     assert commit(sink, first) is CommitOutcome.COMMITTED
     postgres.kill()
     postgres.start()
-    assert sorted(h.txn_id for h in sink.list_in_doubt(NAMESPACE)) == [second.txn_id]
+    assert sorted(h.txn_id for h in list_in_doubt(sink, NAMESPACE)) == [second.txn_id]
     assert [commit(sink, h) for h in (first, second)] == [CommitOutcome.ALREADY_COMMITTED,
                                                            CommitOutcome.COMMITTED]
     assert pg.event_ids(table_of(target)) == [0, 1, 2, 3, 4]
@@ -155,8 +157,8 @@ def test_purge_keeps_a_proof_committed_long_after_it_was_prepared(
     handle = prepare(sink, orders(0, 1))
     pg.query(f"UPDATE {sink.markers.table} SET prepared_at = now() - interval '2 days'")
     assert commit(sink, handle) is CommitOutcome.COMMITTED
-    assert sink.purge_commit_records(NAMESPACE, dt.datetime.now(dt.UTC) - dt.timedelta(days=1)
-                                     ) == 0
+    assert purge_commit_records(sink, NAMESPACE,
+                                dt.datetime.now(dt.UTC) - dt.timedelta(days=1)) == 0
     assert commit(sink, handle) is CommitOutcome.ALREADY_COMMITTED
 
 
@@ -175,6 +177,7 @@ def test_errors_are_classified_by_condition_code_and_class(
     assert verdict is kind
 
 
+@pytest.mark.server  # it starts a server of its own (tests/markers.py cannot see it)
 def test_prepared_transactions_disabled_is_named_by_its_setting(tmp_path: Path) -> None:
     """A server with max_prepared_transactions = 0: refused at the start, and a PREPARE that
     reaches it anyway (the check skipped) is a configuration error too, naming the setting."""

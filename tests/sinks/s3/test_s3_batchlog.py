@@ -13,7 +13,7 @@ from setups.servers.moto import MotoServer
 from sinks.s3 import S3Sink
 from sinks.s3.batchlog import COMPACT_INTERVAL, LOG_DIRECTORY, LOG_VERSION
 from sinks.s3.upload import META_TXN
-from tests.test_s3_sink import make_sink, objects, open_uploads
+from tests.sinks.s3.test_s3_sink import make_sink, objects, open_uploads
 from twophase import FatalError, Handle, RetryPolicy
 from twophase._coordinator import Coordinator
 from twophase._state import StateStore

@@ -1,5 +1,6 @@
 """S3Sink under the shared crash suite: a real Spark driver SIGKILLed at every named crash
-point and restarted (in CI: tests/test_failover.py, the state on S3 and a fresh host per run)."""
+point and restarted (in CI: tests/spark/test_failover.py, the state on S3 and a fresh host per
+run)."""
 
 from __future__ import annotations
 

@@ -13,7 +13,6 @@ import subprocess
 import sys
 from collections.abc import Mapping
 from decimal import Decimal
-from pathlib import Path
 from typing import Any, ClassVar
 
 import pyarrow as pa
@@ -27,6 +26,7 @@ from setups.servers.tls import CertificateAuthority
 from sinks.s3 import S3Sink
 from sinks.s3.errors import classify, iam_policy
 from sinks.s3.upload import META_TXN
+from tests import REPO
 from twophase import (
     AbortOutcome,
     Column,
@@ -45,8 +45,10 @@ from twophase.testing.contract import (
     NAMESPACE,
     ORDER_COLUMNS,
     SinkContract,
+    abort,
     commit,
     context,
+    list_in_doubt,
     orders,
     prepare,
 )
@@ -185,9 +187,9 @@ def test_a_custom_template_is_listed_and_parsed_back(moto_server: MotoServer,
                      key_template="data/{namespace}/{batch}/{txn}.{ext}")
     txn = sink.begin_transaction(context(batch=1))
     sink.write(txn, orders(0, 2000))  # enough for a part: the upload exists
-    assert [h.txn_id for h in sink.list_in_doubt(NAMESPACE)] == [txn.txn_id]
+    assert [h.txn_id for h in list_in_doubt(sink, NAMESPACE)] == [txn.txn_id]
     sink.discard(txn)
-    assert sink.list_in_doubt(NAMESPACE) == [] and open_uploads(moto_server, s3_bucket) == []
+    assert list_in_doubt(sink, NAMESPACE) == [] and open_uploads(moto_server, s3_bucket) == []
 
 
 # -- proven commits ----------------------------------------------------------------------------
@@ -232,7 +234,7 @@ def test_abort_never_deletes_a_committed_object(moto_server: MotoServer, s3_buck
     sink = make_sink(moto_server, s3_bucket)
     handle = prepare(sink, orders(0, 3))
     assert commit(sink, handle) is CommitOutcome.COMMITTED
-    assert sink.abort(handle) is AbortOutcome.NOT_FOUND
+    assert abort(sink, handle) is AbortOutcome.NOT_FOUND
     assert len(objects(moto_server, s3_bucket)) == 1
 
 
@@ -328,13 +330,13 @@ def test_a_writer_killed_mid_upload_leaves_an_upload_the_sweep_aborts(
                             capture_output=True, text=True, env=env, timeout=60, check=False)
     assert writer.returncode == -signal.SIGKILL, writer.stderr
     assert len(open_uploads(moto_server, s3_bucket)) == 1
-    in_doubt = sink.list_in_doubt(NAMESPACE)
+    in_doubt = list_in_doubt(sink, NAMESPACE)
     assert [h.data["upload_id"] for h in in_doubt] == [writer.stdout.strip()]
     assert in_doubt[0].txn_id.batch == 9
     for handle in in_doubt:  # what the driver's sweep and cleanup do
-        assert sink.abort(handle) is AbortOutcome.ABORTED
+        assert abort(sink, handle) is AbortOutcome.ABORTED
     assert open_uploads(moto_server, s3_bucket) == [] and objects(moto_server, s3_bucket) == []
-    assert sink.list_in_doubt(NAMESPACE) == []
+    assert list_in_doubt(sink, NAMESPACE) == []
 
 
 def test_a_reused_id_aborts_its_upload_and_raises(moto_server: MotoServer,
@@ -437,7 +439,7 @@ def test_a_store_whose_certificate_names_another_host_is_refused_before_anything
 # -- least privilege ------------------------------------------------------------------------------
 
 def test_the_readme_policy_is_the_sinks_least_privilege_policy() -> None:
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    readme = (REPO / "README.md").read_text()
     section = readme.split("### S3", 1)[1].split("\n### ", 1)[0]
     written = json.loads(section.split("```json", 1)[1].split("```", 1)[0])
     assert written == iam_policy("my-bucket", "orders", state_bucket="my-bucket",
@@ -463,7 +465,7 @@ def test_a_policy_without_an_action_fails_naming_the_action(
     refused = rf"{operation} of .*Fix: .*{operation} needs {missing}"
     with pytest.raises(ConfigurationError, match=refused):
         handle = prepare(sink, orders(0, 2000))  # pre-commit HEADs the key
-        sink.abort(handle)
+        abort(sink, handle)
     assert objects(server, bucket) == []
 
 

@@ -1,7 +1,12 @@
 """SQLiteSink under the shared crash suite: a real Spark driver SIGKILLed at every named crash
 point and restarted, on the data source path and (either side of the decision) through the
 foreachBatch adapter; a restart without its state is refused. A stream that runs until stopped
-commits each batch behind the next: killed while a decided batch commits behind a running one."""
+commits each batch behind the next: killed while a decided batch commits behind a running one.
+
+In CI: every point on the data source path (the state lost after a decision refused), and a
+query that ends by itself committing behind (through foreachBatch); under ``-m long`` (CI
+time) the pipelined stream that runs until stopped, foreachBatch either side of the decision
+and the keyed change stream."""
 
 from __future__ import annotations
 
@@ -30,21 +35,22 @@ class TestSQLiteCrashes(CrashSuite):
 
 @pytest.mark.long
 class TestForeachBatchCrashes(TestSQLiteCrashes):
-    """Either side of the decision (``-m long``; in CI the keyed suite below runs through
-    foreachBatch either side of the decision: the adapters share the coordinator, whose every
-    point runs above; every point through foreachBatch: tests/test_postgres_crash.py,
-    ``-m long``)."""
+    """Either side of the decision (``-m long``; in CI foreachBatch is crashed after the
+    decision, by TestPipelinedAvailableNowCrashes below and tests/spark/test_metrics.py: the
+    adapters share the coordinator, whose every point runs above; every point through
+    foreachBatch: tests/sinks/postgres/test_postgres_crash.py, ``-m long``)."""
 
     check_lost_state = False
     foreach_batch = True
     crash_points = DECISION_POINTS
 
 
-class TestPipelinedCrashes(TestSQLiteCrashes):
+@pytest.mark.long  # CI time: commits behind crashed in CI by TestPipelinedAvailableNowCrashes
+class TestPipelinedCrashes(TestSQLiteCrashes):  # (and the model's pipelined schedules)
     """Batches commit behind the next one (``processingTime``): the driver killed as a
     decided batch's commit behind begins and in its middle, while Spark runs the next
     batch (every point of a pipelined run over Kafka and through foreachBatch: ``-m long``,
-    tests/test_kafka_crash.py)."""
+    tests/sinks/kafka/test_kafka_crash.py)."""
 
     check_lost_state = False
     trigger = PIPELINED_TRIGGER
@@ -52,13 +58,13 @@ class TestPipelinedCrashes(TestSQLiteCrashes):
 
 
 class TestPipelinedAvailableNowCrashes(TestSQLiteCrashes):
-    """A query that ends by itself (``availableNow``) asked to pipeline, through foreachBatch:
-    the driver killed while a batch commits behind the next and, the last run, its query's
-    ``awaitTermination`` returning only once the last batch is visible."""
+    """A query that ends by itself (``availableNow``) asked to commit behind (``commits =
+    "behind"``, which runs it through foreachBatch): the driver killed while a batch commits
+    behind the next and, the last run, its query's ``awaitTermination`` returning only once
+    the last batch is visible."""
 
     check_lost_state = False
-    foreach_batch = True
-    pipelined_commits = True
+    commits = "behind"
     crash_points = (COMMITTING_BEHIND, MID_COMMIT)
 
 
@@ -81,7 +87,8 @@ class SQLiteKeyedFeedTarget(KeyedFeedTarget):
             return list(connection.execute(STAGED))
 
 
-class TestSQLiteKeyedCrashes(KeyedCrashSuite):
+@pytest.mark.long  # CI time: a keyed change stream crashed in CI by the Debezium pipeline
+class TestSQLiteKeyedCrashes(KeyedCrashSuite):  # (tests/spark/test_debezium_pipeline.py)
     """A change stream (late, repeated, deleting changes) in the keyed mode through the
     foreachBatch adapter, the driver killed either side of the decision: the table equals the
     feed's newest changes (the plain feed through foreachBatch: ``-m long``)."""

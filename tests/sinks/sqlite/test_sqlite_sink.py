@@ -17,7 +17,16 @@ from twophase import (
     ConfigurationError,
     SchemaMismatchError,
 )
-from twophase.testing.contract import ORDER_COLUMNS, SinkContract, context, orders, prepare
+from twophase.testing.contract import (
+    ORDER_COLUMNS,
+    SinkContract,
+    abort,
+    commit,
+    context,
+    list_in_doubt,
+    orders,
+    prepare,
+)
 
 
 def visible(reader: sqlite3.Connection) -> list[int]:
@@ -43,7 +52,7 @@ def test_a_row_violating_a_constraint_fails_at_pre_commit_and_nothing_is_visible
                        match=r"CHECK constraint failed.*Fix: a row violates a constraint"):
         prepare(sqlite_sink, rows, batch=4)
     assert visible(sqlite_reader) == []
-    assert sqlite_sink.list_in_doubt("orders") == []  # discarded by the failing writer
+    assert list_in_doubt(sqlite_sink, "orders") == []  # discarded by the failing writer
 
 
 def test_staged_rows_of_a_writer_that_died_are_in_doubt_until_aborted(
@@ -52,10 +61,10 @@ def test_staged_rows_of_a_writer_that_died_are_in_doubt_until_aborted(
     txn = sqlite_sink.begin_transaction(context(batch=3))
     sqlite_sink.write(txn, orders(0, 5))
     txn.connection.close()  # the executor died between write and pre-commit
-    (leftover,) = sqlite_sink.list_in_doubt("orders")
+    (leftover,) = list_in_doubt(sqlite_sink, "orders")
     assert leftover.txn_id == txn.ctx.txn_id
-    assert sqlite_sink.abort(leftover) is AbortOutcome.ABORTED
-    assert sqlite_sink.list_in_doubt("orders") == []
+    assert abort(sqlite_sink, leftover) is AbortOutcome.ABORTED
+    assert list_in_doubt(sqlite_sink, "orders") == []
     assert visible(sqlite_reader) == []
 
 
@@ -68,8 +77,8 @@ def test_upsert_keeps_the_last_row_per_key_within_and_across_transactions(tmp_pa
     sink.check_schema(columns)
     first = prepare(sink, [(1, "created"), (2, "created"), (1, "paid")], columns=columns)
     second = prepare(sink, [(2, "shipped")], columns=columns, batch=1)
-    sink.commit(first)
-    sink.commit(second)
+    commit(sink, first)
+    commit(sink, second)
     with sqlite3.connect(path) as connection:
         assert connection.execute("SELECT * FROM status ORDER BY 1").fetchall() == [
             (1, "paid"), (2, "shipped")]
@@ -79,11 +88,11 @@ def test_values_spark_hands_over_are_stored(sqlite_sink: SQLiteSink,
                                            sqlite_reader: sqlite3.Connection) -> None:
     ts = datetime(2026, 11, 21, 18, 0, tzinfo=timezone(timedelta(hours=5, minutes=30)))
     handle = prepare(sqlite_sink, [(1, 2, "paid", ts)])
-    sqlite_sink.commit(handle)
+    commit(sqlite_sink, handle)
     assert sqlite_reader.execute("SELECT ts FROM orders").fetchone() == (
         "2026-11-21T12:30:00.000000+00:00",)  # the instant, in UTC, in a fixed-width form
     columns = (*ORDER_COLUMNS[:3], Column("ts", "decimal(10,2)"))
-    sqlite_sink.commit(prepare(sqlite_sink, [(2, 2, "paid", Decimal("1.50"))], columns=columns,
+    commit(sqlite_sink, prepare(sqlite_sink, [(2, 2, "paid", Decimal("1.50"))], columns=columns,
                                batch=1))
     assert sqlite_reader.execute("SELECT ts FROM orders WHERE event_id = 2").fetchone() == ("1.50",)
 
@@ -124,6 +133,6 @@ def test_in_doubt_listing_is_per_namespace_and_target(sqlite_sink: SQLiteSink,
     with sqlite3.connect(orders_db) as connection:
         connection.execute("CREATE TABLE archive AS SELECT * FROM orders")
     prepare(SQLiteSink(orders_db, "archive"), orders(3, 1), namespace="ord_rs", partition=1)
-    assert [h.txn_id for h in sqlite_sink.list_in_doubt("ord_rs")] == [mine.txn_id]
+    assert [h.txn_id for h in list_in_doubt(sqlite_sink, "ord_rs")] == [mine.txn_id]
 
 
