@@ -312,7 +312,7 @@ def local_session(app_name: str, cores: int = 2, conf: dict[str, str] | None = N
     os.environ["PYSPARK_PYTHON"] = python or sys.executable
     builder = SparkSession.builder.master(f"local[{cores}]").appName(app_name)
     settings = {**SPARK_CONF, **(conf or {})}
-    if "spark.driver.extraJavaOptions" not in (conf or {}):  # a benchmark's JVM: as a user's
+    if "spark.driver.extraJavaOptions" not in (conf or {}):  # else the caller's own JVM
         settings["spark.driver.extraJavaOptions"] = java_options()
     for key, value in settings.items():
         builder = builder.config(key, value)

@@ -10,8 +10,10 @@ version and the ``java`` binary, so a new PySpark or JDK makes a new one. The cr
 the test session's Spark make it before their first driver; :func:`java_options` (what
 :func:`twophase.testing.driver.local_session` gives a driver that names no JVM options) adds it
 once it exists, so the demo and the chaos runs use it without waiting for it. A JVM that finds
-the archive unusable (another class path) starts without it, silently. Only the tests' drivers
-use it: a benchmark starts its JVM as a user's job does. ``TWOPHASE_CDS=0`` turns it off.
+the archive unusable (another class path) starts without it, silently. A session given its own
+``spark.driver.extraJavaOptions`` (a benchmark at full JIT) starts without it; a benchmark that
+takes ``local_session``'s defaults gets it, with their C1-only JIT. ``TWOPHASE_CDS=0`` turns it
+off.
 """
 
 from __future__ import annotations
