@@ -29,7 +29,8 @@ from twophase.testing.driver import DriverSpec, generate_feed, launch, read_feed
 pytestmark = [pytest.mark.spark, pytest.mark.crash]
 
 FILES, ROWS_PER_FILE = 3, 100
-LOCK_WAIT_TIMEOUT = 1  # seconds: a migration that waits for a lock fails fast
+#: Seconds a migration waits for a lock (the table's, or InnoDB's on a row: 50 s by default).
+LOCK_WAIT_TIMEOUT = 1
 LOCK_WAIT_TIMEOUT_ERROR = 1205
 ALTER = "ALTER TABLE `{table}` ADD COLUMN note VARCHAR(16) NULL"
 PASSWORD_ENV = "ORDERS_DB_PASSWORD"
@@ -37,7 +38,8 @@ PASSWORD_ENV = "ORDERS_DB_PASSWORD"
 
 def alter(db: Db, table: str) -> None:
     db.query(ALTER.format(table=table),
-             init_command=f"SET SESSION lock_wait_timeout = {LOCK_WAIT_TIMEOUT}")
+             init_command=f"SET SESSION lock_wait_timeout = {LOCK_WAIT_TIMEOUT}, "
+             f"innodb_lock_wait_timeout = {LOCK_WAIT_TIMEOUT}")
 
 
 def cleanup_config(path: Path, mariadb: MariaDBServer, table: str, state: str) -> Path:
