@@ -240,7 +240,7 @@ class TestSQLiteConnectCrashes(ConnectCrashSuite):
     decided (CI time; either side of the decision under ``-m long``, below)."""
 
     setup_fixture = "sqlite_setup"
-    crash_points = (AFTER_DECISION,)
+    crash_points: tuple[str, ...] = (AFTER_DECISION,)
 
 
 @pytest.mark.long
