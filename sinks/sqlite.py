@@ -104,6 +104,7 @@ from twophase.kit import (
     classified,
     keyed_apply_statements,
     namespace_from,
+    qualified_namespace,
     tombstone_table_name,
     transaction_id_reused,
     transaction_lost,
@@ -186,7 +187,12 @@ class SQLiteSink(TwoPhaseCommitSink[SQLiteTransaction]):
         return f"table {self.table!r} of SQLite database {self.path}"
 
     def default_namespace(self) -> str:
-        return namespace_from(self.table, self.kind)
+        """The table's name and a digest of the database file's path (as given)."""
+        return qualified_namespace(self.table, self.database.path)
+
+    def former_default_namespaces(self) -> tuple[str, ...]:
+        """Before 0.5.0: the table name alone."""
+        return (namespace_from(self.table, self.kind),)
 
     def stage_table(self, txn_id: TxnId) -> str:
         """The staging table of one transaction of this sink."""

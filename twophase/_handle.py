@@ -86,6 +86,15 @@ def fitted_namespace(derived: str) -> str:
     return f"{head}-{digest}"
 
 
+def qualified_namespace(name: str, *where: str) -> str:
+    """A target's default namespace: its ``name`` (reduced to ``[A-Za-z0-9_-]``, shortened)
+    and a digest of the name with ``where`` it is (a database, a schema, a path), so that two
+    targets of one name in two places never share a namespace."""
+    head = UNSAFE_IN_NAMESPACE.sub("_", name)[:NAMESPACE_MAX_LENGTH - FITTED_HASH_DIGITS - 1]
+    digest = hashlib.sha256("\0".join((*where, name)).encode()).hexdigest()
+    return f"{head or 'target'}-{digest[:FITTED_HASH_DIGITS]}"
+
+
 def query_key(query_id: str) -> str:
     """The part of a (UUID) query id that goes into transaction ids."""
     digits = query_id.replace("-", "").lower()

@@ -148,6 +148,9 @@ class SinkGroup(TwoPhaseCommitSink[GroupTransaction]):
     def default_namespace(self) -> str:
         return self.members[self.commit_order[0]].default_namespace()
 
+    def former_default_namespaces(self) -> tuple[str, ...]:
+        return self.members[self.commit_order[0]].former_default_namespaces()
+
     def route_key(self) -> tuple[str, ...] | None:
         """The key columns that every member which needs rows routed by key shares (routing by
         them keeps each member's whole key in one task), None if no member needs routing."""

@@ -96,6 +96,7 @@ from twophase._classify import Classify, classified, transaction_id_reused, tran
 from twophase._handle import (
     NAMESPACE_MAX_LENGTH,
     UNSAFE_IN_NAMESPACE,
+    qualified_namespace,
     query_key,
     validate_namespace,
 )
@@ -230,6 +231,7 @@ __all__ = [
     "lake_storage",
     "namespace_from",
     "newer_than",
+    "qualified_namespace",
     "query_key",
     "retried_if_rotated",
     "reveal",

@@ -406,8 +406,14 @@ class TwoPhaseCommitSink(ABC, Generic[TxnT]):
         return super().__new__(cls)
 
     def default_namespace(self) -> str:
-        """The namespace used when the job names none (e.g. derived from the target's name)."""
+        """The namespace used when the job names none (e.g. derived from the target's name and
+        where it is: :func:`twophase.kit.qualified_namespace`)."""
         return self.kind
+
+    def former_default_namespaces(self) -> tuple[str, ...]:
+        """Defaults an earlier release derived for this target: a state saved under one of them
+        keeps it when the job names no namespace (its in-doubt transactions carry it)."""
+        return ()
 
     def client_extras(self) -> tuple[str, ...]:
         """The extras of ``pip install 'twophase[...]'`` whose client libraries this sink needs

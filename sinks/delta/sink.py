@@ -95,6 +95,7 @@ from twophase.kit import (
     LakeStorage,
     classified,
     namespace_from,
+    qualified_namespace,
     validate_chunk_size,
     validate_max_file_bytes,
 )
@@ -164,8 +165,13 @@ class DeltaSink(LakeSink[DataFile]):
         return f"Delta table {self.table_uri}"
 
     def default_namespace(self) -> str:
-        """The table directory's name, reduced to ``[A-Za-z0-9_-]`` and 24 characters."""
-        return namespace_from(self.table_uri.rstrip("/").rsplit("/", 1)[-1], self.kind)
+        """The table directory's name and a digest of where it is (its parent URI)."""
+        parent, _, name = self.table_uri.rstrip("/").rpartition("/")
+        return qualified_namespace(name, parent)
+
+    def former_default_namespaces(self) -> tuple[str, ...]:
+        """Before 0.5.0: the table directory's name alone."""
+        return (namespace_from(self.table_uri.rstrip("/").rsplit("/", 1)[-1], self.kind),)
 
     @property
     def errors_caught(self) -> tuple[type[BaseException], ...]:

@@ -90,6 +90,7 @@ from twophase.kit import (
     classified,
     lake_storage,
     namespace_from,
+    qualified_namespace,
     validate_chunk_size,
     validate_max_file_bytes,
 )
@@ -197,8 +198,13 @@ class IcebergSink(LakeSink[IcebergFile]):
         return f"Iceberg table {self.catalog_name}.{self.table}"
 
     def default_namespace(self) -> str:
-        """The table's name, reduced to ``[A-Za-z0-9_-]`` and 24 characters."""
-        return namespace_from(self.table.rsplit(".", 1)[-1], self.kind)
+        """The table's name and a digest of its catalog's and catalog namespace's."""
+        namespace, _, name = self.table.rpartition(".")
+        return qualified_namespace(name, self.catalog_name, namespace)
+
+    def former_default_namespaces(self) -> tuple[str, ...]:
+        """Before 0.5.0: the table's name alone."""
+        return (namespace_from(self.table.rsplit(".", 1)[-1], self.kind),)
 
     @property
     def errors_caught(self) -> tuple[type[BaseException], ...]:

@@ -148,6 +148,7 @@ from twophase.kit import (
     chunks,
     classified,
     namespace_from,
+    qualified_namespace,
     validate_chunk_size,
     validate_keyed,
     validate_mode,
@@ -305,8 +306,13 @@ class MySQLXASink(TwoPhaseCommitSink[MySQLBranch]):
         return f"table {self.target} on MySQL server {self.server.address}"
 
     def default_namespace(self) -> str:
-        """The table name, reduced to ``[A-Za-z0-9_-]`` and 24 characters."""
-        return namespace_from(self.table, self.kind)
+        """The table's name and a digest of its database's (a server's XA transactions are
+        listed across its databases: two databases' tables of one name need two)."""
+        return qualified_namespace(self.table, self.target.database)
+
+    def former_default_namespaces(self) -> tuple[str, ...]:
+        """Before 0.5.0: the table name alone."""
+        return (namespace_from(self.table, self.kind),)
 
     # -- driver: schema, tables ----------------------------------------------------------------
 

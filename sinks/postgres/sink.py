@@ -143,6 +143,7 @@ from twophase.kit import (
     chunks,
     classified,
     namespace_from,
+    qualified_namespace,
     rows_of,
     transaction_id_reused,
     validate_chunk_size,
@@ -261,8 +262,13 @@ class PostgresSink(TwoPhaseCommitSink[PostgresTransaction]):
         return f"table {self.target} on PostgreSQL server {self.server.address}"
 
     def default_namespace(self) -> str:
-        """The table name, reduced to ``[A-Za-z0-9_-]`` and 24 characters."""
-        return namespace_from(self.table, self.kind)
+        """The table's name and a digest of its database's and schema's (a server's prepared
+        transactions are listed across its databases)."""
+        return qualified_namespace(self.table, self.server.database, self.target.schema)
+
+    def former_default_namespaces(self) -> tuple[str, ...]:
+        """Before 0.5.0: the table name alone."""
+        return (namespace_from(self.table, self.kind),)
 
     # -- driver: schema ------------------------------------------------------------------------
 

@@ -478,8 +478,9 @@ def test_the_adapters_make_a_group_of_named_sinks_and_refuse_group_options_for_o
 
 def test_a_group_over_a_40_character_table_starts_with_its_default_namespace(
         tmp_path: Path) -> None:
-    """The group's namespace is the first member's default (the table's name, cut to 24); its
-    members' ``<namespace>-<member>`` are longer and are shortened, not refused."""
+    """The group's namespace is the first member's default (the table's name, shortened, and
+    a digest of where it is); its members' ``<namespace>-<member>`` are longer and are
+    shortened, not refused."""
     table = "customer_orders_by_region_and_day_2026"
     database = orders_database(tmp_path / "orders.db")
     with sqlite3.connect(database) as connection:
@@ -489,7 +490,8 @@ def test_a_group_over_a_40_character_table_starts_with_its_default_namespace(
                        "changes": SQLiteSink(database, "changes")},
                       columns={"changes": ["event_id", "status"]})
     namespace = fitted_namespace(group.default_namespace())
-    assert namespace == table[:NAMESPACE_MAX_LENGTH]  # a usable default stays as it was
+    assert namespace == group.default_namespace()  # a usable default stays as it was
+    assert namespace.startswith(table[:15]) and len(namespace) == NAMESPACE_MAX_LENGTH
     store = StateStore(tmp_path / "state")
     epoch = store.start_run(namespace, {}).epoch
     handles = [prepare(group, orders(10 * p, 3), partition=p, epoch=epoch, namespace=namespace)

@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -50,7 +51,7 @@ from twophase import (
     Handle,
     RetryableError,
 )
-from twophase._handle import query_key
+from twophase._handle import NAMESPACE_MAX_LENGTH, query_key
 from twophase._state import StateStore
 from twophase.testing.contract import (
     NAMESPACE,
@@ -273,8 +274,11 @@ def test_configuration_and_repr(mariadb: MariaDBServer) -> None:
     params = mariadb.params
     sink = make_sink(params, "My Orders.2024`table")
     assert params.password not in repr(sink) and "password='***'" in repr(sink)
-    assert sink.default_namespace() == "My_Orders_2024_table"
-    assert make_sink(params, "x" * 40).default_namespace() == "x" * 24
+    assert sink.default_namespace().startswith("My_Orders_2024_")
+    assert sink.former_default_namespaces() == ("My_Orders_2024_table",)
+    assert len(make_sink(params, "x" * 40).default_namespace()) == NAMESPACE_MAX_LENGTH
+    other_database = make_sink(replace(params, database="elsewhere"), "My Orders.2024`table")
+    assert other_database.default_namespace() != sink.default_namespace()
     with pytest.raises(ConfigurationError, match="LOAD DATA cannot update"):
         make_sink(params, "t", mode="upsert", bulk="load_data")
     with pytest.raises(ConfigurationError, match="connect_args"):
