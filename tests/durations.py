@@ -30,8 +30,11 @@ SUMMARY = REPO / "tests" / "durations.json"
 OPTION = "--durations-summary"
 #: The selection of a CI run (``addopts`` in ``pyproject.toml``).
 CI_MARKEXPR = "not long"
-#: 36 minutes: the whole CI test run, on an idle 2-core machine.
+#: 36 minutes: the whole CI test run's target, on an idle 2-core machine (issue 48).
 TOTAL_BUDGET_S = 2160.0
+#: 45 minutes: the ceiling of CI (static checks and tests) on the 2-core machine; the checked-in
+#: summary's tests must stay below it, so that growth fails a change before it fails CI.
+CI_CEILING_S = 2700.0
 #: The share of each category (seconds); their sum is at most :data:`TOTAL_BUDGET_S`.
 BUDGETS_S: dict[str, float] = {
     # first set from /tmp/full.log's run (see tests/durations.json's source): its estimate of

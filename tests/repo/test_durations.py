@@ -1,7 +1,8 @@
-"""CI's time stays within its budget: the checked-in summary of a CI run's durations
-(``tests/durations.json``, written by ``.ci/run`` through :mod:`tests.durations`) is within 36
-minutes, and every category of it has a budget, the budgets sharing out no more than that.
-Read from the file: nothing is timed here."""
+"""CI's time stays below its ceiling: the checked-in summary of a CI run's durations
+(``tests/durations.json``, written by ``.ci/run`` through :mod:`tests.durations`) is below 45
+minutes, and every category of it has a budget, the budgets sharing out the 36-minute target
+(a category or the total over it is flagged in the table every CI run prints). Read from the
+file: nothing is timed here."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 
 from tests.durations import (
     BUDGETS_S,
+    CI_CEILING_S,
     CI_MARKEXPR,
     SUMMARY,
     TOTAL_BUDGET_S,
@@ -30,7 +32,7 @@ def checked_in() -> dict[str, Any]:
     return summary
 
 
-def test_the_checked_in_summary_is_within_the_ci_budget() -> None:
+def test_the_checked_in_summary_is_below_the_ci_ceiling() -> None:
     summary = checked_in()
     assert summary["source"], "the summary says nothing of where its numbers came from"
     assert summary["total_budget_s"] == TOTAL_BUDGET_S == 36 * 60
@@ -38,8 +40,8 @@ def test_the_checked_in_summary_is_within_the_ci_budget() -> None:
     assert summary["total_s"] == pytest.approx(sum(row["seconds"] for row in rows.values()),
                                                abs=0.1 * len(rows))
     assert summary["tests"] == sum(row["tests"] for row in rows.values())
-    assert summary["total_s"] <= TOTAL_BUDGET_S, (
-        f"CI's tests take {summary['total_s']:.0f} s, over the {TOTAL_BUDGET_S:.0f} s budget: "
+    assert summary["total_s"] < CI_CEILING_S, (
+        f"CI's tests take {summary['total_s']:.0f} s, over the {CI_CEILING_S:.0f} s ceiling: "
         + "; ".join(table(summary)))
 
 
