@@ -143,13 +143,13 @@ def test_cleanup_aborts_a_given_up_batch_at_once_without_flags(
     assert state is not None
     # a transaction the dead driver did not abort:
     leftover = prepare(sqlite_sink, [(99, 1, "paid", None)], epoch=state.epoch,
-                       query_id=str(state.query_id), namespace="orders")
-    assert list_in_doubt(sqlite_sink, "orders") == [leftover]
+                       query_id=str(state.query_id), namespace=state.namespace)
+    assert list_in_doubt(sqlite_sink, state.namespace) == [leftover]
     code = cleanup_main(["--sink", "sinks.sqlite:SQLiteSink", "--options",
                          f'{{"path": "{orders_db}", "table": "orders"}}',
                          "--state", str(store.location)])
     assert code == 0
-    assert list_in_doubt(sqlite_sink, "orders") == []
+    assert list_in_doubt(sqlite_sink, state.namespace) == []
     assert visible(orders_db) == []
 
 
