@@ -44,7 +44,7 @@ import logging
 import os
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -338,13 +338,16 @@ class StateStore:
             f"({MAX_WRITE_RACES} times): more than one run of the query writes it.",
             fix="keep one run per query; the newest run fences the others")
 
-    def start_run(self, namespace: str, settings: dict[str, Any]) -> State:
-        """Bump the epoch (fencing every older run) and return the new state."""
+    def start_run(self, namespace: str, settings: dict[str, Any], *,
+                  keeping: Collection[str] = ()) -> State:
+        """Bump the epoch (fencing every older run) and return the new state. A state started
+        under ``namespace``, or under one of ``keeping`` (a sink's former defaults), keeps its
+        own; any other is refused."""
 
         def bump(current: State | None) -> State:
             if current is None:
                 return State(namespace=namespace, epoch=1, settings=settings)
-            if current.namespace != namespace:
+            if current.namespace != namespace and current.namespace not in keeping:
                 raise ConfigurationError(
                     f"state file {self.path} belongs to namespace {current.namespace!r}, "
                     f"not {namespace!r}; its in-doubt transactions would be orphaned.",

@@ -573,28 +573,29 @@ class _Takeover:
     def _begin_run(self, store: StateStore, query_id: str | None) -> RunConfig:
         """Check the namespace and the rows' columns, then fence older runs."""
         sink = self.sink
-        namespace = (validate_namespace(self.namespace) if self.namespace
-                     else _default_namespace(sink, store.read()))
+        namespace, former = _namespaces(sink, self.namespace)
         _check_schema(sink, self.columns, store, query_id=query_id, retry=self.retry)
         state = store.start_run(namespace, {**self.settings, "sink": sink.kind,
-                                            "sink_class": sink_class_name(sink)})
-        return RunConfig(sink=sink, state_location=store.location, namespace=namespace,
+                                            "sink_class": sink_class_name(sink)},
+                                keeping=former)
+        if state.namespace != namespace:
+            log.info("the state was started under namespace %r, this sink's former default: "
+                     "it keeps it (a new checkpoint gets %r)", state.namespace, namespace)
+        return RunConfig(sink=sink, state_location=store.location, namespace=state.namespace,
                          epoch=state.epoch, columns=self.columns, retry=self.retry,
                          checkpoint=self.checkpoint, state_options=store.options,
                          decided_through=state.last_decided_batch,
                          tasks_read_state=self.tasks_read_state)
 
 
-def _default_namespace(sink: TwoPhaseCommitSink[Any], saved: State | None) -> str:
-    """The sink's default namespace, or the former default a saved state was started under
-    (0.5.0 added where the target is to the defaults: a running query's namespace stays)."""
-    default = fitted_namespace(sink.default_namespace())
-    former = {fitted_namespace(name) for name in sink.former_default_namespaces()}
-    if saved is not None and saved.namespace != default and saved.namespace in former:
-        log.info("the state was started under namespace %r, this sink's former default: it "
-                 "keeps it (a new checkpoint gets %r)", saved.namespace, default)
-        return saved.namespace
-    return default
+def _namespaces(sink: TwoPhaseCommitSink[Any], given: str | None) -> tuple[str, tuple[str, ...]]:
+    """The run's namespace (``given``, else the sink's default) and the namespaces a saved
+    state may keep instead: the sink's former defaults when the job names none (0.5.0 added
+    where the target is to the defaults: a running query's namespace stays)."""
+    if given:
+        return validate_namespace(given), ()
+    return (fitted_namespace(sink.default_namespace()),
+            tuple(fitted_namespace(name) for name in sink.former_default_namespaces()))
 
 
 def _where_the_driver_is(df: DataFrame, action: Callable[[], T]) -> T:

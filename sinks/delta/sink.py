@@ -171,7 +171,7 @@ class DeltaSink(LakeSink[DataFile]):
 
     def former_default_namespaces(self) -> tuple[str, ...]:
         """Before 0.5.0: the table directory's name alone."""
-        return (namespace_from(self.table_uri.rstrip("/").rsplit("/", 1)[-1], self.kind),)
+        return (namespace_from(self.table_uri.rstrip("/").rpartition("/")[2], self.kind),)
 
     @property
     def errors_caught(self) -> tuple[type[BaseException], ...]:

@@ -204,7 +204,7 @@ class IcebergSink(LakeSink[IcebergFile]):
 
     def former_default_namespaces(self) -> tuple[str, ...]:
         """Before 0.5.0: the table's name alone."""
-        return (namespace_from(self.table.rsplit(".", 1)[-1], self.kind),)
+        return (namespace_from(self.table.rpartition(".")[2], self.kind),)
 
     @property
     def errors_caught(self) -> tuple[type[BaseException], ...]:

@@ -9,8 +9,9 @@ import pytest
 
 from sinks.sqlite import SQLiteSink
 from twophase._handle import NAMESPACE_MAX_LENGTH, qualified_namespace, validate_namespace
-from twophase._state import State
-from twophase.spark import _default_namespace
+from twophase._state import StateStore
+from twophase.errors import ConfigurationError
+from twophase.spark import _namespaces
 
 
 def test_one_name_in_two_places_gets_two_namespaces() -> None:
@@ -39,21 +40,38 @@ def sink(tmp_path: Path) -> SQLiteSink:
     return SQLiteSink(str(tmp_path / "shop.db"), "orders")
 
 
-def saved(namespace: str) -> State:
-    return State(namespace=namespace, epoch=3, settings={})
+def started_under(tmp_path: Path, namespace: str) -> StateStore:
+    store = StateStore(tmp_path / "state")
+    store.start_run(namespace, {})
+    return store
 
 
-def test_a_new_checkpoint_gets_the_qualified_default(sink: SQLiteSink) -> None:
-    assert _default_namespace(sink, None) == sink.default_namespace() != "orders"
+def test_a_new_checkpoint_gets_the_qualified_default(sink: SQLiteSink, tmp_path: Path) -> None:
+    default, former = _namespaces(sink, None)
+    assert default == sink.default_namespace() != "orders"
+    assert StateStore(tmp_path / "state").start_run(default, {}, keeping=former).namespace == \
+        default
 
 
-def test_a_state_started_under_the_former_default_keeps_it(sink: SQLiteSink) -> None:
+def test_a_state_started_under_the_former_default_keeps_it(sink: SQLiteSink,
+                                                           tmp_path: Path) -> None:
     assert sink.former_default_namespaces() == ("orders",)
-    assert _default_namespace(sink, saved("orders")) == "orders"
-    assert _default_namespace(sink, saved(sink.default_namespace())) == sink.default_namespace()
+    default, former = _namespaces(sink, None)
+    assert former == ("orders",)
+    assert started_under(tmp_path / "old", "orders").start_run(
+        default, {}, keeping=former).namespace == "orders"
+    assert started_under(tmp_path / "new", default).start_run(
+        default, {}, keeping=former).namespace == default
 
 
-def test_a_state_of_another_namespace_gets_the_default_and_is_refused_by_the_state(
-        sink: SQLiteSink) -> None:
+def test_a_namespace_the_job_names_keeps_no_former_default(sink: SQLiteSink) -> None:
+    assert _namespaces(sink, "shop") == ("shop", ())
+
+
+def test_a_state_of_another_namespace_is_refused_by_the_state(sink: SQLiteSink,
+                                                              tmp_path: Path) -> None:
     """Not taken over silently: the state's own check refuses the mismatch, naming both."""
-    assert _default_namespace(sink, saved("invoices")) == sink.default_namespace()
+    default, former = _namespaces(sink, None)
+    with pytest.raises(ConfigurationError, match=r"belongs to namespace 'invoices', not "
+                       + repr(default)):
+        started_under(tmp_path, "invoices").start_run(default, {}, keeping=former)
