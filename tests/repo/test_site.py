@@ -20,13 +20,12 @@ from pathlib import Path
 
 import pytest
 
+from setups import SETUPS
 from tests import REPO
 
-SINK_CLASSES = {
-    "SQLiteSink": "sinks.sqlite", "MySQLXASink": "sinks.mysql", "PostgresSink": "sinks.postgres",
-    "S3Sink": "sinks.s3", "KafkaSink": "sinks.kafka", "HttpSink": "sinks.http",
-    "DeltaSink": "sinks.delta", "IcebergSink": "sinks.iceberg",
-}
+#: Every prebuilt sink's class and its module, from the registry (a new sink is checked too).
+SINK_CLASSES = {cls: module for module, cls in
+                (setup.factory.split(":") for setup in SETUPS.values())}
 FENCE = re.compile(r"```python\n(.*?)```", re.S)
 # where a constructor's ``**kwargs`` go: their keywords are the parameters of this class
 KWARGS_TO = {"KafkaSink": ("sinks.kafka.connection", "KafkaSettings")}
