@@ -105,9 +105,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--pg-port", type=int, default=5432)
     parser.add_argument("--pg-user", default="etl")
     parser.add_argument("--pg-database", default="shop")
-    parser.add_argument("--pg-sslmode", choices=("verify-full", "verify-ca", "require", "disable"),
-                        default="verify-full",
-                        help="verify-full (the default): the server's certificate and host name")
+    parser.add_argument("--pg-tls", choices=("verify", "require", "off"), default="verify",
+                        help="verify (the default): the server's certificate and host name")
     parser.add_argument("--pg-ca-bundle", help="the CA of the PostgreSQL server's certificate")
     parser.add_argument("--jars", help="comma-separated jars for spark.jars (the Kafka source)")
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
@@ -158,7 +157,7 @@ def build_sinks(args: argparse.Namespace) -> dict[str, TwoPhaseCommitSink[Any]]:
         sinks["postgres"] = PostgresSink(
             host=args.pg_host, port=args.pg_port, user=args.pg_user,
             password=Secret(env=PG_PASSWORD_ENV), database=args.pg_database,
-            table=args.pg_table, sslmode=args.pg_sslmode, ca_bundle=args.pg_ca_bundle,
+            table=args.pg_table, tls=args.pg_tls, ca_bundle=args.pg_ca_bundle,
             **keyed(args))
     return sinks
 

@@ -114,13 +114,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def kafka_security(args: argparse.Namespace) -> dict[str, Any]:
-    """The KafkaSink's security options (kafka-python's names); none without ``--kafka-user``."""
+    """The KafkaSink's security options (TLS verified, SASL); none without ``--kafka-user``."""
     if not args.kafka_user:
         return {}
-    return {"security_protocol": KAFKA_PROTOCOL, "sasl_mechanism": KAFKA_MECHANISM,
+    return {"tls": "verify", "ca_bundle": args.kafka_ca_file, "sasl_mechanism": KAFKA_MECHANISM,
             "sasl_plain_username": args.kafka_user,
-            "sasl_plain_password": os.environ.get(KAFKA_PASSWORD_ENV, ""),
-            "ssl_cafile": args.kafka_ca_file}
+            "sasl_plain_password": os.environ.get(KAFKA_PASSWORD_ENV, "")}
 
 
 def source_security(args: argparse.Namespace) -> dict[str, str]:

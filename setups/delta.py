@@ -18,7 +18,7 @@ import duckdb_extension_delta
 
 from setups.base import Proxy, ProxyFactory, SinkSetup, Target
 from setups.servers.moto import REGION, MotoServer
-from twophase.kit import INTENTS_DIRECTORY
+from twophase.kit.lake import INTENTS_DIRECTORY
 
 #: Where the extension package keeps its binary: ``extensions/v<duckdb>/delta.duckdb_extension``.
 EXTENSION = (Path(duckdb_extension_delta.__file__).parent / "extensions"

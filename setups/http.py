@@ -18,7 +18,7 @@ from setups.base import Proxy, ProxyFactory, SinkSetup, Target, relayed
 from setups.servers.http_receiver import ReceiverProcess, new_path, secured, started
 from setups.servers.moto import MotoServer
 from setups.servers.tls import CertificateAuthority
-from twophase.kit import S3_OPTIONS
+from twophase.kit.s3 import S3_OPTIONS
 
 #: Small requests, so that a partition's slice is several requests with a key each.
 RECORDS_PER_REQUEST = 30

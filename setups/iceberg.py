@@ -24,7 +24,7 @@ from setups.base import Proxy, ProxyFactory, SinkSetup, Target
 from setups.servers.iceberg_rest import IcebergRestServer
 from setups.servers.moto import REGION, MotoServer
 from setups.servers.postgres import PostgresServer
-from twophase.kit import INTENTS_DIRECTORY
+from twophase.kit.lake import INTENTS_DIRECTORY
 
 #: The packages' binaries: ``extensions/v<duckdb>/<name>.duckdb_extension``.
 EXTENSIONS = [Path(package.__file__).parent / "extensions" / f"v{duckdb.__version__}"

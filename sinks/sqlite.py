@@ -93,7 +93,6 @@ from twophase import (
 from twophase.kit import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_TOMBSTONE_RETENTION_S,
-    TOMBSTONE_TIME_COLUMN,
     ErrorTable,
     Keyed,
     Mode,
@@ -102,16 +101,15 @@ from twophase.kit import (
     check_columns,
     chunks,
     classified,
-    keyed_apply_statements,
     namespace_from,
     qualified_namespace,
-    tombstone_table_name,
     transaction_id_reused,
     transaction_lost,
     validate_chunk_size,
     validate_keyed,
     validate_mode,
 )
+from twophase.kit.sql import TOMBSTONE_TIME_COLUMN, keyed_apply_statements, tombstone_table_name
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -366,7 +364,7 @@ def apply_staged(connection: sqlite3.Connection, table: str, stage: str,
 
 def keyed_statements(keyed: Keyed, table: str, tombstones: str, stage: str,
                      staged: Sequence[str]) -> list[str]:
-    """The keyed mode's statements (:func:`twophase.kit.keyed_apply_statements`) over one
+    """The keyed mode's statements (:func:`twophase.kit.sql.keyed_apply_statements`) over one
     staging table: a row is a delete where its marker is true (1) or ``'d'``; rows of one
     version apply in the order they were staged."""
     marker = quote(keyed.deleted) if keyed.deleted else None

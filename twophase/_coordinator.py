@@ -558,8 +558,8 @@ def _split(batch: int, committed: Sequence[str], member: str,
         f"batch {batch} is split: member(s) {', '.join(map(repr, committed)) or 'none'} "
         f"committed it, but member {member!r} lost a decided transaction: {lost.cause}",
         fix=(lost.fix or "") + " The batch's rows are in the committed members and not in "
-        f"{member!r}: reconcile {member!r} from them (see README, 'Several systems, one "
-        "decision').")
+        f"{member!r}: reconcile {member!r} from them (see the docs, docs/groups.md, "
+        "'A split batch').")
 
 
 def _gave_up(current: State, batch: int, query_id: str) -> State:

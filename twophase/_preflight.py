@@ -84,7 +84,7 @@ FIX_SHIP = ("ship twophase and the sink's client libraries to every executor, at
             "versions: installed in the executors' image or as a cluster library "
             "(pip install 'twophase[{extra}]'), the twophase wheel by --py-files / "
             "spark.submit.pyFiles (pure-Python clients), or a packed virtualenv by "
-            "spark.archives (README, \"Deploying\")")
+            "spark.archives (the docs, docs/deploying.md)")
 FIX_SAME_VERSIONS = ("install the same versions on the driver and every executor (one "
                      "environment: a packed venv or image shipped with the job)")
 FIX_CONDITIONAL = ("keep the state on a store that honours conditional writes (PutObject "

@@ -1,7 +1,8 @@
 """The one S3 client of twophase: settings, clients, and every S3 error classified once.
 
 Everything that reaches S3 comes through here: the state store on S3 (:mod:`twophase._storage`),
-the S3 sink and the HTTP sink's staging on S3 (both through :mod:`twophase.kit`).
+the S3 sink, the HTTP sink's staging on S3 and a lake table on S3 (through
+:mod:`twophase.kit.s3`).
 
 :class:`S3Settings` names a bucket and how to reach it (endpoint, addressing, region,
 credentials, checksums, timeouts); it holds no client and pickles as plain values, and ``repr``
@@ -23,7 +24,7 @@ the table                              retryable; a missing bucket, a refused or
                                        (a refused request names the permission of the refused
                                        operation, and the caller's ``permissions``)
 a certificate not verified             :class:`ConfigurationError`: fix ``ca_bundle=`` or the
-                                       endpoint's host name (``verify=False`` turns it off)
+                                       endpoint's host name (``tls='require'`` turns it off)
 any other 5xx status                   :class:`RetryableError`
 any other code                         :class:`FatalError` (never retried blindly)
 no connection, a timeout               :class:`RetryableError` naming the endpoint
@@ -33,12 +34,15 @@ no credentials at all                  :class:`ConfigurationError`
 Callers read :meth:`S3Errors.code` / :meth:`S3Errors.status` only to steer (``NoSuchUpload``,
 ``PreconditionFailed``, 404 on HEAD), never to build an error of their own.
 
-TLS: boto3 verifies the store's certificate and host name by default, against certifi's CAs
-(or ``AWS_CA_BUNDLE``); ``ca_bundle=`` names the CA file of a private store, and only
-``verify=False`` turns the check off. Credentials (``access_key_id``, ``secret_access_key``,
-``session_token``) take a :class:`~twophase.Secret` reference, revealed only when a client is
-made: the pickled settings and the key of the client cache hold the reference, never the clear
-text. Should the store refuse them once their ``Secret`` changed (rotated keys),
+TLS (:class:`twophase.kit.Tls`, every prebuilt sink's options): ``tls="verify"`` (the default)
+verifies the store's certificate and host name, against ``ca_bundle`` (the CA file of a private
+store) or else certifi's CAs (or ``AWS_CA_BUNDLE``); only ``tls="require"`` turns the check off;
+``tls="off"`` is for an ``http://`` endpoint only (the scheme decides).
+``client_cert``/``client_key`` are a client certificate (mutual TLS, botocore's ``client_cert``).
+The former ``verify=False`` works and warns until 0.6.0. Credentials (``access_key_id``,
+``secret_access_key``, ``session_token``) take a :class:`~twophase.Secret` reference, revealed only
+when a client is made: the pickled settings and the key of the client cache hold the reference,
+never the clear text. Should the store refuse them once their ``Secret`` changed (rotated keys),
 :meth:`S3Settings.retried_if_rotated` makes the client again with the new ones
 (:class:`twophase.kit.ClientCache`).
 """
@@ -50,11 +54,19 @@ import importlib
 import logging
 import os
 import re
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
 from twophase._secrets import REDACTED, ClientCache, Secret, SecretOption, reveal
+from twophase._tls import (
+    DEFAULT_TLS,
+    FORMER_NAMES_REMOVED_IN,
+    Tls,
+    TlsMode,
+    refuse_plain_text_over_https,
+)
 from twophase.errors import ConfigurationError, FatalError, RetryableError, TwoPhaseError
 
 T = TypeVar("T")
@@ -87,7 +99,7 @@ FIX_UNKNOWN_CODE = "look up the S3 error code and fix its cause, then restart th
 FIX_NO_BOTO3 = "pip install 'twophase[s3]'"
 FIX_TLS = ("the store's certificate was not verified: pass ca_bundle= (the file of the CA that "
            "issued it) and reach the store by a host name its certificate names "
-           "(endpoint_url=); verify=False turns the check off (never across a network you do "
+           "(endpoint_url=); tls='require' turns the check off (never across a network you do "
            "not trust)")
 
 #: The IAM action each S3 operation of twophase needs: a refused request's fix names it.
@@ -150,15 +162,24 @@ class S3Settings:
     access_key_id: SecretOption | None = field(default=None, repr=False)
     secret_access_key: SecretOption | None = field(default=None, repr=False)
     session_token: SecretOption | None = field(default=None, repr=False)
-    #: The CA file the store's certificate is verified against (None: certifi's CAs).
+    #: Every prebuilt sink's TLS options (:class:`twophase.kit.Tls`): ``tls="require"`` turns
+    #: certificate verification off (the one option that relaxes it); ``ca_bundle`` is the CA
+    #: file the store's certificate is verified against (None: certifi's CAs).
+    tls: TlsMode = DEFAULT_TLS
     ca_bundle: str | None = None
-    #: False turns certificate verification off (the one option that relaxes TLS).
-    verify: bool = True
+    client_cert: str | None = None
+    client_key: str | None = None
+    #: The former ``tls="require"`` (``verify=False``), until 0.6.0.
+    verify: bool | None = None
     checksums: S3Checksums = "when_required"
     connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
     read_timeout_s: float = DEFAULT_READ_TIMEOUT_S
 
     def __post_init__(self) -> None:
+        if self.verify is not None:
+            self._take_former_verify()
+        tls = Tls(self.tls, self.ca_bundle, self.client_cert, self.client_key, SYSTEM)
+        refuse_plain_text_over_https(tls, self.endpoint_url or "https://s3.amazonaws.com")
         if (self.access_key_id is None) != (self.secret_access_key is None):
             raise ConfigurationError(f"{SYSTEM}: access_key_id and secret_access_key go together.",
                                      fix="pass both, or neither to use boto3's chain")
@@ -182,11 +203,22 @@ class S3Settings:
         """The bucket and endpoint, as error messages name them."""
         return f"s3://{self.bucket}" + (f" at {self.endpoint_url}" if self.endpoint_url else "")
 
+    def _take_former_verify(self) -> None:
+        """The former ``verify=`` as ``tls=`` (``verify=False``: ``tls="require"``, the CA file
+        it ignored dropped), with a warning naming the new option."""
+        warnings.warn(f"{SYSTEM}: verify= is deprecated and is removed in "
+                      f"{FORMER_NAMES_REMOVED_IN}: pass tls='require' for verify=False, nothing "
+                      "for verify=True", DeprecationWarning, stacklevel=5)
+        if not self.verify:
+            object.__setattr__(self, "tls", "require")
+            object.__setattr__(self, "ca_bundle", None)
+        object.__setattr__(self, "verify", None)
+
     @property
     def tls_verify(self) -> bool | str | None:
         """boto3's ``verify=``: the CA file, False if turned off, None for boto3's default
         (verified against certifi's CAs or ``AWS_CA_BUNDLE``)."""
-        if not self.verify:
+        if self.tls == "require":
             return False
         return self.ca_bundle
 
@@ -216,8 +248,8 @@ class S3Settings:
     def _new_client(self, max_attempts: int) -> Any:
         key_id, secret, token = (reveal(option) for option in self.secrets)
         _redaction.protect(secret, token)
-        if not self.verify:
-            log.warning("%s: TLS certificate verification is OFF (verify=False) for %s",
+        if self.tls == "require":
+            log.warning("%s: TLS certificate verification is OFF (tls='require') for %s",
                         SYSTEM, self.endpoint_url or "AWS")
         config = _boto("botocore.config").Config(
             s3={"addressing_style": "path" if self.path_style else "auto"},
@@ -227,6 +259,8 @@ class S3Settings:
             connect_timeout=self.connect_timeout_s,
             read_timeout=self.read_timeout_s,
             max_pool_connections=MAX_POOL_CONNECTIONS,
+            client_cert=self.client_cert if self.client_key is None
+            else (self.client_cert, self.client_key),
         )
         return _session().client(
             "s3", endpoint_url=self.endpoint_url, region_name=self.region,

@@ -17,14 +17,14 @@ local path  a temporary file (0600, fsynced),     ``flock`` on ``state.lock`` be
 
 An S3 location is ``s3://bucket/prefix`` (``s3a://`` is the same location, as Hadoop names
 it); its options (:data:`~twophase._s3.S3_OPTIONS`: ``endpoint_url``, ``region``,
-``path_style``, ``access_key_id``, ``secret_access_key``, ``session_token``, ``ca_bundle``,
-``verify``...) default to boto3's chain (``AWS_*`` variables, the config files, an instance
+``path_style``, ``access_key_id``, ``secret_access_key``, ``session_token``, ``tls``,
+``ca_bundle``...) default to boto3's chain (``AWS_*`` variables, the config files, an instance
 role; ``AWS_ENDPOINT_URL_S3`` for a compatible store). ``secret_access_key`` and
 ``session_token`` may be :class:`~twophase.Secret` references; TLS is verified by default
-(``ca_bundle=`` for a private CA, only ``verify=False`` turns it off). The client and the
+(``ca_bundle=`` for a private CA, only ``tls="require"`` turns it off). The client and the
 verdict on its errors are the framework's one S3 client (:mod:`twophase._s3`). Access to the
 prefix is the bucket policy's business: grant the query's principal ``s3:GetObject`` and
-``s3:PutObject`` on it and nobody else (the README's policy, statement ``State``).
+``s3:PutObject`` on it and nobody else (the policy of docs/sinks/s3.md, statement ``State``).
 """
 
 from __future__ import annotations

@@ -83,7 +83,7 @@ The rules, as a sink author needs them:
 * **commit and abort** run in the driver or any later process (recovery, cleanup), any number
   of times, after a crash of either side, and **concurrently on one sink object** (up to
   ``commit_parallelism`` threads): keep no per-call state on ``self`` (a committer shares
-  connections between those threads through :class:`twophase.kit.ConnectionPool`).
+  connections between those threads through :class:`twophase.kit.sql.ConnectionPool`).
   ``commit`` returns COMMITTED or ALREADY_COMMITTED, and must *prove* the latter (a commit
   record, a marker row, object metadata, a replayed response); when it can prove neither it
   raises :class:`TransactionLostError`. ``abort`` of something unknown returns NOT_FOUND.
@@ -120,7 +120,7 @@ The rules, as a sink author needs them:
   when proofs of commit accumulate. ``commit_parallelism``: 1 for a system with one writer.
 
 **Where commit and abort live: in one place.** A simple sink implements ``commit`` and
-``abort`` (and any optional driver-side method) on the sink (the README's example,
+``abort`` (and any optional driver-side method) on the sink (the docs' example,
 ``tests/user_sink.py``); the framework reaches them through the default :class:`Committer`,
 which forwards to them. A sink whose commits share something per batch (a connection pool, a
 producer, a session) implements them in a :class:`Committer` subclass that ``committer()``
@@ -402,7 +402,7 @@ class TwoPhaseCommitSink(ABC, Generic[TxnT]):
                 "task or a crashed run left.",
                 fix=f"define list_in_doubt(self, namespace) on {cls.__qualname__}, beside commit "
                     "and abort: the handles of every unresolved transaction of the namespace "
-                    "that the system holds (see the README, 'Writing your own sink')")
+                    "that the system holds (see docs/writing-a-sink.md)")
         return super().__new__(cls)
 
     def default_namespace(self) -> str:

@@ -131,7 +131,7 @@ def write_stream(
             Keep it stable for the life of the checkpoint: recovery finds transactions by it.
         state_location: a directory or ``s3://bucket/prefix`` for the state file, if not
             inside the checkpoint (required for a checkpoint on HDFS or another file system).
-        state_options: for a state on S3, any of :data:`twophase.kit.S3_OPTIONS`
+        state_options: for a state on S3, any of :data:`twophase.kit.s3.S3_OPTIONS`
             (``endpoint_url``, ``region``, ``path_style``, credentials (default: boto3's
             chain), ``checksums``, the timeouts).
         trigger: keyword arguments of ``DataStreamWriter.trigger``, e.g.
@@ -139,7 +139,7 @@ def write_stream(
         query_name: Spark's query name.
         retry: how retryable errors are retried (default: :class:`RetryPolicy`).
         commits: when a batch's transactions commit once it is decided: ``"behind"`` the next
-            batch (Spark goes on to the next batch while the batch commits: README,
+            batch (Spark goes on to the next batch while the batch commits: docs/how-it-works.md,
             "Latency"), ``"inline"`` (before Spark goes on), or ``"auto"`` (the default):
             behind for a query that runs until stopped (no trigger, or ``processingTime``) in
             classic Spark, inline for one that ends by itself (``availableNow``, ``once``)

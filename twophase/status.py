@@ -8,7 +8,7 @@ With ``--sink module:Class --options JSON`` (as cleanup takes them) it also list
 undecided transactions still in the target (a crashed or failed run's). Prepared transactions,
 decided or not, hold locks on the target that a schema change (``ALTER TABLE``) waits for:
 status names them and the command that releases them (``python -m twophase.cleanup
---settle``, with the query stopped; see the README, "Changing the target's schema").
+--settle``, with the query stopped; see docs/operating.md, "Changing the target's schema").
 
 ``--unverified`` shows what a file that cannot be trusted (a checksum mismatch, a torn or
 hand-edited file, an unknown format) holds, as JSON, with the reason it was refused: enough to

@@ -250,6 +250,11 @@ class BrokerSecurity:
                 "sasl_plain_username": user, "sasl_plain_password": self.passwords[user],
                 "ssl_cafile": str(self.cafile), "ssl_check_hostname": True}
 
+    def sink_options(self, user: str) -> dict[str, Any]:
+        """:class:`~sinks.kafka.KafkaSink`'s options to connect as ``user`` (TLS verified)."""
+        return {"tls": "verify", "ca_bundle": str(self.cafile), "sasl_mechanism": SCRAM,
+                "sasl_plain_username": user, "sasl_plain_password": self.passwords[user]}
+
     def write_password(self, user: str, path: Path) -> Path:
         """``user``'s password into a new file at ``path`` only its owner can read."""
         _write_owner_only(path, self.passwords[user])
@@ -443,7 +448,8 @@ class KafkaBroker:
     def options(self, user: str = APP_USER) -> dict[str, Any]:
         """What a KafkaSink needs to reach it (the crash suite passes these to the driver):
         on a secured broker, as ``user`` over SASL_SSL, verifying the certificate."""
-        return {"bootstrap_servers": self.bootstrap_servers, **self.client_configs(user)}
+        security = {} if self.security is None else self.security.sink_options(user)
+        return {"bootstrap_servers": self.bootstrap_servers, **security}
 
     def client_configs(self, user: str = ADMIN_USER) -> dict[str, Any]:
         """kafka-python's security options for ``user`` (none on a plain broker)."""

@@ -45,8 +45,8 @@ import pymysql
 
 from setups.servers.local import ServerMissingError, ServerProcess, free_port
 from setups.servers.tls import CertificateAuthority, Issued
-from sinks.mysql.connection import TlsMode
 from twophase import Handle
+from twophase.kit import TlsMode
 
 SERVER_BINARY = "mariadbd"
 INSTALL_BINARY = "mariadb-install-db"

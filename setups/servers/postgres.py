@@ -136,6 +136,10 @@ def _run_as() -> dict[str, Any]:
     return {"user": entry.pw_uid, "group": entry.pw_gid}
 
 
+#: The sink's ``tls=`` of each libpq ``sslmode`` the setups use.
+TLS_OF_SSLMODE = {"verify-full": "verify", "require": "require", "disable": "off"}
+
+
 @dataclass(frozen=True)
 class PgParams:
     """How a client reaches the private server over TCP with the test user."""
@@ -149,11 +153,11 @@ class PgParams:
     ca_bundle: str | None = None
 
     def sink_options(self) -> dict[str, Any]:
-        """The connection options of :class:`~sinks.postgres.PostgresSink` (its ``sslmode``
-        and ``ca_bundle`` included)."""
+        """The connection options of :class:`~sinks.postgres.PostgresSink` (its ``tls`` and
+        ``ca_bundle`` included)."""
         options = {"host": self.host, "port": self.port, "user": self.user,
                    "password": self.password, "database": self.database,
-                   "sslmode": self.sslmode}
+                   "tls": TLS_OF_SSLMODE[self.sslmode]}
         if self.ca_bundle is not None:
             options["ca_bundle"] = self.ca_bundle
         return options

@@ -17,7 +17,7 @@ rewrote): else the handle is lost, :class:`~twophase.TransactionLostError` namin
 and the file, and nothing of the batch is added.
 
 **Abort** deletes the transaction's files (those its handle lists and those its intent names,
-:class:`~twophase.kit.LakeIntents`), then its intent, unless the snapshot references them (a
+:class:`~twophase.kit.lake.LakeIntents`), then its intent, unless the snapshot references them (a
 committed transaction: then nothing is deleted, NOT_FOUND with a warning).
 
 **In doubt** (:meth:`DeltaCommitter.list_in_doubt`): the transactions of the namespace with an
@@ -57,7 +57,8 @@ from twophase import (
     Handle,
     TxnId,
 )
-from twophase.kit import LakeCleanup, LakeCommitter, classified, lake_deadline
+from twophase.kit import classified
+from twophase.kit.lake import LakeCleanup, LakeCommitter, lake_deadline
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable

@@ -46,17 +46,16 @@ from twophase import (
     SchemaMismatchError,
     TwoPhaseError,
 )
-from twophase.kit import (
+from twophase.kit import Condition, ErrorTable
+from twophase.kit.lake import (
     FIX_LAKE_VALUES,
     LAKE_FILE_CONDITIONS,
     LAKE_FILE_RULES,
     LAKE_S3_PERMISSIONS,
-    Condition,
-    ErrorTable,
-    S3Errors,
     lake_classifier,
     lake_iam_policy,
 )
+from twophase.kit.s3 import S3Errors
 
 SYSTEM = "DeltaSink"
 

@@ -4,8 +4,8 @@ A transaction's files go where the table's own writers put theirs, in the ordina
 the table's root, or its partition directories (``status=paid/``), never a ``_``-prefixed
 folder (VACUUM ignores those, so a file there is never cleaned up). Each is named
 ``part-<txn id>-<n>.parquet`` (``n``: 00000, 00001, ... per transaction), and listed by the
-transaction's intent (:class:`~twophase.kit.LakeIntents`) before it is created. A file is created
-exclusively (:class:`~twophase.kit.LakeStorage`): a transaction id used twice never
+transaction's intent (:class:`~twophase.kit.lake.LakeIntents`) before it is created. A file is
+created exclusively (:class:`~twophase.kit.lake.LakeStorage`): a transaction id used twice never
 overwrites the first use's file (a committed one), it fails.
 
 Files are bounded: a writer rolls to a new file once its file reaches ``max_file_bytes``,
@@ -30,7 +30,7 @@ from deltalake.transaction import AddAction
 from sinks.delta.schema import Layout
 from sinks.delta.stats import FileStats
 from twophase import TxnId
-from twophase.kit import LakeFiles, LakeOutput, LakeStorage
+from twophase.kit.lake import LakeFiles, LakeOutput, LakeStorage
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ class _OpenFile:
 
 def transaction_files(storage: LakeStorage, layout: Layout, txn_id: TxnId,
                       max_file_bytes: int) -> LakeFiles[PartitionKey, DataFile]:
-    """The files of one transaction (:class:`~twophase.kit.LakeFiles`): one open file per
+    """The files of one transaction (:class:`~twophase.kit.lake.LakeFiles`): one open file per
     partition value of the table, in its partition directories."""
 
     def path_of(key: PartitionKey, number: int) -> str:

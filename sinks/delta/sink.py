@@ -4,8 +4,9 @@ Every partition's slice of a micro-batch is written by pyarrow as Parquet files 
 table's data area (:mod:`~sinks.delta.files`: named by the transaction id, in the partition
 directories of a partitioned table, a new file every ``max_file_bytes``), each with its exact
 statistics (:mod:`~sinks.delta.stats`), on a local path or S3 (:mod:`~sinks.delta.storage`),
-each named by the transaction's intent before it is created (:class:`~twophase.kit.LakeIntents`). A
-file no commit references is invisible to every reader. The handle lists the files as their
+each named by the transaction's intent before it is created
+(:class:`~twophase.kit.lake.LakeIntents`). A file no commit references is invisible to every
+reader. The handle lists the files as their
 ``AddAction`` needs them (path, size, partition values, modification time, statistics); the
 driver's committer (:mod:`~sinks.delta.committer`) adds every file of the batch in one Delta
 commit carrying ``Transaction(app_id, batch)`` (:mod:`~sinks.delta.snapshot`).
@@ -89,14 +90,16 @@ from twophase import (
 )
 from twophase.kit import (
     DEFAULT_CHUNK_SIZE,
-    DEFAULT_MAX_FILE_BYTES,
-    LakeFiles,
-    LakeSink,
-    LakeStorage,
     classified,
     namespace_from,
     qualified_namespace,
     validate_chunk_size,
+)
+from twophase.kit.lake import (
+    DEFAULT_MAX_FILE_BYTES,
+    LakeFiles,
+    LakeSink,
+    LakeStorage,
     validate_max_file_bytes,
 )
 

@@ -1,4 +1,4 @@
-"""Where a Delta table's files live: :class:`~twophase.kit.LakeStorage` (a local directory or
+"""Where a Delta table's files live: :class:`~twophase.kit.lake.LakeStorage` (a local directory or
 an S3 prefix, with conditional puts), shared with every lake sink, reached here from the
 sink's ``storage_options``.
 
@@ -19,10 +19,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from sinks.delta.errors import S3_ERRORS, SYSTEM
-from twophase.kit import LakeStorage, S3Settings, lake_storage
+from twophase.kit.lake import LakeStorage, lake_storage
+from twophase.kit.s3 import S3Settings
 
 #: deltalake's option names (after the optional ``aws_`` prefix, lower case) that the sink's own
-#: S3 client takes too, and the :class:`~twophase.kit.S3Settings` field each becomes.
+#: S3 client takes too, and the :class:`~twophase.kit.s3.S3Settings` field each becomes.
 S3_SETTINGS_OF_OPTIONS: Mapping[str, str] = {
     "access_key_id": "access_key_id", "secret_access_key": "secret_access_key",
     "session_token": "session_token", "token": "session_token", "region": "region",

@@ -96,7 +96,7 @@ class HttpCommitter(Committer):
         what = f"GET {settings.where_of(WELL_KNOWN)}"
         try:
             with self.session.get(self.sink.policy_url, timeout=POLICY_TIMEOUT_S,
-                                  verify=settings.tls_verify) as reply:
+                                  **settings.tls_options) as reply:
                 if reply.status_code >= ANY_5XX:
                     raise classify_response(reply, what, fingerprint="-")
         except requests.RequestException as exc:
@@ -177,7 +177,7 @@ class HttpCommitter(Committer):
         try:
             response = self.session.request(
                 settings.method, settings.url, data=body, timeout=settings.timeout,
-                verify=settings.tls_verify, allow_redirects=False,
+                **settings.tls_options, allow_redirects=False,
                 headers=settings.request_headers(body, content))
         except requests.RequestException as exc:
             return classify(exc, what), None

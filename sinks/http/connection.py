@@ -6,9 +6,10 @@ and never pickled: the sink holds only the settings. The bearer token, the signi
 the extra headers stay out of ``repr``, messages and logs; the token and the signing secret
 may be :class:`~twophase.Secret` references, revealed for each request as it is built.
 
-TLS: requests verifies the receiver's certificate and host name by default (certifi's CAs,
-or ``REQUESTS_CA_BUNDLE``); ``ca_bundle=`` names a private CA's file, and only
-``verify=False`` turns the check off.
+TLS (:class:`twophase.kit.Tls`, every prebuilt sink's options): requests verifies the
+receiver's certificate and host name by default (``tls="verify"``; certifi's CAs, or
+``REQUESTS_CA_BUNDLE``); ``ca_bundle=`` names a private CA's file, and only ``tls="require"``
+turns the check off; ``client_cert``/``client_key`` present a client certificate.
 """
 
 from __future__ import annotations
@@ -18,14 +19,16 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import requests
 from requests.adapters import HTTPAdapter
 
+from sinks.http.errors import SYSTEM
 from sinks.http.protocol import SIGNATURE
 from sinks.http.signing import sign
-from twophase.kit import DEFAULT_COMMIT_PARALLELISM, SecretOption, reveal
+from twophase.kit import DEFAULT_COMMIT_PARALLELISM, SecretOption, Tls, reveal
 
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
 DEFAULT_READ_TIMEOUT_S = 60.0
@@ -58,8 +61,7 @@ class HttpSettings:
     headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
     token: SecretOption | None = field(default=None, repr=False)
     signing_secret: SecretOption | None = field(default=None, repr=False)
-    verify: bool = True
-    ca_bundle: str | None = None
+    tls: Tls = field(default_factory=lambda: Tls(system=SYSTEM))
     connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
     read_timeout_s: float = DEFAULT_READ_TIMEOUT_S
 
@@ -82,8 +84,12 @@ class HttpSettings:
         return (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
 
     @property
-    def tls_verify(self) -> bool | str:
-        return self.ca_bundle if self.verify and self.ca_bundle else self.verify
+    def tls_options(self) -> dict[str, Any]:
+        """requests' ``verify=`` and ``cert=`` of :attr:`tls`."""
+        verify: bool | str = self.tls.ca_bundle or True if self.tls.verifies else False
+        cert = self.tls.client_cert if self.tls.client_key is None \
+            else (self.tls.client_cert, self.tls.client_key)
+        return {"verify": verify, "cert": cert}
 
     @property
     def timeout(self) -> tuple[float, float]:

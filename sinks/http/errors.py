@@ -16,7 +16,7 @@ any other 4xx (a rejected payload)          :class:`FatalError` with the receive
 ==========================================  ====================================================
 
 The staging on S3 (:mod:`~sinks.http.s3_staging`) is S3's business: its errors are classified
-by the framework's one table of S3 errors (:class:`twophase.kit.S3Errors`).
+by the framework's one table of S3 errors (:class:`twophase.kit.s3.S3Errors`).
 
 The committer retries the retryable ones itself (a few times, quickly) before it raises them
 to twophase, which retries the whole commit again. Messages name the method, URL,
@@ -55,7 +55,7 @@ FIX_MISMATCH = ("this key was used before with another payload: two jobs sharing
 FIX_URL = "fix url= and method= to the receiver's endpoint"
 FIX_TLS = ("the receiver's certificate was not verified (another CA, or another host name): "
            "pass ca_bundle= (the file of the CA that issued it) and reach the receiver by a "
-           "host name its certificate names (url=), or fix its certificate; verify=False turns "
+           "host name its certificate names (url=), or fix its certificate; tls='require' turns "
            "the check off (never across a network you do not trust)")
 FIX_UNREACHABLE = ("retried automatically; if it persists, check url= (scheme, host, port) and "
                    "that the receiver is running and reachable from the driver")

@@ -13,8 +13,8 @@ DeleteObjects, so a removal cut short leaves a "writing" transaction, never a st
 bodies missing. Listings are ListObjectsV2 under ``prefix/<namespace>.``, paginated.
 
 S3 is reached through twophase's one S3 client: one boto3 client per process, endpoint and
-credentials (:class:`twophase.kit.S3Settings`, credentials out of ``repr``; boto3 retries
-throttling and 5xx itself), and what is left is classified by :class:`twophase.kit.S3Errors`,
+credentials (:class:`twophase.kit.s3.S3Settings`, credentials out of ``repr``; boto3 retries
+throttling and 5xx itself), and what is left is classified by :class:`twophase.kit.s3.S3Errors`,
 the one table of S3 errors.
 """
 
@@ -36,7 +36,8 @@ from sinks.http.staging import (
     commit_record,
 )
 from twophase import TxnId
-from twophase.kit import S3Errors, S3Settings, boto_errors, classified, split_s3_location
+from twophase.kit import classified
+from twophase.kit.s3 import S3Errors, S3Settings, boto_errors, split_s3_location
 
 log = logging.getLogger(__name__)
 

@@ -82,7 +82,7 @@ from sinks.http.encoding import (
     encode_record,
     frame,
 )
-from sinks.http.errors import classify
+from sinks.http.errors import SYSTEM, classify
 from sinks.http.protocol import POLICY_TIMEOUT_S, WELL_KNOWN, content_digest, idempotency_key
 from sinks.http.staging import Manifest, StagedRequest, staging_at
 from twophase import (
@@ -94,7 +94,16 @@ from twophase import (
     TwoPhaseError,
     TxnId,
 )
-from twophase.kit import SecretOption, namespace_from, transaction_id_reused
+from twophase.kit import (
+    DEFAULT_TLS,
+    SecretOption,
+    Tls,
+    TlsMode,
+    namespace_from,
+    refuse_plain_text_over_https,
+    renamed_option,
+    transaction_id_reused,
+)
 
 log = logging.getLogger(__name__)
 
@@ -133,8 +142,11 @@ class HttpSink(TwoPhaseCommitSink[HttpTransaction]):
     ``max_bytes_per_request`` bytes of content.
     ``headers``: extra request headers; ``token``: a bearer token; ``signing_secret``: signs
     every request (HMAC-SHA256 of timestamp and body, see :mod:`~sinks.http.signing`);
-    ``verify`` / ``ca_bundle``: TLS verification of the certificate and host name (on by
-    default; ``ca_bundle`` names a private CA's file, ``verify=False`` turns it off).
+    ``tls`` / ``ca_bundle`` / ``client_cert`` / ``client_key`` (every prebuilt sink's TLS
+    options): ``tls="verify"`` (the default) verifies the certificate and host name, against
+    ``ca_bundle`` (a private CA's file) if given; ``tls="require"`` turns it off; the client
+    certificate and its key for mutual TLS. (The former ``verify=False`` works and warns until
+    0.6.0.)
     ``token`` and ``signing_secret`` (and the staging's ``secret_access_key`` /
     ``session_token``) may be :class:`~twophase.Secret` references. ``key_expiry_s``: how long
     the receiver keeps keys. ``max_attempts``, ``initial_backoff_s``, ``max_backoff_s``: the
@@ -158,8 +170,10 @@ class HttpSink(TwoPhaseCommitSink[HttpTransaction]):
         headers: Mapping[str, str] | None = None,
         token: SecretOption | None = None,
         signing_secret: SecretOption | None = None,
-        verify: bool = True,
+        tls: TlsMode = DEFAULT_TLS,
         ca_bundle: str | None = None,
+        client_cert: str | None = None,
+        client_key: str | None = None,
         max_bytes_per_request: int = DEFAULT_MAX_BYTES_PER_REQUEST,
         max_records_per_request: int = DEFAULT_MAX_RECORDS_PER_REQUEST,
         key_expiry_s: float = DEFAULT_KEY_EXPIRY_S,
@@ -168,7 +182,11 @@ class HttpSink(TwoPhaseCommitSink[HttpTransaction]):
         max_backoff_s: float = DEFAULT_MAX_BACKOFF_S,
         connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
         read_timeout_s: float = DEFAULT_READ_TIMEOUT_S,
+        verify: bool | None = None,
     ) -> None:
+        if renamed_option(SYSTEM, "verify", verify, "tls", None,
+                          same="tls='require' for verify=False") is False:
+            tls, ca_bundle = "require", None
         if urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).netloc:
             raise ConfigurationError(f"HttpSink: url {url!r} is not an http(s) URL.",
                                      fix="pass url='https://host/path'")
@@ -190,10 +208,12 @@ class HttpSink(TwoPhaseCommitSink[HttpTransaction]):
                                      fix="pass the receiver's key expiry in seconds")
         self.settings = HttpSettings(
             url=url, method=method.upper(), headers=tuple(sorted((headers or {}).items())),
-            token=token, signing_secret=signing_secret, verify=verify, ca_bundle=ca_bundle,
+            token=token, signing_secret=signing_secret,
+            tls=Tls(tls, ca_bundle, client_cert, client_key, SYSTEM),
             connect_timeout_s=connect_timeout_s, read_timeout_s=read_timeout_s)
-        if not verify:
-            log.warning("HttpSink: TLS certificate verification is OFF (verify=False) for %s",
+        refuse_plain_text_over_https(self.settings.tls, url)
+        if tls == "require":
+            log.warning("HttpSink: TLS certificate verification is OFF (tls='require') for %s",
                         self.settings.where)
         self.staging = staging_at(staging, staging_options)
         self.encoding: Encoding = encoding
@@ -231,7 +251,7 @@ class HttpSink(TwoPhaseCommitSink[HttpTransaction]):
         and a receiver whose certificate is not verified."""
         try:
             with session().get(self.policy_url, timeout=POLICY_TIMEOUT_S,
-                               verify=self.settings.tls_verify) as reply:
+                               **self.settings.tls_options) as reply:
                 published = reply.json().get("key_expiry_s") if reply.ok else None
         except requests.exceptions.SSLError as exc:
             raise classify(exc, f"GET {self.settings.where_of(WELL_KNOWN)}") from None

@@ -46,7 +46,8 @@ from sinks.iceberg.errors import classify
 from sinks.iceberg.files import IcebergFile
 from sinks.iceberg.local_commit import IcebergLocalCommit, offer
 from twophase import CommitOutcome, Handle, TxnId
-from twophase.kit import LakeCleanup, LakeCommitter, classified, lake_deadline
+from twophase.kit import classified
+from twophase.kit.lake import LakeCleanup, LakeCommitter, lake_deadline
 
 if TYPE_CHECKING:
     from sinks.iceberg.sink import IcebergSink

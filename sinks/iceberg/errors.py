@@ -57,16 +57,15 @@ from twophase import (
     RetryableError,
     TwoPhaseError,
 )
-from twophase.kit import (
+from twophase.kit import Condition, ErrorTable
+from twophase.kit.lake import (
     LAKE_FILE_CONDITIONS,
     LAKE_FILE_RULES,
     LAKE_S3_PERMISSIONS,
-    Condition,
-    ErrorTable,
-    S3Errors,
     lake_classifier,
     lake_iam_policy,
 )
+from twophase.kit.s3 import S3Errors
 
 SYSTEM = "IcebergSink"
 

@@ -5,8 +5,9 @@ A transaction's files go where the table's own writers put theirs: ``<location>/
 the partition spec's directories (``status=paid/``, ``day=2026-11-26/``), never elsewhere
 (:mod:`~sinks.iceberg.schema` refuses the settings that move them). Each is named
 ``<txn id>-<n>.parquet`` and listed by the transaction's intent before it is created
-(:class:`~twophase.kit.LakeIntents`), created exclusively (:class:`~twophase.kit.LakeStorage`:
-a transaction id used twice never overwrites the first use's file).
+(:class:`~twophase.kit.lake.LakeIntents`), created exclusively
+(:class:`~twophase.kit.lake.LakeStorage`: a transaction id used twice never overwrites the first
+use's file).
 
 Each file carries the table's field ids (a reader maps columns by id) and, in its
 :class:`IcebergFile`, what Iceberg keeps of it: record count, size, partition record and the
@@ -29,7 +30,7 @@ import pyarrow.parquet as pq
 
 from sinks.iceberg.layout import Layout, PartitionKey
 from twophase import TxnId
-from twophase.kit import LakeFiles, LakeOutput, LakeStorage
+from twophase.kit.lake import LakeFiles, LakeOutput, LakeStorage
 
 #: Where a table's writers put its data files, under its location.
 DATA_DIRECTORY = "data"
@@ -113,7 +114,7 @@ class _OpenFile:
 
 def transaction_files(storage: LakeStorage, layout: Layout, txn_id: TxnId,
                       max_file_bytes: int) -> LakeFiles[PartitionKey, IcebergFile]:
-    """The files of one transaction (:class:`~twophase.kit.LakeFiles`) in the data area."""
+    """The files of one transaction (:class:`~twophase.kit.lake.LakeFiles`) in the data area."""
 
     def path_of(key: PartitionKey, number: int) -> str:
         return "/".join(part for part in (DATA_DIRECTORY, layout.partition_path(key),

@@ -3,8 +3,9 @@
 Every partition's slice of a micro-batch is written by pyarrow as Parquet files carrying the
 table's field ids into the table's data area (:mod:`~sinks.iceberg.files`: named by the
 transaction id, in the partition spec's directories, a new file every ``max_file_bytes``),
-with the statistics Iceberg keeps, on a local path or S3 (:class:`~twophase.kit.LakeStorage`),
-each named by the transaction's intent before it is created (:class:`~twophase.kit.LakeIntents`).
+with the statistics Iceberg keeps, on a local path or S3
+(:class:`~twophase.kit.lake.LakeStorage`), each named by the transaction's intent before it is
+created (:class:`~twophase.kit.lake.LakeIntents`).
 A file no snapshot adds is invisible to every reader. The handle lists the files as their
 ``DataFile`` needs them; the driver's committer (:mod:`~sinks.iceberg.committer`) adds every
 file of the batch in ONE fast-append snapshot through the catalog (:mod:`~sinks.iceberg.snapshots`).
@@ -82,18 +83,20 @@ from twophase import (
 )
 from twophase.kit import (
     DEFAULT_CHUNK_SIZE,
+    classified,
+    namespace_from,
+    qualified_namespace,
+    validate_chunk_size,
+)
+from twophase.kit.lake import (
     DEFAULT_MAX_FILE_BYTES,
     LakeFiles,
     LakeSink,
     LakeStorage,
-    S3Settings,
-    classified,
     lake_storage,
-    namespace_from,
-    qualified_namespace,
-    validate_chunk_size,
     validate_max_file_bytes,
 )
+from twophase.kit.s3 import S3Settings
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -107,7 +110,7 @@ log = logging.getLogger(__name__)
 DEFAULT_ORPHAN_AGE_S = 3 * 24 * 3600.0
 DEFAULT_CATALOG_NAME = "default"
 #: pyiceberg's S3 properties the sink's own S3 client takes too, and the
-#: :class:`~twophase.kit.S3Settings` field each becomes.
+#: :class:`~twophase.kit.s3.S3Settings` field each becomes.
 S3_SETTINGS_OF_PROPERTIES: Mapping[str, str] = {
     "s3.access-key-id": "access_key_id", "s3.secret-access-key": "secret_access_key",
     "s3.session-token": "session_token", "s3.region": "region", "s3.endpoint": "endpoint_url"}

@@ -26,13 +26,15 @@ never shows either, and nothing logs them: kafka-python's admin client logs its 
 configuration at DEBUG, so that one record is dropped (:class:`_HideClientConfigs`);
 librdkafka prints ``[redacted]`` for its secret properties.
 
-**TLS.** With ``security_protocol`` SSL or SASL_SSL both clients verify the brokers'
-certificate chain (against ``ssl_cafile``, else the system's CAs) and host name; the one option
-that relaxes this is ``ssl_check_hostname=False`` (the chain is still verified). Neither client
+**TLS** (:class:`twophase.kit.Tls`, every prebuilt sink's options; :func:`security_settings`).
+A Kafka listener speaks one protocol, so ``tls`` is ``"off"`` unless given: ``tls="verify"``
+(SSL, or SASL_SSL with ``sasl_mechanism``) makes both clients verify the brokers' certificate
+chain (against ``ca_bundle``, else the system's CAs) and host name; ``tls="require"`` encrypts
+without verifying either, and ``ssl_check_hostname=False`` skips the host name only. Neither client
 says why a handshake failed (kafka-python times out "unable to bootstrap", librdkafka reports
 a transport failure), so :meth:`~KafkaSettings.verify_tls` makes one handshake first, as they
 would, and refuses a certificate they would refuse with a :class:`ConfigurationError` naming
-the cause and the fix, before anything is written. ``ssl_certfile``/``ssl_keyfile`` (and
+the cause and the fix, before anything is written. ``client_cert``/``client_key`` (and
 ``ssl_password`` for an encrypted key) are the client certificate both clients present to a
 listener with ``ssl.client.auth=required`` (mutual TLS). A broker refuses a missing or
 untrusted one with a TLS alert that, in TLS 1.3, arrives only after the client's side of the
@@ -58,6 +60,7 @@ from kafka import KafkaAdminClient, KafkaConsumer
 
 from sinks.kafka.errors import (
     KAFKA_ERRORS,
+    SYSTEM,
     classify,
     client_certificate_refused,
     login_in_question,
@@ -66,7 +69,15 @@ from sinks.kafka.errors import (
 )
 from sinks.kafka.login import PASSWORD_MECHANISMS, refusal
 from twophase import ConfigurationError
-from twophase.kit import ClientCache, SecretOption, classified, reveal
+from twophase.kit import (
+    ClientCache,
+    SecretOption,
+    Tls,
+    TlsMode,
+    classified,
+    renamed_option,
+    reveal,
+)
 
 T = TypeVar("T")
 C = TypeVar("C")
@@ -92,8 +103,11 @@ FIX_HOST_NAME = ("connect to the brokers by a name their certificate lists (boot
                  "and the brokers' advertised.listeners), or have the certificate issued for "
                  "this name; ssl_check_hostname=False turns the host-name check off (the "
                  "certificate chain is still verified)")
-FIX_CA = ("pass ssl_cafile= the PEM file of the CA that issued the brokers' certificates "
+FIX_CA = ("pass ca_bundle= the PEM file of the CA that issued the brokers' certificates "
           "(without it, the system's CAs are trusted)")
+#: The sink's former names of its TLS options, removed in 0.6.0.
+FORMER_TLS_NAMES = {"ssl_cafile": "ca_bundle", "ssl_certfile": "client_cert",
+                    "ssl_keyfile": "client_key"}
 
 API_VERSIONS_KEY = 18
 NULL_CLIENT_ID = -1
@@ -134,6 +148,8 @@ class KafkaSettings:
     ssl_keyfile: str | None = None
     ssl_password: SecretOption | None = field(default=None, repr=False)
     ssl_check_hostname: bool = True
+    #: False: the brokers' certificate chain is not verified either (``tls="require"``).
+    ssl_verify: bool = True
     client_id: str = "twophase"
     request_timeout_ms: int = DEFAULT_REQUEST_TIMEOUT_MS
     connect_timeout_ms: int = DEFAULT_CONNECT_TIMEOUT_MS
@@ -157,7 +173,8 @@ class KafkaSettings:
             "ssl_certfile": self.ssl_certfile,
             "ssl_keyfile": self.ssl_keyfile,
             "ssl_password": reveal(self.ssl_password),
-            "ssl_check_hostname": self.ssl_check_hostname,
+            "ssl_check_hostname": self.ssl_check_hostname and self.ssl_verify,
+            "ssl_context": None if self.ssl_verify or not self.uses_tls else self.tls_context(),
             "client_id": self.client_id,
             "request_timeout_ms": self.request_timeout_ms,
             "bootstrap_timeout_ms": self.connect_timeout_ms,
@@ -179,7 +196,8 @@ class KafkaSettings:
             "ssl.key.location": self.ssl_keyfile,
             "ssl.key.password": reveal(self.ssl_password),
             "ssl.endpoint.identification.algorithm": "https" if self.ssl_check_hostname
-            else "none",
+            and self.ssl_verify else "none",
+            "enable.ssl.certificate.verification": None if self.ssl_verify else "false",
             "client.id": self.client_id,
             "socket.timeout.ms": self.request_timeout_ms,
             "socket.connection.setup.timeout.ms": self.connect_timeout_ms,
@@ -279,9 +297,12 @@ class KafkaSettings:
 
     def tls_context(self) -> ssl.SSLContext:
         """What kafka-python verifies with: the CA file (else the system's), host names unless
-        ``ssl_check_hostname=False``, the client certificate if one is given."""
+        ``ssl_check_hostname=False``, nothing at all with ``tls="require"``, the client
+        certificate if one is given."""
         context = ssl.create_default_context(cafile=self.ssl_cafile)
-        context.check_hostname = self.ssl_check_hostname
+        context.check_hostname = self.ssl_check_hostname and self.ssl_verify
+        if not self.ssl_verify:
+            context.verify_mode = ssl.CERT_NONE
         if self.ssl_certfile is not None:
             context.load_cert_chain(self.ssl_certfile, self.ssl_keyfile,
                                     password=reveal(self.ssl_password))
@@ -326,6 +347,33 @@ class KafkaSettings:
 
 _admins: ClientCache[KafkaSettings, KafkaAdminClient] = ClientCache(
     KafkaSettings.new_admin, lambda settings: settings.secrets, KafkaAdminClient.close)
+
+
+def security_settings(tls: TlsMode | None, ca_bundle: str | None, client_cert: str | None,
+                      client_key: str | None, connection: dict[str, Any]) -> dict[str, Any]:
+    """:class:`KafkaSettings`' protocol and TLS fields from the sink's TLS options and the SASL
+    ones in ``connection`` (its former ``security_protocol``, ``ssl_cafile``, ``ssl_certfile``
+    and ``ssl_keyfile``, taken out of it, warn until 0.6.0; a former ``security_protocol``
+    decides the protocol)."""
+    files = {"ca_bundle": ca_bundle, "client_cert": client_cert, "client_key": client_key}
+    for former, name in FORMER_TLS_NAMES.items():
+        files[name] = renamed_option(SYSTEM, former, connection.pop(former, None), name,
+                                     files[name], stacklevel=4)
+    protocol = renamed_option(
+        SYSTEM, "security_protocol", connection.pop("security_protocol", None), "tls", None,
+        same="tls='verify' for SSL and SASL_SSL, 'off' for PLAINTEXT and SASL_PLAINTEXT; "
+             "SASL is sasl_mechanism=", stacklevel=4)
+    if protocol is not None and tls is not None:
+        raise ConfigurationError(f"{SYSTEM}: security_protocol= and tls= are both given.",
+                                 fix="pass tls= alone (and sasl_mechanism= for SASL)")
+    if protocol is not None:
+        tls = "verify" if str(protocol).upper() in TLS_PROTOCOLS else "off"
+    settings = Tls(tls or "off", files["ca_bundle"], files["client_cert"],
+                   files["client_key"], SYSTEM)
+    sasl = "SASL_" if connection.get("sasl_mechanism") is not None else ""
+    return {"security_protocol": protocol or sasl + ("SSL" if settings.encrypts else "PLAINTEXT"),
+            "ssl_cafile": settings.ca_bundle, "ssl_certfile": settings.client_cert,
+            "ssl_keyfile": settings.client_key, "ssl_verify": settings.mode != "require"}
 
 
 def _address(server: str) -> tuple[str, int]:

@@ -35,7 +35,7 @@ refused, without the user)                  :mod:`~sinks.kafka.login`): their re
                                            the user, as above
 the broker's TLS alert refusing the client  :func:`client_certificate_refused`:
 certificate (none given, or untrusted)      :class:`ConfigurationError` naming
-                                           ``ssl_certfile=``/``ssl_keyfile=``
+                                           ``client_cert=``/``client_key=``
 anything else                              :class:`FatalError` (never retried blindly)
 =========================================  ====================================================
 
@@ -110,15 +110,15 @@ FIX_CLUSTER_ACCESS = ("grant the sink's principal DESCRIBE_CONFIGS on the cluste
                       "producer needs no IDEMPOTENT_WRITE")
 FIX_CREDENTIALS = ("check sasl_mechanism=, sasl_plain_username= and sasl_plain_password= (the "
                    "user must exist on the brokers for that mechanism)")
-FIX_TLS = ("check ssl_cafile= (the CA that issued the brokers' certificates) and that "
+FIX_TLS = ("check ca_bundle= (the CA that issued the brokers' certificates) and that "
            "bootstrap_servers= names the brokers as their certificates do; "
            "ssl_check_hostname=False turns the host-name check off")
 FIX_CLIENT_CERT_MISSING = (
     "the broker's listener requires a client certificate (ssl.client.auth=required): pass "
-    "ssl_certfile= the client certificate (PEM, issued by a CA of the brokers' "
-    "ssl.truststore) and ssl_keyfile= its key (ssl_password= if the key is encrypted)")
+    "client_cert= the client certificate (PEM, issued by a CA of the brokers' "
+    "ssl.truststore) and client_key= its key (ssl_password= if the key is encrypted)")
 FIX_CLIENT_CERT_UNTRUSTED = (
-    "pass ssl_certfile= (and ssl_keyfile=) a client certificate issued by a CA of the "
+    "pass client_cert= (and client_key=) a client certificate issued by a CA of the "
     "brokers' ssl.truststore, or have that CA added to it")
 #: OpenSSL's reasons for a broker's alert that refuses the client certificate (none, or one
 #: it cannot verify): Java's TLS sends certificate_required (TLS 1.3), bad_certificate or
@@ -259,7 +259,7 @@ def client_certificate_refused(server: str, error: ssl.SSLError,
             f"(TLS alert {error.reason}).", fix=FIX_CLIENT_CERT_MISSING)
     return ConfigurationError(
         f"{SYSTEM}: the broker at {server} refuses the client certificate "
-        f"ssl_certfile={certfile!r} (TLS alert {error.reason}: it is not issued by a CA the "
+        f"client_cert={certfile!r} (TLS alert {error.reason}: it is not issued by a CA the "
         "broker trusts).", fix=FIX_CLIENT_CERT_UNTRUSTED)
 
 

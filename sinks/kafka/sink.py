@@ -91,7 +91,7 @@ from kafka.admin import (
 from sinks.kafka import registry
 from sinks.kafka.adapter import ProducerIdentity
 from sinks.kafka.committer import KafkaCommitter
-from sinks.kafka.connection import KafkaSettings
+from sinks.kafka.connection import KafkaSettings, security_settings
 from sinks.kafka.errors import (
     FIX_CLUSTER_ACCESS,
     FIX_TIMEOUT,
@@ -121,7 +121,7 @@ from twophase import (
     TwoPhaseCommitSink,
     TxnId,
 )
-from twophase.kit import classified, namespace_from
+from twophase.kit import TlsMode, classified, namespace_from
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -161,11 +161,16 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTransaction]):
     ids (``attempt_slots`` per partition and batch parity). ``producer_configs`` go to the
     executors' librdkafka producer (``linger.ms``, ``batch.size``, ``compression.type``,
     ``message.max.bytes``...; kafka-python's ``linger_ms``, ``max_request_size``... are
-    translated), never security ones. Security options (``security_protocol``, ``sasl_*``,
-    ``ssl_*``; :mod:`~sinks.kafka.connection`) go to both clients alike: TLS verifies the
-    certificate and host name unless ``ssl_check_hostname=False``; ``sasl_plain_password`` and
-    ``ssl_password`` may be :class:`twophase.Secret` references, and never show in ``repr``,
-    logs or errors. The ACLs the principal needs: :mod:`~sinks.kafka.access`.
+    translated), never security ones. Security options go to both clients alike
+    (:mod:`~sinks.kafka.connection`): ``tls`` (``"off"`` unless given: ``"verify"`` for an SSL
+    or SASL_SSL listener verifies the certificate, against ``ca_bundle``, and the host name
+    unless ``ssl_check_hostname=False``; ``"require"`` verifies neither), ``client_cert``/
+    ``client_key`` (mutual TLS; ``ssl_password`` for an encrypted key) and SASL's own
+    ``sasl_mechanism``, ``sasl_plain_username``, ``sasl_plain_password``. (The TLS options are
+    every prebuilt sink's; the former ``security_protocol``, ``ssl_cafile``, ``ssl_certfile``,
+    ``ssl_keyfile`` work and warn until 0.6.0.) ``sasl_plain_password`` and ``ssl_password``
+    may be :class:`twophase.Secret` references, and never show in ``repr``, logs or errors.
+    The ACLs the principal needs: :mod:`~sinks.kafka.access`.
     """
 
     kind: ClassVar[str] = "kafka"
@@ -186,6 +191,10 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTransaction]):
         registry_topic: str = registry.DEFAULT_REGISTRY_TOPIC,
         registry_replication: int | None = None,
         producer_configs: Mapping[str, Any] | None = None,
+        tls: TlsMode | None = None,
+        ca_bundle: str | None = None,
+        client_cert: str | None = None,
+        client_key: str | None = None,
         **connection: Any,
     ) -> None:
         if (topic is None) == (topic_column is None):
@@ -200,7 +209,8 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTransaction]):
                 fix=f"pass a positive int (default {DEFAULT_TRANSACTION_TIMEOUT_MS})")
         if "extra" in connection:
             connection["extra"] = tuple(dict(connection["extra"]).items())
-        self.settings = KafkaSettings(bootstrap_servers, **connection)
+        security = security_settings(tls, ca_bundle, client_cert, client_key, connection)
+        self.settings = KafkaSettings(bootstrap_servers, **connection, **security)
         self.shape = RecordShape(topic, topic_column, key, value, tuple(headers))
         self.transaction_timeout_ms = transaction_timeout_ms
         self.min_commit_window_ms = min_commit_window_ms
@@ -394,9 +404,9 @@ def _checked_producer_configs(configs: Mapping[str, Any]) -> dict[str, Any]:
     if security:
         raise ConfigurationError(
             f"{SYSTEM}: producer_configs= holds security properties {security}.",
-            fix="pass security_protocol=, sasl_mechanism=, sasl_plain_username=, "
-                "sasl_plain_password=, ssl_cafile=, ssl_certfile=, ssl_keyfile=, ssl_password=, "
-                "ssl_check_hostname= to the sink itself: the driver's client takes them too")
+            fix="pass tls=, ca_bundle=, client_cert=, client_key=, ssl_password=, "
+                "ssl_check_hostname=, sasl_mechanism=, sasl_plain_username=, "
+                "sasl_plain_password= to the sink itself: the driver's client takes them too")
     return dict(configs)
 
 

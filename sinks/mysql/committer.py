@@ -43,7 +43,8 @@ from twophase import (
     TransactionLostError,
     TxnId,
 )
-from twophase.kit import PooledCommitter, classified, query_key, validate_namespace
+from twophase.kit import classified, query_key, validate_namespace
+from twophase.kit.sql import PooledCommitter
 
 if TYPE_CHECKING:
     from sinks.mysql.sink import MySQLXASink

@@ -7,16 +7,16 @@ tables needed), so ``TIMESTAMP`` columns are written and read in UTC whatever th
 ``time_zone`` or the client's ``TZ``. PyMySQL never reconnects by itself (the sink never calls
 ``ping``): an XA connection must not silently become another session.
 
-TLS (:class:`Tls`): ``tls="verify"`` by default: the server's certificate is checked against
-``ca_bundle`` (a PEM file; the system's CA store if None) and must name the host the sink connects
-to (MySQL's ``VERIFY_IDENTITY``). ``tls="require"`` encrypts without checking who answers;
-``tls="off"`` is plain text. ``ssl_cert``/``ssl_key`` (PEM files; the key unencrypted, or in the
-certificate's file if ``ssl_key`` is None) are the client certificate the sink presents, for a user
-created ``REQUIRE X509`` (or ``SUBJECT``/``ISSUER``): mutual TLS. Once TLS is asked for, a server
-that does not offer it is refused before the login is sent (PyMySQL raises 2026): never a silent
-fall back to plain text, as PyMySQL's own default does. The ``SSLContext`` is built once per
-process and settings (loading the system CA store costs about 30 ms of CPU, more than a whole small
-branch, and the sink opens a connection per branch).
+TLS (:class:`twophase.kit.Tls`): ``tls="verify"`` by default: the server's certificate is checked
+against ``ca_bundle`` (a PEM file; the system's CA store if None) and must name the host the sink
+connects to (MySQL's ``VERIFY_IDENTITY``). ``tls="require"`` encrypts without checking who answers;
+``tls="off"`` is plain text. ``client_cert``/``client_key`` (PEM files; the key unencrypted, or in
+the certificate's file if ``client_key`` is None) are the client certificate the sink presents, for
+a user created ``REQUIRE X509`` (or ``SUBJECT``/``ISSUER``): mutual TLS. Once TLS is asked for, a
+server that does not offer it is refused before the login is sent (PyMySQL raises 2026): never a
+silent fall back to plain text, as PyMySQL's own default does. The ``SSLContext`` is built once per
+process and settings (:meth:`twophase.kit.Tls.context`: loading the system CA store costs about 30
+ms of CPU, more than a whole small branch, and the sink opens a connection per branch).
 
 The password (a :class:`twophase.Secret` or the clear text) is revealed only here, when a
 connection is opened; PyMySQL's messages never carry it (an access denied names the user and
@@ -28,28 +28,26 @@ rotated is tried once more (:func:`twophase.kit.retried_if_rotated`).
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import re
-import ssl
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import pymysql
 
 from sinks.mysql.encoding import CONVERSIONS
 from sinks.mysql.errors import SYSTEM, classify, refused_credentials
-from twophase import ConfigurationError
 from twophase.kit import (
-    ConnectionPool,
     Credentials,
     SecretOption,
+    Tls,
     classified,
     retried_if_rotated,
     reveal,
     scrubbed,
 )
+from twophase.kit.sql import ConnectionPool
 
 log = logging.getLogger(__name__)
 
@@ -67,14 +65,9 @@ STRICT_SQL_MODE = ("SESSION sql_mode = CONCAT_WS(',', NULLIF(@@SESSION.sql_mode,
                    "'STRICT_TRANS_TABLES')")
 UTC_TIME_ZONE = "SESSION time_zone = '+00:00'"
 
-TlsMode = Literal["verify", "require", "off"]
-TLS_MODES: tuple[TlsMode, ...] = ("verify", "require", "off")
-#: Verify the certificate and the host name (MySQL's ``ssl-mode=VERIFY_IDENTITY``).
-DEFAULT_TLS: TlsMode = "verify"
-TLS_CONTEXTS_CACHED = 8
-
 #: Connection options the sink owns; ``connect_args`` may add others, not these (TLS is
-#: ``tls=`` and ``ca_bundle=``, so that nothing in ``connect_args`` can weaken it).
+#: ``tls=``, ``ca_bundle=``, ``client_cert=`` and ``client_key=``, so that nothing in
+#: ``connect_args`` can weaken it).
 RESERVED_CONNECT_ARGS = frozenset({
     "host", "port", "user", "password", "passwd", "database", "db", "autocommit",
     "local_infile", "charset", "init_command", "conv", "ssl", "ssl_ca", "ssl_cert", "ssl_key",
@@ -86,71 +79,11 @@ _MARIADB_VERSION_RE = re.compile(r"(\d+)\.(\d+)\.\d+-MariaDB", re.IGNORECASE)
 _MYSQL_VERSION_RE = re.compile(r"^(\d+)\.(\d+)")
 
 
-@dataclass(frozen=True)
-class Tls:
-    """How the sink's connections are secured (see the module docstring)."""
-
-    mode: TlsMode = DEFAULT_TLS
-    ca_bundle: str | None = None
-    #: The client certificate (PEM) the sink presents, and its key (mutual TLS).
-    cert: str | None = None
-    key: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.mode not in TLS_MODES:
-            raise ConfigurationError(f"{SYSTEM}: unknown tls={self.mode!r}.",
-                                     fix=f"use one of {TLS_MODES} ('verify' unless the network "
-                                     "is trusted)")
-        if self.ca_bundle is not None and self.mode != "verify":
-            raise ConfigurationError(
-                f"{SYSTEM}: ca_bundle= is given but tls={self.mode!r} does not verify the "
-                "server's certificate.", fix="use tls='verify' with ca_bundle=, or drop ca_bundle")
-        if self.key is not None and self.cert is None:
-            raise ConfigurationError(f"{SYSTEM}: ssl_key= is given without ssl_cert=.",
-                                     fix="pass ssl_cert= the client certificate of that key")
-        if self.cert is not None and self.mode == "off":
-            raise ConfigurationError(
-                f"{SYSTEM}: ssl_cert= is given but tls='off' sends no certificate.",
-                fix="use tls='verify' (the default) with ssl_cert= and ssl_key=")
-
-    def describe(self) -> str:
-        """The TLS options, as error messages name them (paths, never key contents)."""
-        if self.mode == "off":
-            return "tls='off'"
-        client = "no client certificate" if self.cert is None else f"ssl_cert={self.cert!r}"
-        return f"tls={self.mode!r}, {client}"
-
-    def connect_args(self) -> dict[str, Any]:
-        """PyMySQL's TLS options: the process's shared context, or TLS disabled."""
-        if self.mode == "off":
-            return {"ssl_disabled": True}
-        return {"ssl": tls_context(self.mode, self.ca_bundle, self.cert, self.key)}
-
-
-@functools.lru_cache(maxsize=TLS_CONTEXTS_CACHED)
-def tls_context(mode: TlsMode, ca_bundle: str | None, cert: str | None = None,
-                key: str | None = None) -> ssl.SSLContext:
-    """The process's one client context for ``mode``, ``ca_bundle`` and the client certificate
-    ``cert`` with its ``key`` if given (thread-safe to share).
-
-    ``verify`` drops OpenSSL's X509_STRICT checks, as PyMySQL and libpq do: certificates that
-    servers generate themselves often lack extensions only strict mode asks for.
-    """
-    context = ssl.create_default_context(cafile=ca_bundle if mode == "verify" else None)
-    context.verify_flags &= ~ssl.VERIFY_X509_STRICT
-    if mode == "require":
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-    if cert is not None:
-        try:
-            context.load_cert_chain(cert, key)
-        except (OSError, ssl.SSLError) as error:
-            raise ConfigurationError(
-                f"{SYSTEM}: cannot load the client certificate ssl_cert={cert!r} with its key "
-                f"ssl_key={key!r}: {error}.",
-                fix="pass ssl_cert= and ssl_key= readable PEM files of one key pair (the key "
-                "unencrypted)") from error
-    return context
+def pymysql_tls(tls: Tls) -> dict[str, Any]:
+    """PyMySQL's TLS options for ``tls``: the process's shared context, or TLS disabled."""
+    if not tls.encrypts:
+        return {"ssl_disabled": True}
+    return {"ssl": tls.context()}
 
 
 @dataclass(frozen=True)
@@ -162,7 +95,7 @@ class Server:
     user: str
     password: SecretOption = field(repr=False)
     database: str
-    tls: Tls = field(default_factory=Tls)
+    tls: Tls = field(default_factory=lambda: Tls(system=SYSTEM))
     connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
     read_timeout_s: float | None = DEFAULT_READ_TIMEOUT_S
     lock_wait_timeout_s: int | None = None
@@ -219,7 +152,7 @@ def open_connection(tls: Tls, **options: Any) -> Connection:
     which falls back to plain text), parameters escaped with
     :data:`~sinks.mysql.encoding.CONVERSIONS` (aware datetimes as naive UTC) unless ``conv``
     is given."""
-    return pymysql.connect(**{"conv": CONVERSIONS, **options, **tls.connect_args()})
+    return pymysql.connect(**{"conv": CONVERSIONS, **options, **pymysql_tls(tls)})
 
 
 def close_quietly(conn: Connection | None) -> None:
@@ -252,6 +185,7 @@ def is_mariadb(conn: Connection) -> bool:
 
 def pool(connect: Callable[[], Connection], *, size: int,
          max_idle_s: float | None = None) -> ConnectionPool[Connection]:
-    """A committer's pool of ``connect``'s connections (:class:`twophase.kit.ConnectionPool`)."""
+    """A committer's pool of ``connect``'s connections
+    (:class:`twophase.kit.sql.ConnectionPool`)."""
     return ConnectionPool(connect, close=close_quietly, usable=lambda conn: bool(conn.open),
                           max_idle=size, max_idle_s=max_idle_s)

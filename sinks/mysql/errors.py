@@ -15,11 +15,12 @@ a value Python cannot send         :func:`unsendable`: :class:`SchemaMismatchErr
 a certificate refused (2003 with   :class:`ConfigurationError` naming ``tls=``/``ca_bundle=``
 OpenSSL's reason), no TLS offered  (``host=`` for a name the certificate lacks): never retried,
 (2026), plain text refused (4151)  never a fall back to plain text
-the client certificate refused     :class:`ConfigurationError` naming ``ssl_cert=``/``ssl_key=``
+the client certificate refused     :class:`ConfigurationError` naming ``client_cert=`` and
+                                   ``client_key=``
 (2003/2006/2013 with its alert);    (1045 names the password and the client certificate: the
 none given to a user REQUIRE X509  server answers both alike); MariaDB closing the TLS
 (1045), closed without an alert    connection at the login (TLS 1.3, another CA's certificate)
-(2006/2013 with SSLEOFError)       stays retryable, its fix naming ``ssl_cert=`` too
+(2006/2013 with SSLEOFError)       stays retryable, its fix naming ``client_cert=`` too
 ``mode="keyed"``'s READ COMMITTED  :class:`ConfigurationError` naming ``binlog_format``
 refused by a server logging
 statements (1665)
@@ -96,7 +97,8 @@ FIX_TLS_HOST_NAME = (
     "is right: the issuer was verified); only on a network you trust, tls='require' encrypts "
     "without verifying")
 FIX_TLS_OFFERED = (
-    "configure TLS on the server (ssl_cert, ssl_key; require_secure_transport=ON), or, only on "
+    "configure TLS on the server (its ssl_cert and ssl_key; require_secure_transport=ON), or, "
+    "only on "
     "a network you trust, tls='off'")
 FIX_TLS_REQUIRED = "the server accepts TLS connections only: use tls='verify' (the default)"
 #: MariaDB and MySQL answer a login without the client certificate a user REQUIREs (or with
@@ -104,30 +106,30 @@ FIX_TLS_REQUIRED = "the server accepts TLS connections only: use tls='verify' (t
 FIX_ACCESS_DENIED = (
     "check the user and password given to the sink; if the user is created REQUIRE X509, "
     "SUBJECT or ISSUER, the server requires a client certificate too (it denies a login "
-    "without one this way): pass ssl_cert= the client certificate (issued by a CA of the "
-    "server's ssl_ca, of the subject it REQUIREs) and ssl_key= its key. MariaDB also answers "
+    "without one this way): pass client_cert= the client certificate (issued by a CA of the "
+    "server's ssl_ca, of the subject it REQUIREs) and client_key= its key. MariaDB also answers "
     "a plain-text login this way when it has require_secure_transport=ON: then use "
     "tls='verify', the default, not tls='off'")
 #: The server's TLS refused the certificate the sink presented (an alert in the handshake).
 FIX_CLIENT_CERT = (
-    "the server does not accept the client certificate ssl_cert= (it is not issued by a CA of "
-    "the server's ssl_ca): pass ssl_cert= and ssl_key= a certificate issued by the CA the "
+    "the server does not accept the client certificate client_cert= (it is not issued by a CA of "
+    "the server's ssl_ca): pass client_cert= and client_key= a certificate issued by the CA the "
     "server trusts for clients")
 #: A TLS connection the server closed without a word (no close_notify): a crash or the network
 #: mid-session; and at the login, with TLS 1.3, MariaDB's refusal of a client certificate when
 #: its alert is lost (it closes the socket with the login unread: the reset may overtake the
 #: alert). Retried, the fix naming both.
 FIX_TLS_CLOSED = (
-    f"{FIX_RETRY}; if it happens at every login with ssl_cert= given, the server does not "
+    f"{FIX_RETRY}; if it happens at every login with client_cert= given, the server does not "
     "accept that client certificate (it is not issued by a CA of the server's ssl_ca): pass "
-    "ssl_cert= and ssl_key= a certificate issued by the CA the server trusts for clients")
+    "client_cert= and client_key= a certificate issued by the CA the server trusts for clients")
 #: With TLS 1.3 the server's alert refusing the client certificate comes after the client's
 #: side of the handshake: PyMySQL reports it as a lost connection (2006, 2013).
 _CLIENT_CERT_ALERTS = (Condition("ALERT_UNKNOWN_CA", (ConfigurationError, FIX_CLIENT_CERT)),
                        Condition("ALERT_BAD_CERTIFICATE", (ConfigurationError, FIX_CLIENT_CERT)))
 _LOST_AT_TLS = (*_CLIENT_CERT_ALERTS, Condition("SSLEOFError", (RetryableError, FIX_TLS_CLOSED)))
 FIX_GRANT = ("GRANT the sink's user the privilege named above (the grants the sink needs are "
-             "listed in the README's Security section)")
+             "listed in docs/sinks/mysql.md, 'Grants')")
 FIX_GRANT_DATABASE = (
     f"{FIX_GRANT}; MariaDB refuses a database that does not exist this way too, to a user "
     "without privileges there: check the sink's database name first")

@@ -47,8 +47,9 @@ secondary UNIQUE key rather than the PRIMARY KEY, InnoDB's duplicate checks stil
 that index: neighbouring new keys of two tasks may wait for each other's prepared branch until
 ``lock_wait_timeout_s``.
 
-The tombstone table ``_twophase_tombstones_<table>`` (:func:`~twophase.kit.tombstone_table_name`,
-64 characters at most) sits in the target's database: the key columns and the version column with
+The tombstone table ``_twophase_tombstones_<table>``
+(:func:`~twophase.kit.sql.tombstone_table_name`, 64 characters at most) sits in the target's
+database: the key columns and the version column with
 the target's own types (``CREATE TABLE ... SELECT ... LIMIT 0``), the key its primary key, and
 ``deleted_at`` (UTC), indexed for :meth:`KeyedTables.purge`.
 """
@@ -76,7 +77,8 @@ from sinks.mysql.schema import (
     table_engine,
 )
 from twophase import Column, SchemaMismatchError
-from twophase.kit import TOMBSTONE_TIME_COLUMN, Change, Keyed, newer_than, tombstone_table_name
+from twophase.kit import Change, Keyed, newer_than
+from twophase.kit.sql import TOMBSTONE_TIME_COLUMN, tombstone_table_name
 
 log = logging.getLogger(__name__)
 

@@ -188,7 +188,7 @@ def check_privileges(conn: Connection, wanted: Mapping[Table, tuple[Sequence[str
         raise ConfigurationError(
             f"user {user!r} lacks {', '.join(missing)}.",
             fix="GRANT " + "; GRANT ".join(f"{m} TO {quote_user(user)}" for m in missing)
-            + " (the README's Security section lists what the sink needs)")
+            + " (docs/sinks/mysql.md, 'Grants', lists what the sink needs)")
 
 
 def _granted(conn: Connection, probe: str) -> bool:

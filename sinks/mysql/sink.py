@@ -104,13 +104,10 @@ from sinks.mysql.connection import (
     DEFAULT_CONNECT_TIMEOUT_S,
     DEFAULT_PORT,
     DEFAULT_READ_TIMEOUT_S,
-    DEFAULT_TLS,
     RESERVED_CONNECT_ARGS,
     WRITER_IDLE_TIMEOUT_S,
     Connection,
     Server,
-    Tls,
-    TlsMode,
     close_quietly,
 )
 from sinks.mysql.encoding import Chunk, RowChunk
@@ -139,16 +136,20 @@ from twophase import (
 )
 from twophase.kit import (
     DEFAULT_CHUNK_SIZE,
+    DEFAULT_TLS,
     DEFAULT_TOMBSTONE_RETENTION_S,
     KEYED,
     Keyed,
     Mode,
     Secret,
     SecretOption,
+    Tls,
+    TlsMode,
     chunks,
     classified,
     namespace_from,
     qualified_namespace,
+    renamed_option,
     validate_chunk_size,
     validate_keyed,
     validate_mode,
@@ -194,9 +195,10 @@ class MySQLXASink(TwoPhaseCommitSink[MySQLBranch]):
     ``tls``: ``"verify"`` (the default: the certificate must come from a CA of ``ca_bundle``,
     the system's CA store if None, and name ``host``), ``"require"`` (encrypted, not verified),
     ``"off"`` (plain text); TLS asked for and not offered is refused, never a fall back.
-    ``ssl_cert``/``ssl_key``: the client certificate and its key (PEM files, the key
+    ``client_cert``/``client_key``: the client certificate and its key (PEM files, the key
     unencrypted) the sink presents, for a user the server requires one of (``REQUIRE X509``,
-    ``SUBJECT``, ``ISSUER``): mutual TLS.
+    ``SUBJECT``, ``ISSUER``): mutual TLS. (The TLS options are every prebuilt sink's; the former
+    ``ssl_cert``/``ssl_key`` work and warn until 0.6.0.)
     ``table``: the target table in ``database``; it must exist and be InnoDB.
     ``mode``: ``"insert"`` (a repeated key is an error), ``"upsert"`` (``INSERT ... ON
     DUPLICATE KEY UPDATE`` every written column, whatever comes last; the table needs a
@@ -239,8 +241,8 @@ class MySQLXASink(TwoPhaseCommitSink[MySQLBranch]):
         port: int = DEFAULT_PORT,
         tls: TlsMode = DEFAULT_TLS,
         ca_bundle: str | None = None,
-        ssl_cert: str | None = None,
-        ssl_key: str | None = None,
+        client_cert: str | None = None,
+        client_key: str | None = None,
         mode: Mode = "insert",
         key: Sequence[str] = (),
         version: str | None = None,
@@ -255,7 +257,11 @@ class MySQLXASink(TwoPhaseCommitSink[MySQLBranch]):
         read_timeout_s: float | None = DEFAULT_READ_TIMEOUT_S,
         lock_wait_timeout_s: int | None = None,
         connect_args: Mapping[str, Any] | None = None,
+        ssl_cert: str | None = None,
+        ssl_key: str | None = None,
     ) -> None:
+        client_cert = renamed_option(SYSTEM, "ssl_cert", ssl_cert, "client_cert", client_cert)
+        client_key = renamed_option(SYSTEM, "ssl_key", ssl_key, "client_key", client_key)
         self.mode = validate_mode(SYSTEM, mode, key, key_required=False)
         self.key = tuple(key)
         keyed = validate_keyed(SYSTEM, mode, key, version, deleted,
@@ -264,7 +270,8 @@ class MySQLXASink(TwoPhaseCommitSink[MySQLBranch]):
         self.bulk = _validated_bulk(bulk, self.mode)
         self.fencing = fencing
         self.server = Server(host=host, port=port, user=user, password=password,
-                             database=database, tls=Tls(tls, ca_bundle, ssl_cert, ssl_key),
+                             database=database, tls=Tls(tls, ca_bundle, client_cert, client_key,
+                                                             SYSTEM),
                              connect_timeout_s=connect_timeout_s,
                              read_timeout_s=read_timeout_s, lock_wait_timeout_s=lock_wait_timeout_s,
                              connect_args=_validated_connect_args(connect_args or {}))

@@ -1,7 +1,7 @@
 """The driver side: :class:`PostgresCommitter` commits and aborts one batch's transactions,
 lists the namespace's transactions in doubt and purges old markers, all on its pooled sessions.
 
-Autocommit sessions are pooled for the committer's life (:class:`twophase.kit.ConnectionPool`):
+Autocommit sessions are pooled for the committer's life (:class:`twophase.kit.sql.ConnectionPool`):
 a batch of N handles opens about ``min(N, commit_parallelism)`` sessions. Commit: ``COMMIT
 PREPARED``; an unknown gid (42704) is ALREADY_COMMITTED if the marker row is visible, else the
 transaction is lost; either way the marker is stamped with the commit time. Abort: ``ROLLBACK
@@ -40,7 +40,8 @@ from sinks.postgres.keyed import count_tombstones, purge_tombstones
 from sinks.postgres.prepared import gid_of, gid_of_handle, prepared_in, resolve
 from sinks.postgres.staging import StagedPublisher, delete_staged, staged_in
 from twophase import AbortOutcome, CommitOutcome, Handle
-from twophase.kit import PooledCommitter, validate_namespace
+from twophase.kit import validate_namespace
+from twophase.kit.sql import PooledCommitter
 
 if TYPE_CHECKING:
     from sinks.postgres.sink import PostgresSink

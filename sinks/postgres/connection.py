@@ -9,12 +9,15 @@ leaves the server's setting, by default no limit) and ``application_name=twophas
 session also gets ``idle_in_transaction_session_timeout``: the unprepared transaction of a
 writer whose host vanished ends, and frees its row locks, after ``WRITER_IDLE_TIMEOUT_S``.
 
-TLS: ``sslmode="verify-full"`` by default: the server's certificate must come from a CA of
-``ca_bundle`` (libpq's ``sslrootcert``: a PEM file, or ``"system"`` for the system's CA store
-with libpq >= 16; libpq's own default ``~/.postgresql/root.crt`` if None) and name the host
-connected to. libpq's own default, ``prefer``, checks nothing and falls back to plain text, as
-``allow`` does: both are refused. ``verify-ca`` skips the host name, ``require`` encrypts
-without verifying, ``disable`` is plain text (the one way to relax it, named in the errors).
+TLS (:class:`twophase.kit.Tls`, every prebuilt sink's options): ``tls="verify"`` by default
+(libpq's ``sslmode=verify-full``): the server's certificate must come from a CA of ``ca_bundle``
+(libpq's ``sslrootcert``: a PEM file, or ``"system"`` for the system's CA store with libpq >= 16;
+libpq's own default ``~/.postgresql/root.crt`` if None) and name the host connected to.
+``tls="require"`` encrypts without verifying, ``tls="off"`` is plain text (``disable``). libpq's
+own default, ``prefer``, checks nothing and falls back to plain text, as ``allow`` does: neither
+is offered. ``client_cert``/``client_key`` (libpq's ``sslcert``/``sslkey``) are the client
+certificate the sink presents: mutual TLS. The former ``sslmode=`` (``verify-ca`` among its
+values) works and warns until 0.6.0.
 
 The password (a :class:`twophase.Secret` or the clear text) is revealed only here, when a
 session is opened; libpq's messages do not carry it, and
@@ -36,14 +39,16 @@ from psycopg import pq
 from sinks.postgres.errors import SYSTEM, classify, refused_credentials
 from twophase import ConfigurationError
 from twophase.kit import (
-    ConnectionPool,
     Credentials,
     SecretOption,
+    Tls,
+    TlsMode,
     classified,
     retried_if_rotated,
     reveal,
     scrubbed,
 )
+from twophase.kit.sql import ConnectionPool
 
 Connection = psycopg.Connection[Any]
 
@@ -51,8 +56,9 @@ DEFAULT_PORT = 5432
 DEFAULT_CONNECT_TIMEOUT_S = 10
 SslMode = Literal["verify-full", "verify-ca", "require", "disable"]
 SSL_MODES: tuple[SslMode, ...] = ("verify-full", "verify-ca", "require", "disable")
-#: Verify the certificate and the host name (libpq's default, ``prefer``, does neither).
-DEFAULT_SSLMODE: SslMode = "verify-full"
+#: libpq's ``sslmode`` of each ``tls=`` (its own default, ``prefer``, verifies nothing).
+SSLMODE_OF_TLS: Mapping[TlsMode, SslMode] = {"verify": "verify-full", "require": "require",
+                                            "off": "disable"}
 APPLICATION_NAME = "twophase"
 #: A writer's unprepared transaction ends on the server after this long idle in it.
 WRITER_IDLE_TIMEOUT_S = 600
@@ -60,11 +66,13 @@ WRITER_IDLE_TIMEOUT_S = 600
 #: otherwise: InnoDB's default. A wait on a prepared transaction's lock can last until the
 #: decision, which may wait for the waiting task itself: without a bound, a batch could hang.
 DEFAULT_LOCK_TIMEOUT_S = 50.0
-#: Connection options the sink owns; ``connect_args`` may add others, not these (TLS is
-#: ``sslmode=`` and ``ca_bundle=``, so that nothing in ``connect_args`` can weaken it).
+#: Connection options the sink owns; ``connect_args`` may add others, not these (TLS is the
+#: sink's ``tls=``, ``ca_bundle=``, ``client_cert=``, ``client_key=``, so that nothing in
+#: ``connect_args`` can weaken it).
 RESERVED_CONNECT_ARGS = frozenset({"host", "port", "user", "password", "dbname", "autocommit",
                                    "options", "application_name", "sslmode", "connect_timeout",
-                                   "sslrootcert", "sslnegotiation", "passfile", "service"})
+                                   "sslrootcert", "sslnegotiation", "passfile", "service",
+                                   "sslcert", "sslkey"})
 
 
 @dataclass(frozen=True)
@@ -76,8 +84,9 @@ class Server:
     user: str
     password: SecretOption = field(repr=False)
     database: str
-    sslmode: SslMode = DEFAULT_SSLMODE
-    ca_bundle: str | None = None
+    tls: Tls = field(default_factory=lambda: Tls(system=SYSTEM))
+    #: ``tls="verify"`` without the host name's check (the former ``sslmode="verify-ca"``).
+    check_host_name: bool = True
     connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
     lock_timeout_s: float | None = DEFAULT_LOCK_TIMEOUT_S
     connect_args: Mapping[str, Any] = field(default_factory=dict)
@@ -89,16 +98,20 @@ class Server:
                 f"{SYSTEM}: lock_timeout_s={self.lock_timeout_s!r} must be positive seconds "
                 "(or None: the server's lock_timeout, by default no limit).",
                 fix=f"leave it at {DEFAULT_LOCK_TIMEOUT_S:.0f} or pass positive seconds")
-        if self.sslmode not in SSL_MODES:
-            raise ConfigurationError(
-                f"{SYSTEM}: sslmode={self.sslmode!r} is refused: libpq's 'prefer' and 'allow' "
-                "fall back to plain text without a word, and check no certificate.",
-                fix=f"use one of {SSL_MODES} ('verify-full', the default, unless the network "
-                "is trusted)")
-        if self.ca_bundle is not None and not self.sslmode.startswith("verify"):
-            raise ConfigurationError(
-                f"{SYSTEM}: ca_bundle= is given but sslmode={self.sslmode!r} does not verify the "
-                "server's certificate.", fix="use sslmode='verify-full' with ca_bundle=")
+
+    @property
+    def sslmode(self) -> SslMode:
+        """libpq's ``sslmode`` of :attr:`tls`."""
+        if self.tls.verifies and not self.check_host_name:
+            return "verify-ca"
+        return SSLMODE_OF_TLS[self.tls.mode]
+
+    def libpq_tls(self) -> dict[str, Any]:
+        """libpq's TLS options (``sslmode``, and the files given)."""
+        files = {"sslrootcert": self.tls.ca_bundle, "sslcert": self.tls.client_cert,
+                 "sslkey": self.tls.client_key}
+        return {"sslmode": self.sslmode} | {name: path for name, path in files.items()
+                                             if path is not None}
 
     @property
     def address(self) -> str:
@@ -123,16 +136,15 @@ class Server:
         if writer:
             settings["idle_in_transaction_session_timeout"] = f"{WRITER_IDLE_TIMEOUT_S}s"
         options = " ".join(f"-c {name}={value}" for name, value in settings.items())
-        tls: dict[str, Any] = {} if self.ca_bundle is None else {"sslrootcert": self.ca_bundle}
         password = reveal(self.password) or ""
         with classified(scrubbed(classify, password),
-                        self.on(f"connecting as user {self.user!r} (sslmode={self.sslmode!r})"),
+                        self.on(f"connecting as user {self.user!r} ({self.tls.describe()})"),
                         psycopg.Error):
             return psycopg.connect(
                 host=self.host, port=self.port, user=self.user, password=password,
                 dbname=self.database, autocommit=autocommit, options=options,
-                application_name=APPLICATION_NAME, sslmode=self.sslmode,
-                connect_timeout=max(1, int(self.connect_timeout_s)), **tls,
+                application_name=APPLICATION_NAME,
+                connect_timeout=max(1, int(self.connect_timeout_s)), **self.libpq_tls(),
                 **self.connect_args)
 
     @contextlib.contextmanager
@@ -148,6 +160,22 @@ class Server:
     def pool(self, size: int) -> ConnectionPool[Connection]:
         """Autocommit sessions a committer's threads share (see the kit's pool)."""
         return ConnectionPool(self.connect, close=close_quietly, usable=_idle, max_idle=size)
+
+
+def tls_settings(mode: TlsMode, ca_bundle: str | None, client_cert: str | None,
+                 client_key: str | None, sslmode: SslMode | None = None) -> dict[str, Any]:
+    """:class:`Server`'s ``tls`` and ``check_host_name`` from the sink's options; the former
+    ``sslmode``, if given, decides the mode (``verify-ca``: verified, the host name not)."""
+    if sslmode is not None:
+        if sslmode not in SSL_MODES:
+            raise ConfigurationError(
+                f"{SYSTEM}: sslmode={sslmode!r} is refused: libpq's 'prefer' and 'allow' fall "
+                "back to plain text without a word, and check no certificate.",
+                fix="pass tls='verify' (the default) unless the network is trusted")
+        mode = next(tls for tls, libpq in SSLMODE_OF_TLS.items()
+                    if libpq == sslmode.replace("verify-ca", "verify-full"))
+    return {"tls": Tls(mode, ca_bundle, client_cert, client_key, SYSTEM),
+            "check_host_name": sslmode != "verify-ca"}
 
 
 def _idle(conn: Connection) -> bool:

@@ -17,15 +17,15 @@ a client error (no SQLSTATE)       by psycopg's exception type: a lost or closed
 42704 on ``COMMIT PREPARED``       no such gid: the committer reads the marker (committed) or
                                    calls it :func:`lost` (kit wording)
 a certificate refused (another CA, :class:`ConfigurationError` naming ``ca_bundle=`` (or
-another host name, no CA given)    ``host=``) and ``sslmode='require'``: never retried, never a
+another host name, no CA given)    ``host=``) and ``tls='require'``: never retried, never a
                                    fall back
 a server without TLS               :class:`ConfigurationError` naming both ways out: TLS on the
-                                   server (with a ``hostssl`` line), or ``sslmode='disable'``
+                                   server (with a ``hostssl`` line), or ``tls='off'``
                                    on a trusted network; never a mode that needs TLS too
 no pg_hba.conf line (for plain     :class:`ConfigurationError`: the ``hostssl`` line takes TLS
-text, or for any encryption)       only (``sslmode='verify-full'``), else the line to add
-a client certificate required      :class:`ConfigurationError` naming libpq's ``sslcert`` and
-(none given, another CA's, another ``sslkey`` (``connect_args=``) and what the certificate
+text, or for any encryption)       only (``tls='verify'``), else the line to add
+a client certificate required      :class:`ConfigurationError` naming ``client_cert=`` and
+(none given, another CA's, another ``client_key=`` and what the certificate
 user's under ``verify-full``)      must be: issued by the server's CA, named for the user
 55P03 (a lock wait ran out) in a   :func:`sinks.postgres.locks.classify_lock_wait`: the
 writer                             holder named (a prepared transaction of the same batch:
@@ -80,21 +80,21 @@ FIX_ROWS = "fix the rows (or the table definition) and restart the query"
 FIX_PREPARED_OFF = ("set max_prepared_transactions to at least twice the partitions of a "
                     "batch in postgresql.conf and restart the server")
 FIX_PRIVILEGE = ("GRANT the sink's user the privilege named above (the grants the sink needs "
-                 "are listed in the README's Security section)")
+                 "are listed in docs/sinks/postgres.md, 'Grants')")
 FIX_TLS = (
     "the server's certificate must be issued by a CA of ca_bundle= (libpq's sslrootcert) and, "
-    "with sslmode='verify-full' (the default), name the host the sink connects to: pass "
+    "with tls='verify' (the default), name the host the sink connects to: pass "
     "ca_bundle= the CA that issued it, or connect by a name the certificate holds; only on a "
-    "network you trust, sslmode='require' encrypts without verifying")
+    "network you trust, tls='require' encrypts without verifying")
 FIX_HOST_NAME = (
     "the server's certificate does not name the host the sink connects to: connect by a name "
-    "it holds (host=), or have the server present a certificate for this name; "
-    "sslmode='verify-ca' (keeping ca_bundle=) checks the issuer but not the name; only on a "
-    "network you trust, sslmode='require' encrypts without verifying")
+    "it holds (host=), or have the server present a certificate for this name (ca_bundle= is "
+    "right: the issuer was verified); only on a network you trust, tls='require' encrypts "
+    "without verifying")
 FIX_NO_CA = (
     "no CA to check the server's certificate with (libpq looked for ~/.postgresql/root.crt): "
     "pass ca_bundle= the CA that issued it (a PEM file, or 'system' for the system's CA store "
-    "with libpq >= 16); only on a network you trust, sslmode='require' encrypts without "
+    "with libpq >= 16); only on a network you trust, tls='require' encrypts without "
     "verifying")
 #: The server has no TLS at all: every mode but plain text fails the same way, so this names
 #: the two ways out and no other mode (a fix that names one leads the user in a circle).
@@ -103,10 +103,10 @@ FIX_TLS_OFF = (
     "ssl_key_file in postgresql.conf; a 'hostssl' line for this host, user and database in "
     "pg_hba.conf in place of its 'host' line, so that plain text is refused; then reload) and "
     "pass ca_bundle= the CA that issued its certificate; or, only on a network you trust, "
-    "sslmode='disable' (plain text)")
+    "tls='off' (plain text)")
 FIX_HBA_TLS_ONLY = (
     "the server's pg_hba.conf takes this host, user and database over TLS only ('hostssl' "
-    "lines) or not at all: use sslmode='verify-full' (the default) with ca_bundle= the CA that "
+    "lines) or not at all: use tls='verify' (the default) with ca_bundle= the CA that "
     "issued the server's certificate; if it has no 'hostssl' line for them either, the "
     "server's administrator must add one")
 FIX_HBA = (
@@ -114,15 +114,15 @@ FIX_HBA = (
     "server's administrator must add one ('hostssl <database> <user> <address> scram-sha-256' "
     "takes TLS connections only, as the sink makes them) and reload the server "
     "(SELECT pg_reload_conf())")
-_CLIENT_CERT_OPTIONS = ("connect_args={'sslcert': <client certificate, PEM>, 'sslkey': <its key, "
-                        "readable by the owner only>}")
+_CLIENT_CERT_OPTIONS = ("client_cert= <the client certificate, PEM> and client_key= <its key, "
+                        "readable by the owner only>")
 FIX_CLIENT_CERT_MISSING = (
     "the server's pg_hba.conf line for this host, user and database requires a client "
     "certificate (clientcert=verify-ca/verify-full, or the cert method): pass "
     f"{_CLIENT_CERT_OPTIONS}, a certificate issued by a CA of the server's ssl_ca_file (with "
     "verify-full or cert, its common name the user name)")
 FIX_CLIENT_CERT_UNTRUSTED = (
-    "the server does not accept the client certificate given (libpq's sslcert): it is not "
+    "the server does not accept the client certificate given (client_cert=): it is not "
     "issued by a CA of the server's ssl_ca_file; pass "
     f"{_CLIENT_CERT_OPTIONS} with a certificate issued by that CA")
 FIX_CLIENT_CERT_NAME = (

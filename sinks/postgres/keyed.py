@@ -19,7 +19,7 @@ executor, staged   the rows as they came into the staging table, the delete mark
                    the boolean ``_twophase_deleted`` (:func:`staged_rows`,
                    :func:`staged_batches`); the staging table numbers them (``_twophase_seq``)
 driver, staged     :func:`apply_staged`: the staged rows of the batch's handles, moved into a
-                   temporary table, applied by :func:`twophase.kit.keyed_apply_statements`
+                   temporary table, applied by :func:`twophase.kit.sql.keyed_apply_statements`
                    (reduce with ``ROW_NUMBER``, drop what is not newer, delete, keep tombstones,
                    upsert with the version guard) in the publishing transaction
 tombstones         ``_twophase_tombstones_<table>`` beside the target (:func:`tombstones_of`):
@@ -46,17 +46,8 @@ from psycopg import sql
 from sinks.postgres.bulk import upsert_rows
 from sinks.postgres.connection import Connection
 from sinks.postgres.schema import MAX_IDENTIFIER, Table, exists
-from twophase.kit import (
-    DELETED_FLAG,
-    TOMBSTONE_TIME_COLUMN,
-    Change,
-    Keyed,
-    as_utc,
-    is_delete,
-    keyed_apply_statements,
-    newer_than,
-    tombstone_table_name,
-)
+from twophase.kit import DELETED_FLAG, Change, Keyed, as_utc, is_delete, newer_than
+from twophase.kit.sql import TOMBSTONE_TIME_COLUMN, keyed_apply_statements, tombstone_table_name
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -96,12 +96,12 @@ from sinks.postgres.connection import (
     DEFAULT_CONNECT_TIMEOUT_S,
     DEFAULT_LOCK_TIMEOUT_S,
     DEFAULT_PORT,
-    DEFAULT_SSLMODE,
     RESERVED_CONNECT_ARGS,
     Connection,
     Server,
     SslMode,
     close_quietly,
+    tls_settings,
 )
 from sinks.postgres.errors import SYSTEM, classify_unprepared, wrong_width
 from sinks.postgres.keyed import (
@@ -135,15 +135,18 @@ from twophase import (
 )
 from twophase.kit import (
     DEFAULT_CHUNK_SIZE,
+    DEFAULT_TLS,
     DEFAULT_TOMBSTONE_RETENTION_S,
     KEYED,
     Mode,
     Secret,
     SecretOption,
+    TlsMode,
     chunks,
     classified,
     namespace_from,
     qualified_namespace,
+    renamed_option,
     rows_of,
     transaction_id_reused,
     validate_chunk_size,
@@ -189,16 +192,18 @@ class PostgresSink(TwoPhaseCommitSink[PostgresTransaction]):
     ``publish``: ``"prepared"`` (one prepared transaction per partition; keyed: rows routed by
     key, :meth:`route_key`) or ``"staged"`` (rows staged in ``staging_table``, default
     ``_twophase_staged_<table>``, published by the driver in one local transaction: see
-    :mod:`sinks.postgres.staging`; insert and keyed modes). ``sslmode``: ``"verify-full"``
-    (the default: the certificate must come from a CA of ``ca_bundle``, libpq's
-    ``sslrootcert``, and name ``host``), ``"verify-ca"``, ``"require"`` (encrypted, not
-    verified) or ``"disable"``; libpq's ``prefer``/``allow`` (a silent fall back to plain text)
-    are refused. ``lock_timeout_s``: how long a statement of the sink's sessions waits for a
+    :mod:`sinks.postgres.staging`; insert and keyed modes). ``tls``: ``"verify"`` (the
+    default: the certificate must come from a CA of ``ca_bundle``, libpq's ``sslrootcert``, and
+    name ``host``), ``"require"`` (encrypted, not verified) or ``"off"`` (plain text); libpq's
+    ``prefer``/``allow`` (a silent fall back to plain text) are not offered.
+    ``client_cert``/``client_key``: the client certificate and its key (PEM files, libpq's
+    ``sslcert``/``sslkey``) for a ``clientcert=`` line of ``pg_hba.conf``: mutual TLS. (The
+    TLS options are every prebuilt sink's; the former ``sslmode=`` works and warns until
+    0.6.0.) ``lock_timeout_s``: how long a statement of the sink's sessions waits for a
     lock (``lock_timeout``) before it fails naming the holder: ``DEFAULT_LOCK_TIMEOUT_S`` (50 s)
     unless given; None, passed explicitly, leaves the server's setting (by default no limit:
     a keyed task waiting on another task's prepared transaction would hang its batch).
-    ``connect_args``: further libpq options (not TLS: that is ``sslmode=`` and
-    ``ca_bundle=``).
+    ``connect_args``: further libpq options (not TLS: that is ``tls=`` and its options).
     """
 
     kind: ClassVar[str] = "postgres"
@@ -220,27 +225,39 @@ class PostgresSink(TwoPhaseCommitSink[PostgresTransaction]):
         tombstone_retention_s: float = DEFAULT_TOMBSTONE_RETENTION_S,
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         marker_table: str = DEFAULT_MARKER_TABLE,
-        sslmode: SslMode = DEFAULT_SSLMODE,
+        tls: TlsMode = DEFAULT_TLS,
         ca_bundle: str | None = None,
+        client_cert: str | None = None,
+        client_key: str | None = None,
         connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
         lock_timeout_s: float | None = DEFAULT_LOCK_TIMEOUT_S,
         connect_args: Mapping[str, Any] | None = None,
         publish: Publish = "prepared",
         staging_table: str | None = None,
+        sslmode: SslMode | None = None,
     ) -> None:
+        former_tls: SslMode | None = renamed_option(
+            SYSTEM, "sslmode", sslmode, "tls", None,
+            same="'verify' for 'verify-full', 'off' for 'disable'")
+        libpq_args = dict(connect_args or {})
+        client_cert = renamed_option(SYSTEM, "connect_args['sslcert']",
+                                     libpq_args.pop("sslcert", None), "client_cert", client_cert)
+        client_key = renamed_option(SYSTEM, "connect_args['sslkey']",
+                                    libpq_args.pop("sslkey", None), "client_key", client_key)
         self.mode = validate_mode(SYSTEM, mode, key)
         self.keyed = validate_keyed(SYSTEM, self.mode, key, version, deleted,
                                     tombstone_retention_s=tombstone_retention_s)
         self.publish = validate_publish(SYSTEM, publish, self.mode)
         self.key = tuple(key)
         self.chunk_size = validate_chunk_size(SYSTEM, chunk_size)
-        if reserved := sorted(RESERVED_CONNECT_ARGS & set(connect_args or {})):
+        if reserved := sorted(RESERVED_CONNECT_ARGS & set(libpq_args)):
             raise ConfigurationError(f"{SYSTEM}: connect_args {reserved} are set by the sink "
                                      "itself.", fix="pass them as the sink's own options")
         self.server = Server(host=host, port=port, user=user, password=password,
-                             database=database, sslmode=sslmode, ca_bundle=ca_bundle,
+                             database=database,
+                             **tls_settings(tls, ca_bundle, client_cert, client_key, former_tls),
                              connect_timeout_s=connect_timeout_s, lock_timeout_s=lock_timeout_s,
-                             connect_args=dict(connect_args or {}))
+                             connect_args=libpq_args)
         self.table = table
         self.target = Table(schema, table)
         self.markers = Markers(Table(schema, marker_table))
@@ -254,7 +271,7 @@ class PostgresSink(TwoPhaseCommitSink[PostgresTransaction]):
         password = server.password if isinstance(server.password, Secret) else "'***'"
         return (f"PostgresSink(host={server.host!r}, port={server.port}, user={server.user!r}, "
                 f"password={password}, database={server.database!r}, "
-                f"table={str(self.target)!r}, mode={self.mode!r}, sslmode={server.sslmode!r})")
+                f"table={str(self.target)!r}, mode={self.mode!r}, tls={server.tls.mode!r})")
 
     @property
     def where(self) -> str:

@@ -36,7 +36,7 @@ The keyed mode (``mode="keyed"``, :mod:`~sinks.postgres.keyed`) changes two rows
 the rows as they came, the delete marker replaced by the boolean ``_twophase_deleted`` and
 numbered by ``_twophase_seq`` (an identity: the order of a task's rows); commit moves the
 batch's staged rows into a temporary table and applies them with
-:func:`twophase.kit.keyed_apply_statements` (newest version per key, no older change applied,
+:func:`twophase.kit.sql.keyed_apply_statements` (newest version per key, no older change applied,
 deletes with tombstones) in place of the plain ``INSERT ... SELECT``. Its staging table also
 takes a delete's NULLs in the target's NOT NULL columns (a CHECK refuses them in other rows)
 and refuses NULL keys and versions. No row is locked before the decision, so one key may be

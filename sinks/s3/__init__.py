@@ -18,10 +18,10 @@ module          role
 ``formats``     Parquet (from Arrow), CSV, JSON Lines (+ gzip); what each cannot hold
 ``keys``        object keys from a template; transaction ids read back from keys
 ``errors``      the permissions a refused request's fix names; every S3 error is
-                classified by twophase's one S3 table (:class:`twophase.kit.S3Errors`)
+                classified by twophase's one S3 table (:class:`twophase.kit.s3.S3Errors`)
 ==============  ===========================================================================
 
-Settings and clients are twophase's one S3 client (:class:`twophase.kit.S3Settings`: one
+Settings and clients are twophase's one S3 client (:class:`twophase.kit.s3.S3Settings`: one
 boto3 session per process, one client per endpoint, credentials and attempt count).
 """
 

@@ -37,7 +37,8 @@ from typing import Any
 from sinks.s3.errors import ERRORS, classify
 from sinks.s3.upload import head
 from twophase import FatalError, Handle
-from twophase.kit import S3Settings, boto_errors, classified
+from twophase.kit import classified
+from twophase.kit.s3 import S3Settings, boto_errors
 
 log = logging.getLogger(__name__)
 

@@ -39,7 +39,8 @@ from sinks.s3.batchlog import BatchLog
 from sinks.s3.errors import ERRORS, classify
 from sinks.s3.upload import abort_upload, head, txn_of, uploads_at
 from twophase import AbortOutcome, CommitOutcome, Committer, Handle, TransactionLostError
-from twophase.kit import boto_errors, classified, transaction_lost
+from twophase.kit import classified, transaction_lost
+from twophase.kit.s3 import boto_errors
 
 if TYPE_CHECKING:
     from sinks.s3.sink import S3Sink

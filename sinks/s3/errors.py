@@ -1,12 +1,12 @@
 """The S3 sink's errors and permissions: classified by twophase's one table of S3 errors
-(:class:`twophase.kit.S3Errors`, which the state store and the HTTP sink's S3 staging share),
+(:class:`twophase.kit.s3.S3Errors`, which the state store and the HTTP sink's S3 staging share),
 whose fix for a refused request names the permission of the refused operation and all that
 this sink needs.
 
 The other modules read :meth:`~twophase.kit.S3Errors.code` / ``status`` of :data:`ERRORS` only
 to steer (``NoSuchUpload``, ``PreconditionFailed``, 404 on HEAD), never to build an error of
 their own. Credentials never appear in a message: botocore's errors do not carry them, and
-:class:`~twophase.kit.S3Settings` hides them from ``repr``.
+:class:`~twophase.kit.s3.S3Settings` hides them from ``repr``.
 
 Every S3 call of the sink, by role, and the IAM action it needs (least privilege: the README's
 policy is :func:`iam_policy`):
@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from twophase.kit import S3Errors
+from twophase.kit.s3 import S3Errors
 
 #: What the sink's credentials need on the bucket (s3:GetLifecycleConfiguration is optional:
 #: without it the lifecycle check is skipped with a warning).

@@ -86,16 +86,15 @@ from twophase import (
 )
 from twophase.kit import (
     DEFAULT_CHUNK_SIZE,
-    DEFAULT_S3_MAX_ATTEMPTS,
-    S3Checksums,
-    S3Settings,
+    DEFAULT_TLS,
     SecretOption,
-    boto_errors,
+    TlsMode,
     classified,
     namespace_from,
     transaction_id_reused,
     validate_chunk_size,
 )
+from twophase.kit.s3 import DEFAULT_S3_MAX_ATTEMPTS, S3Checksums, S3Settings, boto_errors
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -128,8 +127,11 @@ class S3Sink(TwoPhaseCommitSink[S3Transaction]):
     ``region``, ``path_style`` (S3-compatible stores), credentials from the options or boto3's
     chain (``access_key_id``, ``secret_access_key`` and ``session_token`` may be
     :class:`~twophase.Secret` references, read again should the store refuse rotated keys).
-    TLS is verified (certificate and host name) by default: ``ca_bundle`` names a private CA's
-    file; ``verify=False`` turns the check off. ``part_size`` bytes per part
+    TLS (every prebuilt sink's options): ``tls="verify"`` (the default) verifies the
+    certificate and host name, against ``ca_bundle`` (a private CA's file) if given;
+    ``tls="require"`` turns the check off (``"off"``: an ``http://`` endpoint only);
+    ``client_cert``/``client_key`` present a client certificate. (The former ``verify=False``
+    works and warns until 0.6.0.) ``part_size`` bytes per part
     (at least ``min_part_size``, S3's 5 MiB),
     ``max_in_flight`` parts uploading per task at once. ``batch_log=True``: after each batch,
     Spark's file sink log under the prefix (``_spark_metadata``; reader paths are
@@ -154,8 +156,10 @@ class S3Sink(TwoPhaseCommitSink[S3Transaction]):
         access_key_id: SecretOption | None = None,
         secret_access_key: SecretOption | None = None,
         session_token: SecretOption | None = None,
+        tls: TlsMode = DEFAULT_TLS,
         ca_bundle: str | None = None,
-        verify: bool = True,
+        client_cert: str | None = None,
+        client_key: str | None = None,
         part_size: int = DEFAULT_PART_SIZE,
         min_part_size: int = S3_MIN_PART_SIZE,
         max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
@@ -165,6 +169,7 @@ class S3Sink(TwoPhaseCommitSink[S3Transaction]):
         min_incomplete_upload_days: int = DEFAULT_MIN_INCOMPLETE_UPLOAD_DAYS,
         batch_log: bool = False,
         batch_log_root: str | None = None,
+        verify: bool | None = None,
     ) -> None:
         if not bucket:
             raise ConfigurationError("S3Sink needs a bucket.", fix="pass bucket='my-bucket'")
@@ -184,8 +189,8 @@ class S3Sink(TwoPhaseCommitSink[S3Transaction]):
         self.settings = S3Settings(
             bucket=bucket, endpoint_url=endpoint_url, region=region, path_style=path_style,
             access_key_id=access_key_id, secret_access_key=secret_access_key,
-            session_token=session_token, ca_bundle=ca_bundle, verify=verify,
-            checksums=checksums)
+            session_token=session_token, tls=tls, ca_bundle=ca_bundle, client_cert=client_cert,
+            client_key=client_key, verify=verify, checksums=checksums)
         self.prefix = prefix.strip("/")
         self.format: Format = format
         self.compression: Compression = compression

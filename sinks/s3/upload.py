@@ -23,7 +23,8 @@ from typing import Any
 
 from sinks.s3.errors import ERRORS, classify
 from twophase import FatalError
-from twophase.kit import S3Settings, boto_errors, classified
+from twophase.kit import classified
+from twophase.kit.s3 import S3Settings, boto_errors
 
 log = logging.getLogger(__name__)
 

@@ -6,6 +6,8 @@ twophase's public face for sinks only, and no sink on another; ``setups/`` (one 
 sink, and the servers) stands on both and knows no suite; ``tests/``, ``chaos/`` and
 ``bench/`` sit on top: they take the setups from ``setups/``, chaos and bench import no test
 module, and none imports another in a circle.
+The sink kit (``twophase/kit/``: its core and its families, the lake code under it) stands on
+the framework, never under it: no other module of ``twophase/`` imports it.
 The public face of twophase, for a sink:
 
 ================================  ==============================================================
@@ -14,6 +16,8 @@ module                            what a sink takes from it
 ``twophase``                      the contract (``TwoPhaseCommitSink``, ``Committer``,
                                   ``Handle``, ``TxnId``, outcomes) and the errors
 ``twophase.kit``                  what every sink repeats (see its docstring)
+``twophase.kit.sql``, ``.s3``,    what one family of sinks shares (a database's pool and keyed
+``.lake``                         SQL, the S3 client, a lake table's files, sink and committer)
 ``twophase.errors``               the error taxonomy (also re-exported by ``twophase``)
 ================================  ==============================================================
 
@@ -37,7 +41,11 @@ import twophase
 
 REPO = Path(twophase.__file__).resolve().parents[1]
 FORBIDDEN_IN_FRAMEWORK = ("sinks", "setups", "tests", "chaos", "bench", "examples")
-PUBLIC_FOR_SINKS = frozenset({"twophase", "twophase.kit", "twophase.errors"})
+#: The sink kit: its core and its families (each module's ``__all__`` is its public API).
+KIT = frozenset({"twophase.kit", "twophase.kit.sql", "twophase.kit.s3", "twophase.kit.lake"})
+PUBLIC_FOR_SINKS = frozenset({"twophase", "twophase.errors", *KIT})
+#: Subpackages of ``twophase/`` whose modules join its import graph (one module per file).
+FRAMEWORK_SUBPACKAGES = ("kit",)
 TOP = ("bench", "chaos", "tests")
 #: What stands on twophase's public face without being a sink.
 EDGES = ("setups", "chaos", "bench", "examples")
@@ -123,14 +131,23 @@ def sink_of(path: Path, root: Path = REPO) -> str:
     return path.relative_to(root / "sinks").parts[0].removesuffix(".py")
 
 
-def module_graph(root: Path, package: str) -> dict[str, set[str]]:
-    """Which of ``package``'s top-level modules (its ``__init__`` named ``package``) import
-    which others."""
-    modules = {package if path.stem == "__init__" else f"{package}.{path.stem}": path
-               for path in sorted((root / package).glob("*.py"))}
+def module_graph(root: Path, package: str, subpackages: Iterable[str] = ()
+                 ) -> dict[str, set[str]]:
+    """Which of ``package``'s top-level modules and those of its ``subpackages`` (at any
+    depth; a package's ``__init__`` named as the package) import which others."""
+    paths = [*sorted((root / package).glob("*.py")),
+             *(path for sub in subpackages
+               for path in sorted((root / package / sub).rglob("*.py")))]
+    modules = {_dotted(root, path): path for path in paths}
     return {module: {name for name in imported_modules(path, root)
                      if name in modules and name != module}
             for module, path in modules.items()}
+
+
+def _dotted(root: Path, path: Path) -> str:
+    """The module a file of ``root`` is: ``twophase.kit`` for ``twophase/kit/__init__.py``."""
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def importers_of(paths: Iterable[Path], package: str) -> set[str]:
@@ -187,12 +204,27 @@ def test_the_framework_imports_no_sink_test_chaos_bench_or_example() -> None:
 
 
 def test_the_framework_modules_import_each_other_in_no_circle() -> None:
-    assert cycles(module_graph(REPO, "twophase")) == []
+    graph = module_graph(REPO, "twophase", FRAMEWORK_SUBPACKAGES)
+    assert set(graph) >= KIT
+    assert cycles(graph) == []
+
+
+def is_kit(name: str) -> bool:
+    return name == "twophase.kit" or name.startswith("twophase.kit.")
 
 
 def test_the_state_store_imports_no_sink_kit() -> None:
     assert {f"{path}: {name}" for path in STATE_STORE
-            for name in imported_modules(REPO / path) if name == "twophase.kit"} == set()
+            for name in imported_modules(REPO / path) if is_kit(name)} == set()
+
+
+def test_the_framework_imports_no_sink_kit() -> None:
+    """The kit (and the lake code under it) stands on the framework: no module of
+    ``twophase/`` outside ``twophase/kit/`` imports any of it."""
+    kit = REPO / "twophase" / "kit"
+    assert {f"{_relative(path)}: {name}" for path in _files("twophase")
+            if not path.is_relative_to(kit)
+            for name in imported_modules(path) if is_kit(name)} == set()
 
 
 def test_the_framework_reaches_a_sinks_driver_side_through_its_committer_alone() -> None:
@@ -321,3 +353,16 @@ def test_the_rules_catch_a_circle_among_framework_modules(tmp_path: Path) -> Non
     graph = module_graph(tmp_path, "twophase")
     assert graph["twophase._b"] == {"twophase.c", "twophase.d"}
     assert cycles(graph) == [["twophase", "twophase.a", "twophase._b", "twophase.d"]]
+
+
+def test_the_rules_catch_a_circle_through_the_kits_families(tmp_path: Path) -> None:
+    _tree(tmp_path, {"twophase/__init__.py": "",
+                     "twophase/kit/__init__.py": "from twophase._rows import chunks\n",
+                     "twophase/kit/lake/__init__.py": "from twophase.kit.lake._sink import S\n",
+                     "twophase/kit/lake/_sink.py": "from twophase.kit import chunks\n",
+                     "twophase/_rows.py": "from twophase.kit.lake import S\n"})
+    assert "twophase.kit.lake._sink" not in module_graph(tmp_path, "twophase")
+    graph = module_graph(tmp_path, "twophase", ["kit"])
+    assert graph["twophase.kit.lake"] == {"twophase.kit.lake._sink"}
+    assert cycles(graph) == [["twophase._rows", "twophase.kit.lake", "twophase.kit.lake._sink",
+                              "twophase.kit"]]

@@ -2,13 +2,13 @@
 
 For each way a connection to a private server of the setups is refused (PostgreSQL's and
 MariaDB's, plain and secured), the test takes the error's fix at its word and does what it
-says: every ``sslmode='...'``/``tls='...'`` it names (found in the text, so a mode added to a
+says: every ``tls='...'`` it names (found in the text, so a mode added to a
 fix later is followed too; a verifying mode with ``ca_bundle=`` the CA that issued the
 server's certificate), and each other way out it names (``ca_bundle=``, a host name the
 certificate holds, TLS turned on at the server, a ``pg_hba.conf`` line, the right password or
 database), done for real on the server where the fix says the server must change. After each,
 the error must have changed (another fix, or no error), and at least one way out connects.
-A fix that names a mode giving the same error (``sslmode='require'`` to a server without TLS)
+A fix that names a mode giving the same error (``tls='require'`` to a server without TLS)
 fails here.
 """
 
@@ -26,14 +26,16 @@ from setups.servers.mariadb import MariaDBServer
 from setups.servers.postgres import HOSTSSL_ONLY_HBA, PostgresServer
 from setups.servers.tls import CertificateAuthority
 from sinks.mysql.connection import Server as MySQLServer
-from sinks.mysql.connection import Tls, close_quietly
+from sinks.mysql.connection import close_quietly
 from sinks.postgres.connection import Server as PgServer
+from sinks.postgres.connection import tls_settings as pg_tls_settings
 from twophase import TwoPhaseError
+from twophase.kit import Tls
 
-#: A mode a fix names: ``sslmode='disable'``, ``tls='off'``.
-NAMED_MODE = re.compile(r"\b(sslmode|tls)='([a-z-]+)'")
+#: A mode a fix names: ``tls='off'``.
+NAMED_MODE = re.compile(r"\b(tls)='([a-z-]+)'")
 #: The sinks' default modes (verified TLS).
-PG_DEFAULT, MYSQL_DEFAULT = "verify-full", "verify"
+PG_DEFAULT = MYSQL_DEFAULT = "verify"
 #: The secured PostgreSQL's pg_hba.conf with no line a TCP client matches.
 NO_TCP_LINE_HBA = "local all all trust\n"
 
@@ -63,6 +65,7 @@ def _attempt(connect: Callable[[], Any], close: Callable[[Any], None]) -> Outcom
 def pg_attempt(server: PostgresServer, **options: Any) -> Outcome:
     """Connect as the sink does to ``server``, ``options`` over the test user's."""
     settings = {**server.params.sink_options(), "ca_bundle": None, **options}
+    settings.update(pg_tls_settings(settings.pop("tls"), settings.pop("ca_bundle"), None, None))
     return _attempt(PgServer(**settings).connect, lambda conn: conn.close())
 
 
@@ -121,42 +124,41 @@ def presenting(server: PostgresServer | MariaDBServer, ca: CertificateAuthority,
 def test_pg_a_server_without_tls(postgres: PostgresServer, tls_ca: CertificateAuthority) -> None:
     def tls_on_at_the_server() -> Outcome:
         with postgres.tls_turned_on(tls_ca.issue("turned-on")):
-            return pg_attempt(postgres, sslmode=PG_DEFAULT, ca_bundle=str(tls_ca.cafile))
+            return pg_attempt(postgres, tls=PG_DEFAULT, ca_bundle=str(tls_ca.cafile))
 
     attempt = pg_attempt_on(postgres)
-    for mode in ("verify-ca", "require"):
-        follow_every_fix(attempt, {"sslmode": mode}, ca=tls_ca)
-    follow_every_fix(attempt, {"sslmode": PG_DEFAULT}, ca=tls_ca,
+    follow_every_fix(attempt, {"tls": "require"}, ca=tls_ca)
+    follow_every_fix(attempt, {"tls": PG_DEFAULT}, ca=tls_ca,
                      ways_out={"'hostssl' line": tls_on_at_the_server})
 
 
 def test_pg_no_ca_given(secured_postgres: PostgresServer, tls_ca: CertificateAuthority) -> None:
     attempt = pg_attempt_on(secured_postgres)
-    follow_every_fix(attempt, {"sslmode": PG_DEFAULT}, ca=tls_ca, ways_out={
-        "ca_bundle=": lambda: attempt(sslmode=PG_DEFAULT, ca_bundle=str(tls_ca.cafile))})
+    follow_every_fix(attempt, {"tls": PG_DEFAULT}, ca=tls_ca, ways_out={
+        "ca_bundle=": lambda: attempt(tls=PG_DEFAULT, ca_bundle=str(tls_ca.cafile))})
 
 
 def test_pg_a_certificate_of_another_ca(secured_postgres: PostgresServer,
                                         tls_ca: CertificateAuthority,
                                         other_ca: CertificateAuthority) -> None:
     attempt = pg_attempt_on(secured_postgres)
-    follow_every_fix(attempt, {"sslmode": PG_DEFAULT, "ca_bundle": str(other_ca.cafile)},
+    follow_every_fix(attempt, {"tls": PG_DEFAULT, "ca_bundle": str(other_ca.cafile)},
                      ca=tls_ca, ways_out={"ca_bundle=": lambda: attempt(
-                         sslmode=PG_DEFAULT, ca_bundle=str(tls_ca.cafile))})
+                         tls=PG_DEFAULT, ca_bundle=str(tls_ca.cafile))})
 
 
 def test_pg_a_certificate_for_another_host_name(secured_postgres: PostgresServer,
                                                 tls_ca: CertificateAuthority) -> None:
     attempt = pg_attempt_on(secured_postgres)
     with presenting(secured_postgres, tls_ca, ("localhost",)):
-        follow_every_fix(attempt, {"sslmode": PG_DEFAULT, "ca_bundle": str(tls_ca.cafile)},
+        follow_every_fix(attempt, {"tls": PG_DEFAULT, "ca_bundle": str(tls_ca.cafile)},
                          ca=tls_ca, ways_out={"connect by a name it holds": lambda: attempt(
                              host="localhost", ca_bundle=str(tls_ca.cafile))})
 
 
 def test_pg_plain_text_to_a_server_that_takes_tls_only(secured_postgres: PostgresServer,
                                                        tls_ca: CertificateAuthority) -> None:
-    follow_every_fix(pg_attempt_on(secured_postgres), {"sslmode": "disable"}, ca=tls_ca)
+    follow_every_fix(pg_attempt_on(secured_postgres), {"tls": "off"}, ca=tls_ca)
 
 
 def test_pg_no_pg_hba_line_for_tls(secured_postgres: PostgresServer,
@@ -165,10 +167,10 @@ def test_pg_no_pg_hba_line_for_tls(secured_postgres: PostgresServer,
 
     def hostssl_line_added() -> Outcome:
         with secured_postgres.hba(HOSTSSL_ONLY_HBA):
-            return attempt(sslmode=PG_DEFAULT, ca_bundle=str(tls_ca.cafile))
+            return attempt(tls=PG_DEFAULT, ca_bundle=str(tls_ca.cafile))
 
     with secured_postgres.hba(NO_TCP_LINE_HBA):
-        follow_every_fix(attempt, {"sslmode": PG_DEFAULT, "ca_bundle": str(tls_ca.cafile)},
+        follow_every_fix(attempt, {"tls": PG_DEFAULT, "ca_bundle": str(tls_ca.cafile)},
                          ca=tls_ca, ways_out={"'hostssl": hostssl_line_added})
 
 
@@ -178,8 +180,8 @@ def test_pg_no_pg_hba_line_for_tls(secured_postgres: PostgresServer,
 def test_pg_a_wrong_login(postgres: PostgresServer, tls_ca: CertificateAuthority,
                           wrong: dict[str, str], fix_says: str) -> None:
     attempt = pg_attempt_on(postgres)
-    follow_every_fix(attempt, {"sslmode": "disable", **wrong}, ca=tls_ca,
-                     ways_out={fix_says: lambda: attempt(sslmode="disable")})
+    follow_every_fix(attempt, {"tls": "off", **wrong}, ca=tls_ca,
+                     ways_out={fix_says: lambda: attempt(tls="off")})
 
 
 # -- MySQL (MariaDB) -------------------------------------------------------------------------

@@ -3,12 +3,13 @@ server that requires one, over the session's secured servers (a certificate of t
 verified by the sink):
 
 * MariaDB: the sink's user is created ``REQUIRE SUBJECT '/CN=<user>'`` and the server verifies
-  client certificates against the run's CA (``--ssl-ca``); the sink's ``ssl_cert=``/``ssl_key=``;
+  client certificates against the run's CA (``--ssl-ca``);
 * PostgreSQL: the sink's user logs in by a ``hostssl ... clientcert=verify-full`` line of
-  ``pg_hba.conf`` (a member of its client-certificate role); libpq's ``sslcert``/``sslkey``
-  through the sink's ``connect_args=``;
-* Kafka: a SASL_SSL listener of the secured broker with ``ssl.client.auth=required``; the
-  sink's ``ssl_certfile=``/``ssl_keyfile=``.
+  ``pg_hba.conf`` (a member of its client-certificate role);
+* Kafka: a SASL_SSL listener of the secured broker with ``ssl.client.auth=required``.
+
+Each sink is given the certificate the same way, by every prebuilt sink's TLS options
+``client_cert=`` and ``client_key=`` (:func:`client_certificate`).
 
 Each server: with the certificate the sink's round trip commits rows seen exactly once by the
 server itself, nothing left in doubt; without one, or with one of another CA, the sink refuses
@@ -34,6 +35,11 @@ from twophase import CommitOutcome, ConfigurationError, RetryableError, TwoPhase
 from twophase.testing.contract import ORDER_COLUMNS, commit, orders, prepare
 
 ROWS = 3
+
+
+def client_certificate(issued: Issued) -> dict[str, Any]:
+    """Every sink's options for a client certificate (one TLS vocabulary)."""
+    return {"client_cert": str(issued.certfile), "client_key": str(issued.keyfile)}
 
 
 @dataclass(frozen=True)
@@ -75,24 +81,23 @@ def _sql_case(setup: MySQLSetup | PostgresSetup, options: Callable[[Issued], dic
 def _mysql(request: pytest.FixtureRequest) -> MutualTls:
     return _sql_case(
         request.getfixturevalue("secured_mysql_setup"),
-        lambda issued: {"ssl_cert": str(issued.certfile), "ssl_key": str(issued.keyfile)},
+        client_certificate,
         missing=r"no client certificate.*\[1045\] Access denied.*Fix: .*the server requires a "
-                r"client certificate.*pass ssl_cert= .* and ssl_key=",
-        untrusted=r"ssl_cert=.*\[20(06|13)\] .*(ALERT_UNKNOWN_CA|SSLEOFError).*Fix: .*the "
-                  r"server does not accept (the|that) client certificate.*pass ssl_cert= and "
-                  r"ssl_key= a certificate issued",
+                r"client certificate.*pass client_cert= .* and client_key=",
+        untrusted=r"client_cert=.*\[20(06|13)\] .*(ALERT_UNKNOWN_CA|SSLEOFError).*Fix: .*the "
+                  r"server does not accept (the|that) client certificate.*pass client_cert= and "
+                  r"client_key= a certificate issued",
         untrusted_errors=(ConfigurationError, RetryableError))
 
 
 def _postgres(request: pytest.FixtureRequest) -> MutualTls:
     return _sql_case(
         request.getfixturevalue("secured_postgres_setup"),
-        lambda issued: {"connect_args": {"sslcert": str(issued.certfile),
-                                         "sslkey": str(issued.keyfile)}},
-        missing=r"requires a valid client certificate.*Fix: .*pass connect_args=.*'sslcert'.*"
-                r"'sslkey'",
+        client_certificate,
+        missing=r"requires a valid client certificate.*Fix: .*pass client_cert= .* and "
+                r"client_key=",
         untrusted=r"alert unknown ca.*Fix: the server does not accept the client certificate.*"
-                  r"'sslcert'")
+                  r"client_cert=")
 
 
 def _kafka(request: pytest.FixtureRequest) -> MutualTls:
@@ -102,11 +107,11 @@ def _kafka(request: pytest.FixtureRequest) -> MutualTls:
     target = setup.new_target(bootstrap_servers=f"{HOST}:{port}")
     return MutualTls(
         target, APP_USER,
-        lambda issued: {"ssl_certfile": str(issued.certfile), "ssl_keyfile": str(issued.keyfile)},
-        missing=r"requires a client certificate and none was given.*Fix: .*pass ssl_certfile= "
-                r".* and ssl_keyfile=",
-        untrusted=r"refuses the client certificate ssl_certfile=.*not issued by a CA the broker "
-                  r"trusts.*Fix: pass ssl_certfile=")
+        client_certificate,
+        missing=r"requires a client certificate and none was given.*Fix: .*pass client_cert= "
+                r".* and client_key=",
+        untrusted=r"refuses the client certificate client_cert=.*not issued by a CA the broker "
+                  r"trusts.*Fix: pass client_cert=")
 
 
 CASES = {"mysql": _mysql, "postgres": _postgres, "kafka": _kafka}

@@ -48,7 +48,7 @@ from twophase._preflight import (
 )
 from twophase.check import EXIT_FAILED, EXIT_OK, EXIT_USAGE, parse_columns
 from twophase.group import SinkGroup
-from twophase.kit import S3_OPTIONS
+from twophase.kit.s3 import S3_OPTIONS
 from twophase.testing import Target
 from twophase.testing.contract import ORDER_COLUMNS, QUERY_ID, list_in_doubt
 

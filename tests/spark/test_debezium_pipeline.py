@@ -55,7 +55,7 @@ from psycopg import sql
 from setups.servers.kafka import KafkaBroker, spark_kafka_jars
 from setups.servers.kafka_connect import ConnectWorker, debezium_postgres_config, start_worker
 from setups.servers.mariadb import Db, MariaDBServer
-from setups.servers.postgres import PgView, PostgresServer, logical_server
+from setups.servers.postgres import TLS_OF_SSLMODE, PgView, PostgresServer, logical_server
 from tests import REPO
 from twophase._state import StateStore
 from twophase.testing.crash_points import (
@@ -436,7 +436,7 @@ def run_pipeline(source: CdcSource, mirror: Mirror, workdir: Path, *,
                "--mysql-table", mirror.mysql_table, "--mysql-tls", mysql.tls,
                "--pg-host", pg.host, "--pg-port", str(pg.port), "--pg-user", pg.user,
                "--pg-database", pg.database, "--pg-table", mirror.pg_table,
-               "--pg-sslmode", pg.sslmode, "--jars", ",".join(spark_kafka_jars()),
+               "--pg-tls", TLS_OF_SSLMODE[pg.sslmode], "--jars", ",".join(spark_kafka_jars()),
                "--max-offsets-per-trigger", str(max_offsets_per_trigger),
                *(["--available-now"] if available_now else ["--trigger-interval", "1 second"]),
                *[f"--conf={key}={value}" for key, value in conf.items()]]

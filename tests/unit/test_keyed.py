@@ -15,15 +15,8 @@ from hypothesis import strategies as st
 from tests.user_sink import JsonLinesSink
 from twophase import ConfigurationError, SchemaMismatchError
 from twophase.group import SinkGroup
-from twophase.kit import (
-    Change,
-    Keyed,
-    is_delete,
-    newer_than,
-    tombstone_table_name,
-    validate_keyed,
-    validate_mode,
-)
+from twophase.kit import Change, Keyed, is_delete, newer_than, validate_keyed, validate_mode
+from twophase.kit.sql import tombstone_table_name
 
 COLUMNS = ("id", "status", "v", "op")
 KEYED = Keyed(("id",), "v", "op")

@@ -19,15 +19,9 @@ from twophase import (
     RetryableError,
     SchemaMismatchError,
 )
-from twophase.kit import (
-    Condition,
-    ConnectionPool,
-    ErrorTable,
-    S3Errors,
-    S3Settings,
-    TableColumn,
-    check_columns,
-)
+from twophase.kit import Condition, ErrorTable, TableColumn, check_columns
+from twophase.kit.s3 import S3Errors, S3Settings
+from twophase.kit.sql import ConnectionPool
 from twophase.testing.contract import ORDER_COLUMNS
 
 TABLE = ErrorTable(

@@ -341,8 +341,8 @@ def test_tls_is_verified_by_default_and_plain_http_is_refused(
         http_secured: ReceiverProcess, tmp_path: Path) -> None:
     path = new_path()
     trusting = make_sink(http_secured, path, tmp_path)
-    assert trusting.settings.url.startswith("https://") and trusting.settings.verify
-    assert trusting.settings.ca_bundle == str(http_secured.cafile)
+    assert trusting.settings.url.startswith("https://") and trusting.settings.tls.verifies
+    assert trusting.settings.tls.ca_bundle == str(http_secured.cafile)
     trusting.check_schema(())
     assert commit(trusting, prepare(trusting, orders(0, 2))) is CommitOutcome.COMMITTED
     assert http_secured.event_ids(path) == [0, 1]
@@ -354,7 +354,7 @@ def _refused_before_anything_is_sent(sink: HttpSink, receiver: ReceiverProcess, 
                                      cause: str) -> None:
     """``sink``'s check and its commit are refused naming ``cause`` and the fix; the receiver
     holds nothing."""
-    fix = r"Fix: the receiver's certificate was not verified.*pass ca_bundle=.*verify=False"
+    fix = r"Fix: the receiver's certificate was not verified.*pass ca_bundle=.*tls='require'"
     with pytest.raises(ConfigurationError, match=rf"SSLError.*{cause}.*{fix}"):
         sink.check_schema(())
     with pytest.raises(ConfigurationError, match=rf"SSLError.*{cause}.*{fix}"):
@@ -379,10 +379,11 @@ def test_a_receiver_whose_certificate_names_another_host_is_refused_before_anyth
                                 cafile=tls_ca.cafile, names_host=False)
     path = new_path()
     sink = make_sink(receiver, path, tmp_path, max_attempts=1)
-    assert sink.settings.ca_bundle == str(tls_ca.cafile)  # the right CA, the wrong name
+    assert sink.settings.tls.ca_bundle == str(tls_ca.cafile)  # the right CA, the wrong name
     _refused_before_anything_is_sent(sink, receiver, path,
                                      "(IP address mismatch|Hostname mismatch|doesn't match)")
-    unverified = make_sink(receiver, path, tmp_path, verify=False)  # the one relaxing option
+    # the one relaxing option
+    unverified = make_sink(receiver, path, tmp_path, tls="require", ca_bundle=None)
     unverified.check_schema(())
 
 

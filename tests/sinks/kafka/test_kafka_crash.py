@@ -65,7 +65,7 @@ class TestSecuredKafkaCrashes(CrashSuite):  # ACLs, every step, in test_kafka_se
         assert isinstance(target.setup, SecuredKafkaSetup)
         broker = target.setup.broker
         assert target.options["bootstrap_servers"] == broker.bootstrap_servers
-        assert target.options["security_protocol"] == "SASL_SSL"
+        assert target.options["tls"] == "verify" and target.options["sasl_mechanism"]
         allowed = broker.authorizer_log.read_text()
         prefix = re.escape(target.options["transactional_id_prefix"])
         for request, resource in (("Produce", f"Topic:LITERAL:{target.options['topic']}"),

@@ -191,7 +191,7 @@ def test_the_acls_read_as_kafka_acls_commands() -> None:
 
 @pytest.mark.parametrize(("listener", "cause", "fix"), [
     (OTHER_CA_LISTENER, r"self.signed certificate in certificate chain \(it is not issued by "
-                        r"a CA this client trusts\)", r"Fix: pass ssl_cafile= the PEM file"),
+                        r"a CA this client trusts\)", r"Fix: pass ca_bundle= the PEM file"),
     (WRONG_HOST_LISTENER, r"IP address mismatch.*\(it is not issued for the name dialled\)",
      r"Fix: connect to the brokers by a name .* ssl_check_hostname=False"),
 ], ids=["other-ca", "wrong-host"])
@@ -210,8 +210,10 @@ def test_a_certificate_a_client_would_refuse_is_refused_before_anything_is_writt
     assert broker.open_transactions(target.prefix) == {}
 
 
-def test_ssl_check_hostname_false_is_the_one_option_that_relaxes_verification(
+def test_only_the_options_that_say_so_relax_verification(
         kafka_secured_broker: KafkaBroker) -> None:
+    """``ssl_check_hostname=False`` skips the host name (the chain still verified);
+    ``tls="require"``, every sink's one way to turn verification off, skips both."""
     broker = kafka_secured_broker
     target = Target(broker)
     wrong_host = f"127.0.0.1:{broker.refused_ports[WRONG_HOST_LISTENER]}"
@@ -223,12 +225,16 @@ def test_ssl_check_hostname_false_is_the_one_option_that_relaxes_verification(
         with pytest.raises(ConfigurationError, match="not issued by a CA"):
             target.sink(bootstrap_servers=other_ca,
                         ssl_check_hostname=False).check_schema(ORDER_COLUMNS)
-    assert broker.event_ids(target.topic) == [0, 1]
+        unverified = target.sink(bootstrap_servers=other_ca, tls="require", ca_bundle=None)
+        unverified.check_schema(ORDER_COLUMNS)
+        handle = prepare(unverified, orders(2, 2), batch=1)
+        assert commit(unverified, handle) is CommitOutcome.COMMITTED
+    assert broker.event_ids(target.topic) == [0, 1, 2, 3]
 
 
 def test_security_properties_in_producer_configs_are_refused() -> None:
     with pytest.raises(ConfigurationError, match=r"security properties \['ssl\.ca\.location'"
-                                                 r"\].*Fix: pass security_protocol="):
+                                                 r"\].*Fix: pass tls="):
         KafkaSink("127.0.0.1:9", "t", producer_configs={"ssl.ca.location": "/x"})
     with pytest.raises(ConfigurationError, match=r"enable\.ssl\.certificate\.verification"):
         KafkaSink("127.0.0.1:9", "t",

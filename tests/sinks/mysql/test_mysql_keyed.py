@@ -27,7 +27,7 @@ from sinks.mysql import MySQLXASink
 from sinks.mysql.schema import Table
 from tests.sinks.mysql.mysql_table import new_query_id
 from twophase import Column, ConfigurationError, Handle, RetryableError, SchemaMismatchError
-from twophase.kit import tombstone_table_name
+from twophase.kit.sql import tombstone_table_name
 from twophase.testing.contract import context, prepare
 from twophase.testing.keyed import (
     KEYED_COLUMNS,

@@ -395,7 +395,7 @@ def test_the_secured_store_is_reached_over_verified_https_only(moto_secured: Mot
     sink = make_sink(server, bucket)
     assert sink.settings.endpoint_url is not None
     assert sink.settings.endpoint_url.startswith("https://")
-    assert sink.settings.ca_bundle is not None and sink.settings.verify
+    assert sink.settings.ca_bundle is not None and sink.settings.tls == "verify"
     assert commit(sink, prepare(sink, orders(0, 10))) is CommitOutcome.COMMITTED
     plain = make_sink(server, bucket, max_attempts=1,
                       endpoint_url=server.endpoint_url.replace("https://", "http://"))
@@ -408,7 +408,7 @@ def _refused_before_anything_is_written(sink: S3Sink, server: MotoServer, bucket
                                         cause: str) -> None:
     """``sink``'s check and its first upload are refused naming ``cause`` and the fix; the
     bucket holds nothing."""
-    fix = r"Fix: the store's certificate was not verified: pass ca_bundle=.*verify=False"
+    fix = r"Fix: the store's certificate was not verified: pass ca_bundle=.*tls='require'"
     with pytest.raises(ConfigurationError, match=rf"HeadBucket .*{cause}.*{fix}"):
         sink.check_target()
     with pytest.raises(ConfigurationError, match=rf"{cause}.*{fix}"):
@@ -432,15 +432,16 @@ def test_a_store_whose_certificate_names_another_host_is_refused_before_anything
     assert sink.settings.ca_bundle is not None  # the right CA: only the host name is wrong
     _refused_before_anything_is_written(sink, moto_wrong_host, bucket,
                                         "hostname '127.0.0.1' doesn't match")
-    unverified = make_sink(moto_wrong_host, bucket, verify=False)  # the one relaxing option
+    # the one relaxing option
+    unverified = make_sink(moto_wrong_host, bucket, tls="require", ca_bundle=None)
     unverified.check_target()
 
 
 # -- least privilege ------------------------------------------------------------------------------
 
 def test_the_readme_policy_is_the_sinks_least_privilege_policy() -> None:
-    readme = (REPO / "README.md").read_text()
-    section = readme.split("### S3", 1)[1].split("\n### ", 1)[0]
+    page = (REPO / "docs" / "sinks" / "s3.md").read_text()
+    section = page.split("\n## Grants (least privilege)\n", 1)[1].split("\n## ", 1)[0]
     written = json.loads(section.split("```json", 1)[1].split("```", 1)[0])
     assert written == iam_policy("my-bucket", "orders", state_bucket="my-bucket",
                                  state_prefix="checkpoints/orders/twophase")

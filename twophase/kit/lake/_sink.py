@@ -2,7 +2,7 @@
 the table format's files and its proof of commit, never the phases around them.
 
 :class:`LakeSink` is the executor's side: rows (or Spark's Arrow batches) conformed to the
-table's Arrow schema, written by the transaction's :class:`~twophase._lake.LakeFiles`, closed
+table's Arrow schema, written by the transaction's :class:`~twophase.kit.lake.LakeFiles`, closed
 and listed in the handle by pre-commit; any failure discards the files, and a file that exists
 already is a transaction id used twice. A sink gives :meth:`LakeSink.open_files` (the table's
 schema and the transaction's files), its error classifier and its committer, which is
@@ -10,7 +10,7 @@ everything the driver does.
 
 :class:`LakeCommitter` is the driver's: one commit of the table per batch
 (:class:`~twophase._whole_batch.WholeBatchCommitter`), and the abort and the listing in doubt
-by the transactions' intents (:class:`~twophase._lake.LakeIntents`): a committer gives
+by the transactions' intents (:class:`~twophase.kit.lake.LakeIntents`): a committer gives
 :meth:`LakeCommitter.committed_among` (which transactions, with the files each created, a
 commit of the table holds: the format's proof) and its ``settle``.
 """
@@ -27,10 +27,16 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, Self, TypeVa
 
 from twophase._classify import classified, transaction_id_reused, transaction_lost
 from twophase._handle import Handle, TxnId
-from twophase._lake import MS_PER_S, LakeFiles, LakeIntents, LakeStorage, conform_table
 from twophase._rows import chunks
 from twophase._whole_batch import WholeBatchCommitter
 from twophase.errors import ConfigurationError, FatalError, SchemaMismatchError, TwoPhaseError
+from twophase.kit.lake._files import (
+    MS_PER_S,
+    LakeFiles,
+    LakeIntents,
+    LakeStorage,
+    conform_table,
+)
 from twophase.sink import AbortOutcome, TransactionContext, TwoPhaseCommitSink
 
 if TYPE_CHECKING:
