@@ -41,9 +41,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -57,6 +55,7 @@ import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F  # noqa: N812 - Spark's own spelling
 
+from bench.session import bench_session, provenance
 from bench.spark_peers import (
     JDBC_BATCH_SIZE,
     Run,
@@ -71,7 +70,6 @@ from sinks.mysql import MySQLXASink
 from sinks.postgres import PostgresSink
 from twophase.sink import TwoPhaseCommitSink
 from twophase.spark import write_stream
-from twophase.testing.driver import local_session
 
 PARTITIONS = 2
 DEFAULT_FILES = 4
@@ -80,8 +78,6 @@ DEFAULT_KEYS = 20_000
 DEFAULT_ROUNDS = 3
 DELETE_SHARE = 10  # one change in ten deletes its key
 FEED_SCHEMA = "order_id BIGINT, status STRING, event_id BIGINT, op STRING"
-#: The JVM at its defaults: the tests' SPARK_CONF caps it at C1, which slows every JVM writer.
-FULL_JIT = {"spark.driver.extraJavaOptions": "-XX:+UseG1GC"}
 KEYED, INSERT, PEER, NOOP, ROUTED = "keyed", "insert", "peer", "noop", "noop routed"
 #: The reference a keyed or peer run must leave: order_id -> (status, event_id).
 State = dict[int, tuple[str, int]]
@@ -316,19 +312,6 @@ def report(database: Database, runs: list[Run], rows: int, keys: int) -> str:
     return "\n".join(lines)
 
 
-def provenance(spark: SparkSession) -> str:
-    """The run's commit, machine, load and versions, for the published numbers."""
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True, check=False).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                           capture_output=True, text=True, check=False).stdout.strip()
-    load = Path("/proc/loadavg").read_text().split()[:3]
-    java = spark.sparkContext._jvm.System.getProperty("java.version")  # type: ignore[union-attr]
-    return (f"commit {commit}{' (with local changes)' if dirty else ''}, "
-            f"{os.cpu_count()} CPUs, load {' '.join(load)} at the start, Python "
-            f"{platform.python_version()}, Java {java}, Spark {spark.version}, JVM at full JIT")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("databases", nargs="*", default=list(DATABASES), choices=list(DATABASES))
@@ -338,8 +321,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS)
     args = parser.parse_args()
     jars = [jar for name in args.databases for jar in bench_jars(JARS[name])]
-    spark = local_session("twophase-bench-keyed", PARTITIONS,
-                          {**FULL_JIT, "spark.jars": ",".join(jars)})
+    spark = bench_session("twophase-bench-keyed", PARTITIONS, {"spark.jars": ",".join(jars)})
     print(provenance(spark), "\n", flush=True)
     with tempfile.TemporaryDirectory(prefix="twophase-keyed-") as tmp:
         workdir = Path(tmp)

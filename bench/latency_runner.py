@@ -34,6 +34,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.functions import col, from_json
 from pyspark.sql.streaming.query import StreamingQuery
 
+from bench.session import bench_session
 from twophase.spark import write_stream
 from twophase.testing.protocol import StateStore, build_sink
 
@@ -45,25 +46,13 @@ CHECK_INTERVAL_S = 0.5
 HISTORY_INTERVAL_S = 5.0
 #: How long the last batch's progress may take to appear after its commit.
 LAST_PROGRESS_TIMEOUT_S = 30.0
-SPARK_CONF = {
-    "spark.ui.enabled": "false",
-    "spark.ui.showConsoleProgress": "false",
-    "spark.sql.shuffle.partitions": str(PARTITIONS),
-    "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1",
-    "spark.sql.streaming.minBatchesToRetain": "10",
-    "spark.sql.streaming.numRecentProgressUpdates": "1000",
-}
 
 
 def session(jars: list[str]) -> SparkSession:
-    """``local[2]``, its workers on this Python."""
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    builder = SparkSession.builder.master(f"local[{PARTITIONS}]").appName("twophase-latency")
-    for key, value in {**SPARK_CONF, "spark.jars": ",".join(jars)}.items():
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
+    """``local[2]`` at full JIT, its workers on this Python, keeping Spark's last 1,000
+    progress reports."""
+    return bench_session("twophase-latency", PARTITIONS, {
+        "spark.jars": ",".join(jars), "spark.sql.streaming.numRecentProgressUpdates": "1000"})
 
 
 def module_files(_: object) -> list[str]:

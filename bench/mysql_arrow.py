@@ -5,7 +5,7 @@ Run from the repository root (about two minutes on 2 cores)::
     .venv/bin/python -m bench.mysql_arrow [--batches 4] [--rows-per-batch 100000] [--rounds 3]
 
 A private MariaDB (``setups.servers.mariadb``, binary log on, durable settings) and a local
-Spark session (``twophase.testing.driver.local_session``, 2 cores) in one process. The input is
+Spark session (``bench.session.bench_session``, 2 cores, full JIT) in one process. The input is
 a directory of Parquet files, two per micro-batch (so two partitions write each batch, no
 shuffle), read with ``maxFilesPerTrigger=2`` and ``trigger(availableNow=True)``: ``--batches``
 micro-batches of ``--rows-per-batch`` rows (id, name, amount, ts TIMESTAMP, flag), written into
@@ -49,16 +49,16 @@ from pyspark.sql.datasource import (
 from pyspark.sql.streaming.query import StreamingQuery
 
 from bench.mysql_xa import COLUMNS, TABLE, TABLE_DDL, count_rows, paired_ratio, server_cpu_s
+from bench.session import bench_session, provenance
 from setups.servers.mariadb import MariaDBServer, private_server
 from sinks.mysql import MySQLXASink
 from sinks.mysql.arrow import ArrowChunk, chunks_of
 from sinks.mysql.bulk import load_tsv
-from sinks.mysql.connection import Tls, open_connection
+from sinks.mysql.connection import open_connection
 from sinks.mysql.sink import MySQLBranch
 from twophase import TwoPhaseCommitSink
-from twophase.kit import DEFAULT_CHUNK_SIZE
+from twophase.kit import DEFAULT_CHUNK_SIZE, Tls
 from twophase.spark import write_stream
-from twophase.testing.driver import local_session
 
 DEFAULT_BATCHES = 4
 DEFAULT_ROWS_PER_BATCH = 100_000
@@ -212,7 +212,8 @@ def main() -> None:
         expected = generate_feed(workdir / "feed", args.batches, args.rows_per_batch)
         server.connect().query(TABLE_DDL)
         sink_of(server, MySQLXASink).check_schema(COLUMNS)
-        spark = local_session("twophase-bench-mysql", PARTITIONS)
+        spark = bench_session("twophase-bench-mysql", PARTITIONS)
+        print(provenance(spark), "\n", flush=True)
         spark.dataSource.register(PlainLoad)
         for round_number in range(args.rounds + 1):  # round 0 warms up the JVM and the workers
             for variant in variants:

@@ -47,10 +47,10 @@ import pyarrow as pa
 from setups.servers.mariadb import MariaDBServer, private_server
 from sinks.mysql import MySQLXASink
 from sinks.mysql.bulk import insert_rows, load_tsv
-from sinks.mysql.connection import Tls, open_connection
+from sinks.mysql.connection import open_connection
 from sinks.mysql.encoding import encode_tsv
 from twophase import Column, TransactionContext, TxnId
-from twophase.kit import DEFAULT_CHUNK_SIZE, chunks
+from twophase.kit import DEFAULT_CHUNK_SIZE, Tls, chunks
 
 TABLE = "bench_rows"
 TABLE_DDL = (f"CREATE TABLE {TABLE} (id BIGINT NOT NULL PRIMARY KEY, name VARCHAR(64) NOT NULL, "

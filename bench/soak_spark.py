@@ -131,10 +131,11 @@ class Plan:
 
 def run_child(plan: Plan) -> None:
     """Stream the rate source into each sink until its query's batch ``plan.batches - 1``."""
-    from twophase.testing.driver import local_session  # noqa: PLC0415 - the child's only
+    from bench.session import bench_session, provenance  # noqa: PLC0415 - the child's only
 
-    spark = local_session("twophase-soak", plan.partitions,
+    spark = bench_session("twophase-soak", plan.partitions,
                           {"spark.local.dir": tempfile.gettempdir()})
+    print(provenance(spark), flush=True)
     running = [_started(spark, plan, query) for query in plan.queries]
     while running:
         for query in list(running):

@@ -68,10 +68,11 @@ from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 
+from bench.session import bench_session, provenance
 from setups import SETUPS
 from twophase.spark import write_stream
 from twophase.testing import Target
-from twophase.testing.driver import FEED_SCHEMA, generate_feed, local_session
+from twophase.testing.driver import FEED_SCHEMA, generate_feed
 from twophase.testing.target import Setup
 
 PARTITIONS = 2
@@ -396,7 +397,8 @@ def main() -> None:
     conf = {key: value for peer in peers.values() for key, value in peer.conf().items()}
     if jars:
         conf["spark.jars"] = ",".join(jars)
-    spark = local_session("twophase-spark-peers", PARTITIONS, conf or None)
+    spark = bench_session("twophase-spark-peers", PARTITIONS, conf or None)
+    print(provenance(spark), "\n", flush=True)
     with tempfile.TemporaryDirectory(prefix="twophase-peers-") as tmp:
         workdir = Path(tmp)
         expected = make_parquet_feed(spark, workdir, args.files, args.rows_per_file)

@@ -32,11 +32,12 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceStreamWriter, WriterCommitMessage
 
+from bench.session import bench_session, provenance
 from sinks.sqlite import SQLiteSink
 from twophase import TwoPhaseCommitSink
 from twophase.spark import write_stream
 from twophase.status import store_for
-from twophase.testing.driver import generate_feed, local_session, read_feed
+from twophase.testing.driver import generate_feed, read_feed
 
 TABLE_DDL = ("CREATE TABLE orders (event_id INTEGER NOT NULL, order_id INTEGER NOT NULL, "
              "status TEXT NOT NULL, ts TEXT)")
@@ -139,7 +140,8 @@ def main() -> int:
                         help="compare metrics_port on against off instead")
     args = parser.parse_args()
     modes = METRICS_MODES if args.metrics else MODES
-    spark = local_session("twophase-bench")
+    spark = bench_session("twophase-bench")
+    print(provenance(spark), "\n", flush=True)
     spark.dataSource.register(PlainAppend)
     with tempfile.TemporaryDirectory(prefix="twophase-bench-") as tmp:
         workdir = Path(tmp)
