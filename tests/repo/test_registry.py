@@ -6,8 +6,9 @@ naming a fixture that does not exist, a suite class naming a setup fixture that 
 a registered sink without its room of tests (``tests/sinks/<name>/``: its contract suite and
 its crash suite, found by name), its marker (``pyproject.toml``, which ``--strict-markers``
 needs), its benchmark peer, or an extra of ``pyproject.toml`` named by its ``kind`` (the client
-libraries the preflight checks on the driver and every executor), and a README whose "adding a
-sink" steps no longer match what a registered sink is made of each fail a test here.
+libraries the preflight checks on the driver and every executor), and docs whose "adding a
+sink" steps (docs/writing-a-sink.md) no longer match what a registered sink is made of each
+fail a test here.
 """
 
 from __future__ import annotations
@@ -30,12 +31,13 @@ from tests import REPO
 from tests.repo.test_docs import paragraph, prebuilt_sinks
 from tests.sink_sets import Registry, fixture_of, shipped_in, sink_sets
 
-README = REPO / "README.md"
+WRITING_A_SINK = REPO / "docs" / "writing-a-sink.md"
 PYPROJECT = REPO / "pyproject.toml"
 TESTS = REPO / "tests"
 #: A registered sink's room of tests: its contract and crash suites, found by name.
 ROOM = "sinks/{name}"
-#: The README's "adding a sink" steps: a numbered list in the paragraph that begins so.
+#: The docs' "adding a sink" steps (docs/writing-a-sink.md): a numbered list in the paragraph
+#: that begins so.
 STEPS_START = "Inside this repository a prebuilt sink is"
 STEP = re.compile(r"\d+\. ")
 SETUP_FIXTURE = re.compile(r'^\s+setup_fixture = "(\w+)"', re.MULTILINE)
@@ -72,7 +74,7 @@ def missing_fixtures(request: pytest.FixtureRequest, names: Iterable[str]) -> li
 
 
 def places(setup: type[SinkSetup]) -> list[str]:
-    """What a registered sink is made of, in the README's order: its package, its setup, the
+    """What a registered sink is made of, in the docs' order: its package, its setup, the
     registry's module; relative to the repository, the sink's name written ``<name>``."""
     spec = importlib.util.find_spec(f"sinks.{package_of(setup)}")
     assert spec is not None and spec.origin is not None, setup.factory
@@ -87,10 +89,10 @@ def generic(path: Path, name: str) -> Path:
     return path.with_name(NAME + path.suffix) if path.stem == name else path
 
 
-def readme_steps(readme: str) -> list[str]:
-    """The numbered steps of the README's "adding a sink" paragraph, each on one line."""
+def docs_steps(page: str) -> list[str]:
+    """The numbered steps of the docs' "adding a sink" paragraph, each on one line."""
     steps: list[str] = []
-    for line in paragraph(readme, STEPS_START).splitlines()[1:]:
+    for line in paragraph(page, STEPS_START).splitlines()[1:]:
         if STEP.match(line):
             steps.append(STEP.sub("", line, count=1))
         elif steps:
@@ -156,7 +158,7 @@ def test_every_suite_names_a_setup_fixture_that_exists(request: pytest.FixtureRe
 
 
 def test_every_registered_sink_has_its_contract_suite_crash_suite_and_peer() -> None:
-    """Found by name in the sink's room; the crash suites in one layout (the README's own
+    """Found by name in the sink's room; the crash suites in one layout (the docs' own
     sink, no prebuilt one, in tests/spark/test_crash.py)."""
     assert SETUP_FIXTURE.findall((TESTS / "spark" / "test_crash.py").read_text()) == []
     for name in SETUPS:
@@ -181,8 +183,8 @@ def test_every_registration_states_what_the_suites_derive() -> None:
         assert name in shipped_in(setup.since), name
 
 
-def test_the_readme_lists_every_place_a_registered_sink_is_made_of() -> None:
-    steps = readme_steps(README.read_text())
+def test_the_docs_list_every_place_a_registered_sink_is_made_of() -> None:
+    steps = docs_steps(WRITING_A_SINK.read_text())
     for setup in SETUPS.values():
         made_of = places(setup)
         assert len(steps) == len(made_of) == 3, (steps, made_of)
@@ -212,9 +214,9 @@ def test_the_checks_refuse_an_unregistered_package_a_missing_fixture_and_a_missi
         "lake_setup", "lake_server"]
     text = (f"Before.\n\n{STEPS_START} two things:\n1. its package, `sinks/{NAME}/`;\n"
             f"2. its setup,\n   `setups/{NAME}.py`.\n\nAfter.\n")
-    assert readme_steps(text) == [f"its package, `sinks/{NAME}/`;",
-                                  f"its setup, `setups/{NAME}.py`."]
-    assert len(readme_steps(text)) != len(places(SQLiteSetup))
+    assert docs_steps(text) == [f"its package, `sinks/{NAME}/`;",
+                                f"its setup, `setups/{NAME}.py`."]
+    assert len(docs_steps(text)) != len(places(SQLiteSetup))
     assert places(MySQLSetup) == [f"sinks/{NAME}", f"setups/{NAME}.py", "setups/__init__.py"]
     assert crash_suites(TESTS / "repo" / "test_registry.py") == []
     extras = pyproject()["project"]["optional-dependencies"]

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+import mkdocs_hooks
 from setups import SETUPS
 from tests import REPO
 
@@ -29,6 +30,8 @@ SINK_CLASSES = {cls: module for module, cls in
 FENCE = re.compile(r"```python\n(.*?)```", re.S)
 # where a constructor's ``**kwargs`` go: their keywords are the parameters of this class
 KWARGS_TO = {"KafkaSink": ("sinks.kafka.connection", "KafkaSettings")}
+#: Where the site is built: the CI artifact (``.gitignore``'s ``/site/``).
+SITE = REPO / "site"
 SPAN = re.compile(r"`([^`\n]*\([^`\n]*\)[^`\n]*)`")
 
 
@@ -95,11 +98,42 @@ def test_the_option_check_refuses_a_planted_option(tmp_path: Path) -> None:
         "bad.md: DeltaSink(vacuum_hourly=)", "bad.md: MySQLXASink(no_such_option=)"]
 
 
-def test_the_site_builds_strict(tmp_path: Path) -> None:
+def test_the_site_builds_strict() -> None:
+    """Into ``site/`` (ignored by git), which CI keeps as the built site."""
     mkdocs = Path(sys.executable).with_name("mkdocs")
     if not mkdocs.exists():
         pytest.fail(f"{mkdocs} is missing: install the dev extra (pip install -e '.[dev]')")
-    done = subprocess.run([str(mkdocs), "build", "--strict", "-d", str(tmp_path / "site")],
+    done = subprocess.run([str(mkdocs), "build", "--strict", "-d", str(SITE)],
                           check=False, cwd=REPO, capture_output=True, text=True, timeout=120,
                           env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_every_sink_page_shows_the_phase_table_of_its_docstring() -> None:
+    """The site's hook (``mkdocs_hooks.py``) turns each ``<!-- phases: ... -->`` line into the
+    module docstring's table: one row per phase, the five columns of the docstring."""
+    for page in sorted((REPO / "docs" / "sinks").glob("*.md")):
+        for module in mkdocs_hooks.MARKER.findall(page.read_text()):
+            table = mkdocs_hooks.module_phase_table(module).splitlines()
+            assert table[0].startswith("| phase |"), (page.name, table[0])
+            phases = [row.split("|")[1].strip() for row in table[2:]]
+            assert {"begin", "write", "pre-commit", "commit", "abort"} <= set(phases), (
+                page.name, phases)
+
+
+def test_the_phase_table_hook_reads_a_simple_table_and_refuses_a_module_without_one() -> None:
+    docstring = """Before.
+
+=====  ================  ==========
+phase  calls             leaves
+=====  ================  ==========
+begin  ``XA START``,     nothing |
+       connect           at all
+write  :class:`~a.B`     rows
+=====  ================  ==========
+"""
+    assert mkdocs_hooks.phase_table(docstring).splitlines() == [
+        "| phase | calls | leaves |", "|---|---|---|",
+        "| begin | `XA START`, connect | nothing \\| at all |", "| write | `B` | rows |"]
+    with pytest.raises(ValueError, match="no table"):
+        mkdocs_hooks.phase_table("No table here.")
