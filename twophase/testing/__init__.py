@@ -31,8 +31,9 @@ and :mod:`twophase.testing.protocol`, the driver's half of the protocol without 
 
 The suites need pytest (the model also hypothesis); the driver needs pyspark.
 
-What is public: ``__all__`` here (docs/versioning.md's table "What ``twophase.testing`` exports" lists
-exactly it), and the modules above with their documented classes; a ``_`` name is internal.
+What is public: ``__all__`` here (docs/versioning.md's table "What ``twophase.testing``
+exports" lists exactly it), and the modules above with their documented classes; a ``_`` name
+is internal.
 0.1.0's ``SinkTarget`` and the suites' ``sink``/``visible`` are deprecated shims until 0.6.0
 (``CHANGELOG.md``).
 """
