@@ -19,6 +19,7 @@ import json
 import shutil
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ import pytest
 
 from setups import SQLiteSetup
 from setups.base import Target as SetupTarget
+from sinks.postgres.connection import SSLMODE_OF_TLS
 from tests.release_orphans import ORPHAN_EVENT_IDS
 from tests.releases import PREVIOUS, SQLITE_STATE, launch_release, leave_orphans, unpacked
 from tests.sink_sets import Sinks, shipped_in, sink_sets, undecided
@@ -43,6 +45,10 @@ FIXTURE = "fixture.json"
 #: Sink options newer than the previous release (its defaults do the same on the plain test
 #: servers: 0.1.0's MySQL sink tried TLS, then plain text, where tls="off" asks for plain).
 NEWER_OPTIONS = frozenset({"tls"})
+#: Options the previous release spelled otherwise, per sink: the release's name and value.
+#: 0.1.0's PostgreSQL sink took libpq's ``sslmode`` (verified by default).
+RELEASE_SPELLINGS: dict[str, dict[str, tuple[str, Mapping[Any, Any]]]] = {
+    "sinks.postgres:PostgresSink": {"tls": ("sslmode", SSLMODE_OF_TLS)}}
 
 
 @pytest.fixture(scope="session")
@@ -52,14 +58,29 @@ def previous_release(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def as_the_release_takes(spec: DriverSpec) -> DriverSpec:
-    """``spec`` without the options newer than the previous release (its defaults do what
-    they ask for on the plain test servers)."""
-    return replace(spec, sink_kwargs=_without_newer(spec.sink_kwargs))
+    """``spec`` as the previous release takes it: an option it spelled otherwise in its
+    spelling, one newer than it left out (its defaults do what it asks for on the plain test
+    servers); a group's members each by their own sink."""
+    return replace(spec, sink_kwargs=_as_spelled(spec.sink_factory, spec.sink_kwargs))
 
 
-def _without_newer(options: dict[str, Any]) -> dict[str, Any]:
-    return {key: _without_newer(value) if isinstance(value, dict) else value
-            for key, value in options.items() if key not in NEWER_OPTIONS}
+def _as_spelled(factory: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    spellings = RELEASE_SPELLINGS.get(factory, {})
+    spelled: dict[str, Any] = {}
+    for key, value in options.items():
+        if key in spellings:
+            name, values = spellings[key]
+            spelled[name] = values[value]
+        elif key not in NEWER_OPTIONS:
+            spelled[key] = _value_as_spelled(factory, value)
+    return spelled
+
+
+def _value_as_spelled(factory: str, value: Any) -> Any:
+    """A group's member by its own sink, another mapping (the members) by ``factory``."""
+    if isinstance(value, dict) and {"sink", "options"} <= set(value):
+        return {**value, "options": _as_spelled(value["sink"], value["options"])}
+    return _as_spelled(factory, value) if isinstance(value, dict) else value
 
 
 @pytest.mark.spark
