@@ -54,7 +54,6 @@ import importlib
 import logging
 import os
 import re
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
@@ -62,10 +61,10 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 from twophase._secrets import REDACTED, ClientCache, Secret, SecretOption, reveal
 from twophase._tls import (
     DEFAULT_TLS,
-    FORMER_NAMES_REMOVED_IN,
     Tls,
     TlsMode,
     refuse_plain_text_over_https,
+    renamed_option,
 )
 from twophase.errors import ConfigurationError, FatalError, RetryableError, TwoPhaseError
 
@@ -206,9 +205,9 @@ class S3Settings:
     def _take_former_verify(self) -> None:
         """The former ``verify=`` as ``tls=`` (``verify=False``: ``tls="require"``, the CA file
         it ignored dropped), with a warning naming the new option."""
-        warnings.warn(f"{SYSTEM}: verify= is deprecated and is removed in "
-                      f"{FORMER_NAMES_REMOVED_IN}: pass tls='require' for verify=False, nothing "
-                      "for verify=True", DeprecationWarning, stacklevel=5)
+        renamed_option(SYSTEM, "verify", self.verify, "tls", None,
+                       same="tls='require' for verify=False, nothing for verify=True",
+                       stacklevel=6)
         if not self.verify:
             object.__setattr__(self, "tls", "require")
             object.__setattr__(self, "ca_bundle", None)

@@ -69,6 +69,7 @@ from psycopg import sql
 
 from setups.servers.local import HOST, ServerMissingError, ServerProcess, free_port
 from setups.servers.tls import OWNER_ONLY, CertificateAuthority, Issued
+from sinks.postgres.connection import TLS_OF_SSLMODE, SslMode
 
 BIN_DIRS = tuple(sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True))
 INSTALL_HINT = "install Debian's PostgreSQL server: apt-get install postgresql"
@@ -136,10 +137,6 @@ def _run_as() -> dict[str, Any]:
     return {"user": entry.pw_uid, "group": entry.pw_gid}
 
 
-#: The sink's ``tls=`` of each libpq ``sslmode`` the setups use.
-TLS_OF_SSLMODE = {"verify-full": "verify", "require": "require", "disable": "off"}
-
-
 @dataclass(frozen=True)
 class PgParams:
     """How a client reaches the private server over TCP with the test user."""
@@ -149,7 +146,7 @@ class PgParams:
     user: str
     password: str
     database: str
-    sslmode: str = "disable"
+    sslmode: SslMode = "disable"
     ca_bundle: str | None = None
 
     def sink_options(self) -> dict[str, Any]:

@@ -86,7 +86,7 @@ class HttpSettings:
     @property
     def tls_options(self) -> dict[str, Any]:
         """requests' ``verify=`` and ``cert=`` of :attr:`tls`."""
-        verify: bool | str = self.tls.ca_bundle or True if self.tls.verifies else False
+        verify: bool | str = (self.tls.ca_bundle or True) if self.tls.verifies else False
         cert = self.tls.client_cert if self.tls.client_key is None \
             else (self.tls.client_cert, self.tls.client_key)
         return {"verify": verify, "cert": cert}

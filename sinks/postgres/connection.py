@@ -57,6 +57,9 @@ DEFAULT_CONNECT_TIMEOUT_S = 10
 SslMode = Literal["verify-full", "verify-ca", "require", "disable"]
 SSL_MODES: tuple[SslMode, ...] = ("verify-full", "verify-ca", "require", "disable")
 #: libpq's ``sslmode`` of each ``tls=`` (its own default, ``prefer``, verifies nothing).
+#: ``tls=`` of each (former) ``sslmode`` (``verify-ca``: verified, the host name not checked).
+TLS_OF_SSLMODE: Mapping[SslMode, TlsMode] = {"verify-full": "verify", "verify-ca": "verify",
+                                            "require": "require", "disable": "off"}
 SSLMODE_OF_TLS: Mapping[TlsMode, SslMode] = {"verify": "verify-full", "require": "require",
                                             "off": "disable"}
 APPLICATION_NAME = "twophase"
@@ -172,8 +175,7 @@ def tls_settings(mode: TlsMode, ca_bundle: str | None, client_cert: str | None,
                 f"{SYSTEM}: sslmode={sslmode!r} is refused: libpq's 'prefer' and 'allow' fall "
                 "back to plain text without a word, and check no certificate.",
                 fix="pass tls='verify' (the default) unless the network is trusted")
-        mode = next(tls for tls, libpq in SSLMODE_OF_TLS.items()
-                    if libpq == sslmode.replace("verify-ca", "verify-full"))
+        mode = TLS_OF_SSLMODE[sslmode]
     return {"tls": Tls(mode, ca_bundle, client_cert, client_key, SYSTEM),
             "check_host_name": sslmode != "verify-ca"}
 

@@ -55,7 +55,8 @@ from psycopg import sql
 from setups.servers.kafka import KafkaBroker, spark_kafka_jars
 from setups.servers.kafka_connect import ConnectWorker, debezium_postgres_config, start_worker
 from setups.servers.mariadb import Db, MariaDBServer
-from setups.servers.postgres import TLS_OF_SSLMODE, PgView, PostgresServer, logical_server
+from setups.servers.postgres import PgView, PostgresServer, logical_server
+from sinks.postgres.connection import TLS_OF_SSLMODE
 from tests import REPO
 from twophase._state import StateStore
 from twophase.testing.crash_points import (
