@@ -52,12 +52,12 @@ from bench.mysql_xa import COLUMNS, TABLE, TABLE_DDL, count_rows, paired_ratio, 
 from bench.session import bench_session, provenance
 from setups.servers.mariadb import MariaDBServer, private_server
 from sinks.mysql import MySQLXASink
-from sinks.mysql.arrow import ArrowChunk, chunks_of
+from sinks.mysql.arrow import ArrowChunk
 from sinks.mysql.bulk import load_tsv
 from sinks.mysql.connection import open_connection
 from sinks.mysql.sink import MySQLBranch
 from twophase import TwoPhaseCommitSink
-from twophase.kit import DEFAULT_CHUNK_SIZE, Tls
+from twophase.kit import DEFAULT_CHUNK_SIZE, Tls, batch_chunks
 from twophase.spark import write_stream
 
 DEFAULT_BATCHES = 4
@@ -102,7 +102,7 @@ class PlainWriter(DataSourceStreamArrowWriter):
                                autocommit=True, init_command="SET time_zone = '+00:00'")
         try:
             conn.begin()
-            for batches in chunks_of(iterator, DEFAULT_CHUNK_SIZE):
+            for batches in batch_chunks(iterator, DEFAULT_CHUNK_SIZE):
                 chunk = ArrowChunk(batches)
                 load_tsv(conn, f"`{TABLE}`", NAMES, chunk.tsv(), rows=len(chunk),
                          what="plain load")

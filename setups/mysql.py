@@ -11,11 +11,14 @@ from pathlib import Path
 from typing import Any
 
 from setups.base import Proxy, ProxyFactory, SinkSetup, Target, relayed
-from setups.least_privilege import Grant, table_privileges
+from setups.least_privilege import KEYED_PRIVILEGES, Grant, table_privileges
 from setups.servers.mariadb import Db, MariaDBServer, private_server
 from sinks.mysql.fencing import DEFAULT_FENCE_TABLE
+from sinks.mysql.keyed import MAX_NAME_LENGTH
 from sinks.mysql.markers import DEFAULT_MARKER_TABLE
 from sinks.mysql.schema import Table
+from twophase.kit import KEYED
+from twophase.kit.sql import tombstone_table_name
 
 #: What the sink's user needs, by role (README, Security: MySQL / MariaDB). CREATE on the
 #: marker and fence tables only if the sink creates them (``check_schema``); XA statements,
@@ -76,6 +79,11 @@ class MySQLSetup(SinkSetup):
         if options.get("fencing"):
             grants["fence"] = (FENCE_PRIVILEGES, str(Table(
                 database, options.get("fence_table", DEFAULT_FENCE_TABLE))))
+        if options.get("mode") == KEYED:
+            tombstones = tombstone_table_name(options["table"], MAX_NAME_LENGTH)
+            grants["tombstones"] = ((*KEYED_PRIVILEGES, "CREATE"),
+                                    str(Table(database, tombstones)))
+            grants["changes"] = (("CREATE TEMPORARY TABLES",), f"`{database}`.*")
         return grants
 
     def create_sink_user(self, name: str, password: str, grants: list[Grant]) -> None:

@@ -44,6 +44,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
+from twophase._rows import ArrowT
 from twophase.errors import ConfigurationError, SchemaMismatchError
 from twophase.sink import Column
 
@@ -141,6 +142,53 @@ class Keyed:
             newest[key] = Change(key, stamp, None if deleted else tuple(row[i] for i in kept))
         return list(newest.values())
 
+    def flagged_columns(self, columns: Sequence[str]) -> tuple[str, ...]:
+        """The columns of a flagged change: the written ones, then :data:`DELETED_FLAG`."""
+        return (*self.written(columns), DELETED_FLAG)
+
+    def flagged_rows(self, rows: Iterable[Sequence[Any]], columns: Sequence[str]
+                     ) -> Iterator[tuple[Any, ...]]:
+        """``rows`` of ``columns`` as rows of :meth:`flagged_columns`: the delete marker read
+        into the boolean flag, the other values as they are."""
+        marker = columns.index(self.deleted) if self.deleted else None
+        kept = [i for i, name in enumerate(columns) if name != self.deleted]
+        for row in rows:
+            yield (*(row[i] for i in kept), marker is not None and is_delete(row[marker]))
+
+    def flagged_arrow(self, batch: ArrowT) -> ArrowT:
+        """A record batch or table as one of :meth:`flagged_columns` (the flag in Arrow)."""
+        import pyarrow as pa  # noqa: PLC0415 - only the Arrow path needs pyarrow
+
+        kept: list[str] = [name for name in batch.schema.names if name != self.deleted]
+        flag = (delete_flags(batch.column(self.deleted)) if self.deleted
+                else pa.repeat(False, batch.num_rows))
+        return type(batch).from_arrays([*(batch.column(name) for name in kept), flag],
+                                       names=[*kept, DELETED_FLAG])
+
+    def newest_rows(self, rows: Iterable[Sequence[Any]], columns: Sequence[str]
+                    ) -> list[tuple[Any, ...]]:
+        """``rows`` reduced to the newest change of each key (:meth:`reduce`), as rows of
+        :meth:`flagged_columns`; a delete's values other than its key and version are NULL."""
+        written = self.written(columns)
+        at = {name: i for i, name in enumerate(written)}
+        stamp = [at[name] for name in (*self.key, self.version)]
+        blank: list[Any] = [None] * len(written)
+        newest: list[tuple[Any, ...]] = []
+        for change in self.reduce(rows, columns):
+            if change.row is not None:
+                newest.append((*change.row, False))
+                continue
+            values = blank.copy()
+            for i, value in zip(stamp, (*change.key, change.version), strict=True):
+                values[i] = value
+            newest.append((*values, True))
+        return newest
+
+    def newest_arrow(self, table: pa.Table) -> pa.Table:
+        """``table`` reduced to the newest change of each key (:meth:`reduce_arrow`), as a
+        table of :meth:`flagged_columns`."""
+        return self.flagged_arrow(self.reduce_arrow(table))
+
     def reduce_arrow(self, table: pa.Table) -> pa.Table:
         """An Arrow table reduced as :meth:`reduce` does, in columns (stream order kept)."""
         import pyarrow as pa  # noqa: PLC0415 - only the Arrow path needs pyarrow
@@ -184,6 +232,18 @@ class Keyed:
             f", version {version!r}): mode='keyed' needs key= and version= in every row.",
             fix=f"filter the rows whose {', '.join(self.key)} or {self.version} is null, or "
                 "fill them in the query")
+
+
+def delete_flags(marker: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+    """:func:`is_delete` in Arrow: true for a true boolean or the string ``'d'``, else false."""
+    import pyarrow as pa  # noqa: PLC0415 - only the Arrow path needs pyarrow
+    import pyarrow.compute as pc  # noqa: PLC0415
+
+    if pa.types.is_boolean(marker.type):
+        return pc.fill_null(marker, False)
+    if pa.types.is_string(marker.type) or pa.types.is_large_string(marker.type):
+        return pc.fill_null(pc.equal(marker, "d"), False)
+    return pa.repeat(False, len(marker))
 
 
 def is_delete(mark: Any) -> bool:

@@ -38,12 +38,20 @@ def rows_of(batches: Iterable[pa.RecordBatch]) -> Iterator[tuple[Any, ...]]:
         if batch.num_columns == 0:
             yield from (() for _ in range(batch.num_rows))
             continue
-        utc = _with_timestamps_in(batch, _PYTHON_UTC)
-        yield from zip(*(column.to_pylist(maps_as_pydicts="strict") for column in utc.columns),
-                       strict=True)
+        yield from zip(*columns_of(batch), strict=True)
 
 
-def _with_timestamps_in(batch: pa.RecordBatch, zone: str) -> pa.RecordBatch:
+def columns_of(batch: pa.RecordBatch | pa.Table) -> list[list[Any]]:
+    """The columns of a record batch or table as lists of the values :func:`rows_of` gives."""
+    utc = _with_timestamps_in(batch, _PYTHON_UTC)
+    return [column.to_pylist(maps_as_pydicts="strict") for column in utc.columns]
+
+
+#: A record batch or a table (a function of either returns the same kind).
+ArrowT = TypeVar("ArrowT", "pa.RecordBatch", "pa.Table")
+
+
+def _with_timestamps_in(batch: ArrowT, zone: str) -> ArrowT:
     import pyarrow as pa  # noqa: PLC0415 - pyarrow is needed only on the data source path
 
     zoned = [i for i, field in enumerate(batch.schema)
@@ -53,7 +61,7 @@ def _with_timestamps_in(batch: pa.RecordBatch, zone: str) -> pa.RecordBatch:
     columns = list(batch.columns)
     for i in zoned:
         columns[i] = columns[i].cast(pa.timestamp(batch.schema.field(i).type.unit, tz=zone))
-    return pa.RecordBatch.from_arrays(columns, names=batch.schema.names)
+    return type(batch).from_arrays(columns, names=batch.schema.names)
 
 
 def instant_from_micros(micros: int | None) -> datetime | None:
@@ -88,4 +96,24 @@ def chunks(rows: Iterable[T], chunk_size: int) -> Iterator[list[T]]:
     """``rows`` in lists of at most ``chunk_size``, read lazily (memory: one chunk)."""
     iterator = iter(rows)
     while chunk := list(islice(iterator, chunk_size)):
+        yield chunk
+
+
+def batch_chunks(batches: Iterable[pa.RecordBatch], chunk_size: int
+                 ) -> Iterator[list[pa.RecordBatch]]:
+    """Record batches regrouped into lists of at most ``chunk_size`` rows (slices: no copies;
+    no list is empty): :func:`chunks` for the data source path."""
+    chunk: list[pa.RecordBatch] = []
+    size = 0
+    for batch in batches:
+        start = 0
+        while start < batch.num_rows:
+            piece = batch.slice(start, chunk_size - size)
+            chunk.append(piece)
+            size += piece.num_rows
+            start += piece.num_rows
+            if size == chunk_size:
+                yield chunk
+                chunk, size = [], 0
+    if chunk:
         yield chunk

@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
-from collections.abc import Generator, Iterable, Iterator, Sequence
+from collections.abc import Generator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sinks.mysql.encoding import ESCAPES, NULL, tsv_field
-from twophase.kit import rows_of
+from twophase.kit import Keyed, batch_chunks, rows_of
 
 _TEXT = pa.large_binary()
 _NULL = pa.scalar(NULL.encode(), _TEXT)
@@ -47,25 +47,6 @@ _LAST_MICROS = 253_402_300_799_999_999  # 9999-12-31 23:59:59.999999 UTC
 #: Chunks read and encoded ahead of the one being loaded (each holds ``chunk_size`` rows twice:
 #: as Arrow and as text).
 CHUNKS_AHEAD = 1
-
-
-def chunks_of(batches: Iterable[pa.RecordBatch], chunk_size: int
-              ) -> Iterator[list[pa.RecordBatch]]:
-    """The batches regrouped into lists of at most ``chunk_size`` rows (slices: no copies)."""
-    chunk: list[pa.RecordBatch] = []
-    size = 0
-    for batch in batches:
-        start = 0
-        while start < batch.num_rows:
-            piece = batch.slice(start, chunk_size - size)
-            chunk.append(piece)
-            size += piece.num_rows
-            start += piece.num_rows
-            if size == chunk_size:
-                yield chunk
-                chunk, size = [], 0
-    if chunk:
-        yield chunk
 
 
 @dataclass(frozen=True)
@@ -92,6 +73,11 @@ class ArrowChunk:
     def rows(self) -> list[tuple[Any, ...]]:
         return list(rows_of(self.batches))
 
+    def newest(self, keyed: Keyed, columns: Sequence[str]) -> ArrowChunk:
+        """The newest change of each key (:meth:`~twophase.kit.Keyed.newest_arrow`)."""
+        del columns  # the batches name their own
+        return ArrowChunk(keyed.newest_arrow(pa.Table.from_batches(self.batches)).to_batches())
+
     def encoded(self) -> ArrowChunk:
         """This chunk with its text; as it is if encoding fails (``tsv`` then raises the
         error where the sink loads it, as without the read-ahead)."""
@@ -103,16 +89,17 @@ class ArrowChunk:
 
 def chunks_ahead(batches: Iterable[pa.RecordBatch], chunk_size: int, *, encode: bool
                  ) -> Generator[ArrowChunk, None, None]:
-    """The chunks of :func:`chunks_of`, read (and encoded, if ``encode``) on a helper thread
-    :data:`CHUNKS_AHEAD` chunk ahead of the caller. An error reading the batches is raised
-    here. Close it (``contextlib.closing``) when the caller stops early: the helper stops after
-    the chunk it is on and is joined, so that nothing reads Spark's batches after that."""
+    """The chunks of :func:`~twophase.kit.batch_chunks`, read (and encoded, if ``encode``) on
+    a helper thread :data:`CHUNKS_AHEAD` chunk ahead of the caller. An error reading the batches
+    is raised here. Close it (``contextlib.closing``) when the caller stops early: the helper
+    stops after the chunk it is on and is joined, so that nothing reads Spark's batches after
+    that."""
     ready: queue.Queue[ArrowChunk | BaseException | None] = queue.Queue(CHUNKS_AHEAD)
     stop = threading.Event()
 
     def produce() -> None:
         try:
-            for batches_of_chunk in chunks_of(batches, chunk_size):
+            for batches_of_chunk in batch_chunks(batches, chunk_size):
                 chunk = ArrowChunk(batches_of_chunk)
                 ready.put(chunk.encoded() if encode else chunk)
                 if stop.is_set():

@@ -7,8 +7,9 @@ it turns row errors (duplicate key, NULL into NOT NULL, truncation) into *warnin
 the row, so every load checks the affected-row and warning counts and fails the branch on any
 warning. ``upsert`` mode uses ``INSERT ... ON DUPLICATE KEY UPDATE`` (``LOAD DATA`` cannot
 update); so does ``bulk="insert"``, and ``bulk="auto"`` once the server refuses local loads;
-``keyed`` mode guards each assignment of its ``ON DUPLICATE KEY UPDATE`` by the version
-(``on_duplicate``, see :mod:`sinks.mysql.keyed`).
+``keyed`` mode loads each chunk's newest changes into a temporary table the same two ways and
+applies them with ``INSERT ... SELECT ... ON DUPLICATE KEY UPDATE`` (:func:`insert_selected`),
+each assignment guarded by the version (see :mod:`sinks.mysql.keyed`).
 Enabling local loads lets the server ask the client for any file it can read (PyMySQL does not
 check the name the server asks for): use ``bulk="insert"`` with servers you do not trust.
 
@@ -60,6 +61,17 @@ def insert_rows(conn: Connection, target: Table | str, columns: Sequence[str],
         affected = cursor.executemany(sql, rows)
         _check_warnings(cursor, expected=None if upsert else len(rows), affected=affected,
                         what=what)
+
+
+def insert_selected(conn: Connection, target: Table, select: str, *, columns: Sequence[str],
+                    on_duplicate: str, what: str) -> None:
+    """``INSERT INTO target (columns) <select> ON DUPLICATE KEY UPDATE <on_duplicate>``: rows
+    the server holds already (SQL, no parameters)."""
+    sql = (f"INSERT INTO {target} ({column_list(columns)}) {select} "
+           f"ON DUPLICATE KEY UPDATE {on_duplicate}")
+    with conn.cursor() as cursor:
+        affected = cursor.execute(sql)
+        _check_warnings(cursor, expected=None, affected=affected, what=what)
 
 
 def _check_warnings(cursor: Any, *, expected: int | None, affected: int, what: str) -> None:

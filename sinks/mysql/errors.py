@@ -66,6 +66,7 @@ LOCAL_INFILE_REFUSED = frozenset({1148, 2068, 3948, 4166})  # MySQL 8: 3948, Mar
 ROLLED_BACK = frozenset({1402, 1613, 1614})  # XA_RBROLLBACK, XA_RBTIMEOUT, XA_RBDEADLOCK
 ACCESS_DENIED = 1045  # a refused login: the password (or a client certificate REQUIREd)
 LOCK_WAIT_TIMEOUT = 1205
+DATABASE_ACCESS_DENIED = 1044  # a database-level privilege (CREATE TEMPORARY TABLES) refused
 #: ER_BINLOG_STMT_MODE_AND_ROW_ENGINE: binlog_format=STATEMENT refuses InnoDB writes under
 #: READ COMMITTED (the keyed mode's isolation)
 STATEMENT_BINLOG_REFUSED = 1665
@@ -163,7 +164,7 @@ ERRORS = ErrorTable(
         2013: (RetryableError, FIX_RETRY),  # lost connection during query
         2055: (RetryableError, FIX_RETRY),  # lost connection (system error)
         ACCESS_DENIED: (ConfigurationError, FIX_ACCESS_DENIED),
-        1044: (ConfigurationError, FIX_GRANT_DATABASE),  # also: no such database
+        DATABASE_ACCESS_DENIED: (ConfigurationError, FIX_GRANT_DATABASE),  # also: no such database
         1049: (ConfigurationError, "create the database or fix the sink's database name"),
         1142: (ConfigurationError, FIX_GRANT),
         1143: (ConfigurationError, FIX_GRANT),

@@ -2,38 +2,52 @@
 newest version of each key winning, deletes remembered in a tombstone table (the rules:
 :mod:`twophase._keyed`).
 
-Each chunk of a branch's rows (chunk by chunk is right: every step is guarded by the version,
-and a later chunk reads what an earlier one wrote in the same branch):
+Each chunk of a branch's rows is applied set-based, by statements over the branch's temporary
+table ``_twophase_changes`` (chunk by chunk is right: every step is guarded by the version, and a
+later chunk reads what an earlier one wrote in the same branch):
 
 ====  ===============================================  ========================================
 step  statements                                       why
 ====  ===============================================  ========================================
-1     (Python) :meth:`~twophase.kit.Keyed.reduce`      one change per key: its newest
-2     ``SELECT key, version ... FORCE INDEX (key)      the version each key holds, as row or
-      WHERE key IN (...) FOR UPDATE`` on the target,   as tombstone, locked until the decision
-      the same on the tombstone table, 500 keys a
-      statement (:data:`KEYS_PER_READ`)
-3     (Python) :func:`~twophase.kit.newer_than`        late and repeated changes dropped
-4     multi-row ``INSERT ... ON DUPLICATE KEY UPDATE   the upserts, each assignment guarded by
-      c = IF(newer, VALUES(c), c), ..., version =      the version, the version assigned last
-      IF(newer, VALUES(version), version)``            (MySQL assigns left to right)
-5     ``DELETE FROM target WHERE key = ... AND         the deletes, one key per statement
-      (version < ...)``
-6     ``INSERT ... ON DUPLICATE KEY UPDATE`` into the  the deletes' tombstones (of keys the
-      tombstone table, guarded alike                   target never held too)
-7     ``DELETE FROM tombstones WHERE key = ... AND     the tombstones of keys inserted again
-      (version < ...)``
+1     (Arrow, or Python for ``write``'s rows)           one change per key: its newest, the
+      :meth:`~twophase.kit.Keyed.newest_arrow`          delete marker read into a flag
+2     ``LOAD DATA`` (``INSERT`` with ``bulk=            the chunk into the branch's temporary
+      "insert"``) into ``_twophase_changes``            table (emptied first)
+3     ``SELECT COUNT(*) FROM changes STRAIGHT_JOIN      the keys' rows and tombstones locked
+      target FORCE INDEX (key) ... FOR UPDATE``; the    until the decision (a locking read sees
+      same on the tombstone table                       and waits for another branch's
+                                                        uncommitted row of the key too)
+4     ``DELETE c FROM changes c STRAIGHT_JOIN target    late and repeated changes dropped: not
+      t ... WHERE t.version >= c.version``; the same    newer than the key's row or tombstone
+      with the tombstones
+5     ``DELETE t FROM changes c STRAIGHT_JOIN target    the deletes
+      t ... WHERE c.deleted``
+6     ``INSERT INTO tombstones ... SELECT ... WHERE     the deletes' tombstones (of keys the
+      deleted ON DUPLICATE KEY UPDATE`` (guarded)       target never held too)
+7     ``DELETE b FROM changes c STRAIGHT_JOIN           the tombstones of keys written again
+      tombstones b ... WHERE NOT c.deleted``
+8     ``INSERT INTO target ... SELECT ... WHERE NOT     the upserts, each assignment guarded by
+      deleted ON DUPLICATE KEY UPDATE c = IF(newer,     the version, the version assigned last
+      VALUES(c), c), ..., version = IF(newer,           (MySQL assigns left to right)
+      VALUES(version), version)``
 ====  ===============================================  ========================================
 
-Why the guards in SQL although step 2 locked the rows: under READ COMMITTED a locking read of an
-absent key locks nothing, so another session may insert it before step 4. Why ``FORCE INDEX``
-and a DELETE per key (measured, MariaDB 10.11): on a small table the optimizer reads ``key IN
-(...)`` by scanning the whole table, even on the primary key, and a locking scan waits for every
-row another task's prepared branch holds, READ COMMITTED or not; a single-table DELETE takes no
-index hint, and one of a multi-table DELETE did not stop the wait either. A DELETE's version
-guard is wrapped (``COALESCE(version < %s, TRUE)``) so that no index of the version can serve
-it: the optimizer chose a range of such an index over the key's single row, scanning rows other
-branches hold (measured on the tombstones' ``deleted_at`` index).
+Why ``STRAIGHT_JOIN`` and ``FORCE INDEX`` (measured, MariaDB 10.11): every statement that reads
+the target or the tombstones must reach them from the changes, one key's row by the key's index
+(``eq_ref``). Left to itself, the optimizer reads ``key IN (...)`` of a small table by scanning
+it, even on the primary key, and a locking scan waits for every row another task's prepared
+branch holds, READ COMMITTED or not; a single-table DELETE takes no index hint. The upsert's
+guard stays in SQL although step 3 locked the rows: it is what makes a step idempotent where a
+key is absent (a locking read of an absent key locks nothing under READ COMMITTED).
+
+The temporary table is the session's own (created before ``XA START``, of the target's written
+columns, every one nullable, and the flag; indexed by the key but not unique on it, so that keys
+the collation takes as one, ``'a'`` and ``'A'``, both load and the version decides): MariaDB
+10.11 accepts its use inside an XA branch and its prepare (measured); the sink's user needs
+``CREATE TEMPORARY TABLES`` on the database (checked by ``check_schema``). MySQL 8 refuses a
+temporary table *created* inside an XA transaction; this one is created outside (not measured on
+MySQL 8 here). Versions compare as the server compares them: a string version under its
+column's collation.
 
 The branches run READ COMMITTED (:meth:`KeyedTables.begin`): under REPEATABLE READ the locking
 read of an absent key (a delete of a key the table never held, the insert of a new one) locks
@@ -58,26 +72,27 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import pymysql
 
-from sinks.mysql.bulk import insert_rows
+from sinks.mysql.bulk import insert_selected
 from sinks.mysql.connection import Connection, query
 from sinks.mysql.encoding import utc_naive
-from sinks.mysql.errors import LOCK_WAIT_TIMEOUT, error_code
+from sinks.mysql.errors import DATABASE_ACCESS_DENIED, LOCK_WAIT_TIMEOUT, error_code
 from sinks.mysql.schema import (
     Table,
     check_columns,
     column_list,
     key_index,
     quote_identifier,
+    quote_user,
     table_engine,
 )
-from twophase import Column, SchemaMismatchError
-from twophase.kit import Change, Keyed, newer_than
+from twophase import Column, ConfigurationError, SchemaMismatchError
+from twophase.kit import DELETED_FLAG, Keyed
 from twophase.kit.sql import TOMBSTONE_TIME_COLUMN, tombstone_table_name
 
 log = logging.getLogger(__name__)
@@ -93,17 +108,10 @@ TOMBSTONE_TABLE_DDL = """CREATE TABLE IF NOT EXISTS {{table}} (
   KEY by_deleted_at ({deleted_at})
 ) ENGINE=InnoDB COMMENT='twophase: the version of each deleted key (mode=keyed)'
 SELECT {columns} FROM {target} LIMIT 0"""
-#: Keys per locking read of their versions. MariaDB turns an ``IN`` list of
-#: ``in_predicate_conversion_threshold`` (1,000) values or more into a join with a table of
-#: them, which reads the key's index as a scan and waits for every row another task's prepared
-#: branch holds: measured, a second task of a routed batch then waited out its lock timeout.
-KEYS_PER_READ = 500
+#: The session's temporary table of a chunk's changes (see the module docstring).
+CHANGES_TABLE = "_twophase_changes"
 #: Tombstones read per page of a purge.
 PURGE_CHUNK = 1_000
-
-#: The version each key holds: key values -> version.
-Versions = dict[tuple[Any, ...], Any]
-
 
 @dataclass(frozen=True)
 class KeyedTables:
@@ -140,11 +148,28 @@ class KeyedTables:
                       upsert_key=self.keyed.key,
                       where=f"tombstone table {self.tombstones} of {where}")
 
+    def check_changes_table(self, conn: Connection, written: Sequence[str], user: str) -> None:
+        """Create (and drop) the temporary table a writer makes: refuse a user without
+        ``CREATE TEMPORARY TABLES`` on the target's database, naming the grant."""
+        try:
+            query(conn, self.changes_ddl(written))
+        except pymysql.err.MySQLError as exc:
+            if error_code(exc) != DATABASE_ACCESS_DENIED:
+                raise
+            database = quote_identifier(self.target.database)
+            raise ConfigurationError(
+                f"user {user!r} lacks CREATE TEMPORARY TABLES ON {database}.* (mode='keyed' "
+                "applies each chunk of changes from a temporary table of its session).",
+                fix=f"GRANT CREATE TEMPORARY TABLES ON {database}.* TO {quote_user(user)} "
+                    "(docs/sinks/mysql.md, 'Grants', lists what the sink needs)") from exc
+        query(conn, f"DROP TEMPORARY TABLE {self.changes}")
+
     # -- executor ------------------------------------------------------------------------------
 
-    def begin(self, conn: Connection) -> str:
+    def begin(self, conn: Connection, written: Sequence[str]) -> str:
         """Set a writer's session up before ``XA START``: READ COMMITTED (see the module
-        docstring); returns the name of the key's index (SchemaMismatchError if none)."""
+        docstring) and the temporary table of the changes (of the ``written`` columns); returns
+        the name of the key's index (SchemaMismatchError if none)."""
         query(conn, READ_COMMITTED)
         index = key_index(conn, self.target, self.keyed.key)
         if index is None:
@@ -153,74 +178,65 @@ class KeyedTables:
                 f"{list(self.keyed.key)} (mode='keyed' locks and updates rows by it).",
                 fix=f"create a unique index on ({', '.join(self.keyed.key)}), or name the "
                     "table's key in key=")
+        query(conn, self.changes_ddl(written))
         return index
 
-    def apply(self, conn: Connection, rows: Iterable[Sequence[Any]], columns: Sequence[str],
-              *, index: str, what: str) -> int:
-        """One chunk of rows applied in the caller's branch (the steps of the module
-        docstring); returns how many changes were newer than what the keys held."""
-        changes = [comparable(change) for change in self.keyed.reduce(rows, columns)]
-        if not changes:
-            return 0
-        keys = [change.key for change in changes]
-        held = self._versions(conn, self.target, index, keys)
-        buried = self._versions(conn, self.tombstones, PRIMARY, keys)
-        fresh = newer_than(changes, newest(held, buried))
-        upserts = [change for change in fresh if not change.deleted]
-        deletes = [change for change in fresh if change.deleted]
-        self._upsert(conn, self.keyed.written(columns), upserts, what)
-        self._delete(conn, self.target, deletes)
-        self._bury(conn, deletes, what)
-        self._delete(conn, self.tombstones, [c for c in upserts if c.key in buried])
-        log.debug("%s: %d of %d changes newer (%d deletes)", what, len(fresh), len(changes),
-                  len(deletes))
-        return len(fresh)
+    def changes_ddl(self, written: Sequence[str]) -> str:
+        """The session's temporary table of a chunk's changes: the target's ``written`` columns
+        (their types, every one nullable: a delete carries only its key and version), the
+        delete flag, an index of the key."""
+        picked = ", ".join(f"t.{quote_identifier(c)}" for c in written)
+        return (f"CREATE TEMPORARY TABLE {self.changes} ({quote_identifier(DELETED_FLAG)} "
+                f"BOOLEAN NOT NULL DEFAULT FALSE, KEY ({column_list(self.keyed.key)})) "
+                f"SELECT {picked} FROM (SELECT 1) AS one LEFT JOIN {self.target} AS t ON FALSE "
+                "LIMIT 0")
 
-    def _versions(self, conn: Connection, table: Table, index: str,
-                  keys: Sequence[tuple[Any, ...]]) -> Versions:
-        """The version ``table`` holds for each of ``keys`` it has, its rows locked; read
-        :data:`KEYS_PER_READ` keys at a time (see the constant)."""
-        width = len(self.keyed.key)
-        found: Versions = {}
-        for start in range(0, len(keys), KEYS_PER_READ):
-            page = keys[start:start + KEYS_PER_READ]
-            rows = query(conn, f"SELECT {column_list(self.stamp)} FROM {table} "
-                               f"FORCE INDEX ({quote_identifier(index)}) "
-                               f"WHERE {_keys_in(self.keyed.key, len(page))} FOR UPDATE",
-                         [value for key in page for value in key])
-            found.update((tuple(row[:width]), row[width]) for row in rows)
-        return found
+    @property
+    def changes(self) -> Table:
+        """The session's temporary table of a chunk's changes (in the target's database)."""
+        return Table(self.target.database, CHANGES_TABLE)
 
-    def _upsert(self, conn: Connection, written: Sequence[str], upserts: Sequence[Change],
-                what: str) -> None:
-        if not upserts:
-            return
+    def clear(self, conn: Connection) -> None:
+        """Empty the temporary table before a chunk is loaded into it."""
+        query(conn, f"DELETE FROM {self.changes}")
+
+    def apply(self, conn: Connection, written: Sequence[str], *, loaded: int, index: str,
+              what: str) -> int:
+        """Apply the ``loaded`` changes of the temporary table in the caller's branch (steps 3
+        to 8 of the module docstring); returns how many were newer than what the keys held."""
+        flag = quote_identifier(DELETED_FLAG)
+        target = self._joined(self.target, index)
+        tombstones = self._joined(self.tombstones, PRIMARY)
+        version = quote_identifier(self.keyed.version)
+        held_newer = f"t.{version} >= c.{version}"
+        with conn.cursor() as cursor:
+            for joined in (target, tombstones):
+                cursor.execute(f"SELECT COUNT(*) FROM {joined} FOR UPDATE")
+            stale = sum(int(cursor.execute(f"DELETE c FROM {joined} WHERE {held_newer}"))
+                        for joined in (target, tombstones))
+            cursor.execute(f"DELETE t FROM {target} WHERE c.{flag}")
+        stamp = column_list(self.stamp)
+        stamped = {TOMBSTONE_TIME_COLUMN: "UTC_TIMESTAMP(6)"}
+        insert_selected(conn, self.tombstones, f"SELECT {stamp} FROM {self.changes} WHERE {flag}",
+                        columns=self.stamp, what=f"{what} (tombstones in {self.tombstones})",
+                        on_duplicate=newer_wins(stamped, self.keyed.version, self.tombstones))
+        query(conn, f"DELETE t FROM {tombstones} WHERE NOT c.{flag}")
         kept = {*self.keyed.key, self.keyed.version}
         assignments = {c: f"VALUES({quote_identifier(c)})" for c in written if c not in kept}
-        insert_rows(conn, self.target, written, [change.row or () for change in upserts],
-                    upsert=True, on_duplicate=newer_wins(assignments, self.keyed.version),
-                    what=what)
+        insert_selected(conn, self.target,
+                        f"SELECT {column_list(written)} FROM {self.changes} WHERE NOT {flag}",
+                        columns=written, what=what,
+                        on_duplicate=newer_wins(assignments, self.keyed.version, self.target))
+        log.debug("%s: %d of %d changes newer", what, loaded - stale, loaded)
+        return loaded - stale
 
-    def _bury(self, conn: Connection, deletes: Sequence[Change], what: str) -> None:
-        """The deletes' tombstones: inserted, or raised to the delete's version."""
-        if not deletes:
-            return
-        stamped = {TOMBSTONE_TIME_COLUMN: "UTC_TIMESTAMP(6)"}
-        insert_rows(conn, self.tombstones, self.stamp,
-                    [(*change.key, change.version) for change in deletes], upsert=True,
-                    on_duplicate=newer_wins(stamped, self.keyed.version),
-                    what=f"{what} (tombstones in {self.tombstones})")
-
-    def _delete(self, conn: Connection, table: Table, changes: Sequence[Change]) -> None:
-        """Delete each change's key from ``table`` where it holds an older version (one key per
-        statement, see the module docstring)."""
-        if not changes:
-            return
-        older = f"{quote_identifier(self.keyed.version)} < %s"
-        with conn.cursor() as cursor:
-            cursor.executemany(f"DELETE FROM {table} WHERE {_key_is(self.keyed.key)} AND "
-                               f"{_unindexed(older, null=True)}",
-                               [(*change.key, change.version) for change in changes])
+    def _joined(self, table: Table, index: str) -> str:
+        """The temporary table ``c`` joined to ``table`` as ``t``, one key's row by ``index``
+        (see the module docstring)."""
+        same = " AND ".join(f"t.{quote_identifier(k)} = c.{quote_identifier(k)}"
+                            for k in self.keyed.key)
+        return (f"{self.changes} AS c STRAIGHT_JOIN {table} AS t "
+                f"FORCE INDEX ({quote_identifier(index)}) ON {same}")
 
     # -- driver: status and purge --------------------------------------------------------------
 
@@ -267,49 +283,17 @@ class KeyedTables:
             return 0
 
 
-def newer_wins(assignments: Mapping[str, str], version: str) -> str:
+def newer_wins(assignments: Mapping[str, str], version: str, table: Table) -> str:
     """``ON DUPLICATE KEY UPDATE`` assignments that apply only when the new row's ``version`` is
     newer than the stored one (or the stored one is NULL): each column of ``assignments``
     (name -> SQL of its new value), then the version itself, last, since MySQL assigns from
-    left to right and later assignments see earlier ones."""
-    held = quote_identifier(version)
-    newer = f"{held} IS NULL OR VALUES({held}) > {held}"
-    pairs = [*((quote_identifier(c), value) for c, value in assignments.items()),
-             (held, f"VALUES({held})")]
+    left to right and later assignments see earlier ones. Columns are named by ``table``, the
+    one inserted into (an ``INSERT ... SELECT`` may read columns of the same names)."""
+    held = f"{table}.{quote_identifier(version)}"
+    newer = f"{held} IS NULL OR VALUES({quote_identifier(version)}) > {held}"
+    pairs = [*((f"{table}.{quote_identifier(c)}", value) for c, value in assignments.items()),
+             (held, f"VALUES({quote_identifier(version)})")]
     return ", ".join(f"{column} = IF({newer}, {value}, {column})" for column, value in pairs)
-
-
-def newest(*versions: Versions) -> Versions:
-    """The newest non-NULL version of each key among ``versions``."""
-    found: Versions = {}
-    for held in versions:
-        for key, version in held.items():
-            if version is not None and (key not in found or version > found[key]):
-                found[key] = version
-    return found
-
-
-def comparable(change: Change) -> Change:
-    """``change`` with its key and version as the server returns them (an instant as its
-    naive UTC time: every session is in UTC; binary as bytes), so that they compare with what
-    it read. Its row is sent as it is (the INSERT's conversions do the same)."""
-    return Change(tuple(map(_as_stored, change.key)), _as_stored(change.version), change.row)
-
-
-def _as_stored(value: Any) -> Any:
-    if isinstance(value, dt.datetime) and value.tzinfo is not None:
-        return utc_naive(value)
-    if isinstance(value, bytearray | memoryview):
-        return bytes(value)
-    return value
-
-
-def _keys_in(key: Sequence[str], count: int) -> str:
-    """``key IN (%s, ...)``, or ``(k1, k2) IN ((%s, %s), ...)`` for a composite key."""
-    if len(key) == 1:
-        return f"{quote_identifier(key[0])} IN ({', '.join(['%s'] * count)})"
-    one = f"({', '.join(['%s'] * len(key))})"
-    return f"({column_list(key)}) IN ({', '.join([one] * count)})"
 
 
 def _key_is(key: Sequence[str]) -> str:

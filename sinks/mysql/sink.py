@@ -93,7 +93,7 @@ import contextlib
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, cast
 
 import pymysql
 
@@ -220,9 +220,9 @@ class MySQLXASink(TwoPhaseCommitSink[MySQLBranch]):
     later than that can bring its key back.
     ``chunk_size``: rows per statement (LOAD DATA or multi-row INSERT; in ``"keyed"`` mode the
     rows reduced and applied together).
-    ``bulk``: ``"auto"`` (LOAD DATA LOCAL in insert mode, falling back to INSERT if the server
-    refuses it), ``"load_data"`` (insist; insert mode only), ``"insert"`` (never read local
-    files).
+    ``bulk``: ``"auto"`` (LOAD DATA LOCAL in insert mode, and in keyed mode into the branch's
+    temporary table of changes, falling back to INSERT if the server refuses it),
+    ``"load_data"`` (insist; not in upsert mode), ``"insert"`` (never read local files).
     ``fencing``: check the fence row in every commit/abort (see :mod:`sinks.mysql.fencing`).
     ``lock_wait_timeout_s``: the session's ``innodb_lock_wait_timeout`` (server default if None).
     ``connect_args``: further PyMySQL ``connect`` options (not TLS: that is ``tls=``).
@@ -389,17 +389,19 @@ class MySQLXASink(TwoPhaseCommitSink[MySQLBranch]):
                                                             tables.keyed.key[0])},
                                 self.server.user)
         tables.check(conn, written, where=self.where)
+        tables.check_changes_table(conn, [column.name for column in written], self.server.user)
 
     # -- executor: begin, write, pre-commit ----------------------------------------------------
 
     def begin_transaction(self, ctx: TransactionContext) -> MySQLBranch:
         xid = Xid.of(ctx.txn_id)
-        loads = self.mode == "insert" and self.bulk != "insert"
+        loads = self.mode != "upsert" and self.bulk != "insert"
         conn = self.server.connect(local_infile=loads, idle_timeout_s=WRITER_IDLE_TIMEOUT_S)
         branch = MySQLBranch(ctx.txn_id, xid, ctx.column_names, conn, use_load_data=loads)
         with self._guard(branch, "starting"):
             if self.keyed_tables is not None:  # READ COMMITTED, before XA START
-                branch.key_index = self.keyed_tables.begin(conn)
+                branch.key_index = self.keyed_tables.begin(
+                    conn, self.keyed_tables.keyed.written(ctx.column_names))
             xa(conn, "START", xid)
         return branch
 
@@ -415,7 +417,8 @@ class MySQLXASink(TwoPhaseCommitSink[MySQLBranch]):
         from sinks.mysql.arrow import chunks_ahead  # noqa: PLC0415 - needs pyarrow
 
         conn = self._open(txn)
-        ahead = chunks_ahead(batches, self.chunk_size, encode=txn.use_load_data)
+        ahead = chunks_ahead(batches, self.chunk_size,
+                             encode=txn.use_load_data and self.keyed is None)
         with self._guard(txn, "writing"), contextlib.closing(ahead):
             for chunk in ahead:
                 self._write_chunk(txn, conn, chunk)
@@ -446,22 +449,39 @@ class MySQLXASink(TwoPhaseCommitSink[MySQLBranch]):
             raise wrong_width(txn.txn_id, misfit, txn.columns)
         try:
             if self.keyed_tables is not None:
-                self.keyed_tables.apply(
-                    conn, chunk.rows(), txn.columns, index=txn.key_index,
-                    what=f"applying the changes of transaction {txn.txn_id} to {self.target}")
-            elif not (txn.use_load_data and self._loaded(txn, conn, chunk)):
-                insert_rows(conn, self.target, txn.columns, chunk.rows(),
-                            upsert=self.mode == "upsert",
-                            what=f"inserting transaction {txn.txn_id} into {self.target}")
+                self._apply_newest(txn, conn, chunk.newest(self.keyed_tables.keyed, txn.columns))
+            else:
+                self._insert(txn, conn, chunk, self.target, txn.columns,
+                             upsert=self.mode == "upsert")
         except (TypeError, ValueError, OverflowError) as exc:  # a value Python cannot send
             raise unsendable(txn.txn_id, exc) from exc
         txn.rows += len(chunk)
 
-    def _loaded(self, txn: MySQLBranch, conn: Connection, chunk: Chunk) -> bool:
+    def _apply_newest(self, txn: MySQLBranch, conn: Connection, newest: Chunk) -> None:
+        """``mode="keyed"``: a chunk's newest changes into the branch's temporary table, then
+        applied where newer (:mod:`sinks.mysql.keyed`)."""
+        tables = cast(KeyedTables, self.keyed_tables)
+        written = tables.keyed.written(txn.columns)
+        tables.clear(conn)
+        self._insert(txn, conn, newest, tables.changes, tables.keyed.flagged_columns(txn.columns),
+                     upsert=False)
+        tables.apply(conn, written, loaded=len(newest), index=txn.key_index,
+                     what=f"applying the changes of transaction {txn.txn_id} to {self.target}")
+
+    def _insert(self, txn: MySQLBranch, conn: Connection, chunk: Chunk, into: Table,
+                columns: Sequence[str], *, upsert: bool) -> None:
+        """The chunk into ``into``: by LOAD DATA where the branch loads, else (or once the
+        server refused a local load) by multi-row INSERT."""
+        if not (txn.use_load_data and self._loaded(txn, conn, chunk, into, columns)):
+            insert_rows(conn, into, columns, chunk.rows(), upsert=upsert,
+                        what=f"inserting transaction {txn.txn_id} into {into}")
+
+    def _loaded(self, txn: MySQLBranch, conn: Connection, chunk: Chunk, into: Table,
+                columns: Sequence[str]) -> bool:
         """LOAD DATA the chunk; False if the server refuses local loads and bulk='auto'."""
         try:
-            load_tsv(conn, self.target, txn.columns, chunk.tsv(), rows=len(chunk),
-                     what=f"loading transaction {txn.txn_id} into {self.target}")
+            load_tsv(conn, into, columns, chunk.tsv(), rows=len(chunk),
+                     what=f"loading transaction {txn.txn_id} into {into}")
         except pymysql.err.MySQLError as exc:
             if self.bulk != "auto" or error_code(exc) not in LOCAL_INFILE_REFUSED:
                 raise
@@ -505,9 +525,10 @@ def _validated_bulk(bulk: str, mode: Mode) -> Bulk:
     if bulk not in BULK_METHODS:
         raise ConfigurationError(f"{SYSTEM}: unknown bulk={bulk!r}.",
                                  fix=f"use one of {BULK_METHODS}")
-    if mode != "insert" and bulk == "load_data":
-        raise ConfigurationError(f"{SYSTEM}: bulk='load_data' with mode={mode!r} (LOAD DATA "
-                                 "cannot update).", fix="use bulk='auto' or 'insert'")
+    if mode == "upsert" and bulk == "load_data":
+        raise ConfigurationError(f"{SYSTEM}: bulk='load_data' with mode='upsert' (LOAD DATA "
+                                 "cannot update).", fix="use bulk='auto' or 'insert', or "
+                                 "mode='keyed' (which loads its changes into a table of its own)")
     return next(method for method in BULK_METHODS if method == bulk)
 
 

@@ -4,20 +4,25 @@ version, with tombstones (the rules: :mod:`twophase._keyed`).
 =================  ==============================================================================
 where              what it does
 =================  ==============================================================================
-executor,          per chunk (:class:`KeyedWriter`): reduce to the newest change per key; read the
-prepared mode      keys' versions in the target and the tombstone table (``SELECT ... FOR
-                   UPDATE``: the rows stay locked until the decision); keep the changes newer than
-                   both; ``DELETE`` the deleted keys' rows and upsert their tombstones; ``DELETE``
-                   the tombstones of the keys written again and upsert their rows (``INSERT ... ON
-                   CONFLICT (key) DO UPDATE ... WHERE t.version < EXCLUDED.version``). Chunk by
-                   chunk is correct: every step is guarded by the version. Each key of a batch
-                   must be written by one task (:meth:`PostgresSink.route_key
-                   <sinks.postgres.PostgresSink.route_key>`), else a task waits on the row lock of
-                   another task's prepared transaction (bounded by ``lock_timeout``, named by
-                   :mod:`~sinks.postgres.locks`)
+executor,          per chunk (:class:`KeyedWriter`), three statements whatever its size: the
+prepared mode      chunk reduced to the newest change per key (in Arrow on the data source path)
+                   and sent as one array per column; (1) the keys' rows locked (``SELECT ...
+                   FOR UPDATE``: they stay locked until the decision); (2) their tombstones
+                   locked, a placeholder held for a key with neither (:data:`HOLD_TOMBSTONES`:
+                   a read does not see another transaction's uncommitted tombstone, a unique
+                   index does); (3) one statement: the changes newer than both row and tombstone
+                   kept, the deleted keys' rows deleted and their tombstones upserted, the
+                   tombstones of the keys written again deleted and their rows upserted
+                   (``INSERT ... ON CONFLICT (key) DO UPDATE ... WHERE t.version <
+                   EXCLUDED.version``). Chunk by chunk is correct: every step is guarded by the
+                   version. Each key of a batch must be written by one task
+                   (:meth:`PostgresSink.route_key <sinks.postgres.PostgresSink.route_key>`),
+                   else a task waits on the row lock of another task's prepared transaction
+                   (bounded by ``lock_timeout``, named by :mod:`~sinks.postgres.locks`)
 executor, staged   the rows as they came into the staging table, the delete marker replaced by
-                   the boolean ``_twophase_deleted`` (:func:`staged_rows`,
-                   :func:`staged_batches`); the staging table numbers them (``_twophase_seq``)
+                   the boolean ``_twophase_deleted`` (:meth:`Keyed.flagged_rows
+                   <twophase.kit.Keyed.flagged_rows>`, ``flagged_arrow``); the staging table
+                   numbers them (``_twophase_seq``)
 driver, staged     :func:`apply_staged`: the staged rows of the batch's handles, moved into a
                    temporary table, applied by :func:`twophase.kit.sql.keyed_apply_statements`
                    (reduce with ``ROW_NUMBER``, drop what is not newer, delete, keep tombstones,
@@ -38,15 +43,14 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from psycopg import sql
 
-from sinks.postgres.bulk import upsert_rows
 from sinks.postgres.connection import Connection
 from sinks.postgres.schema import MAX_IDENTIFIER, Table, exists
-from twophase.kit import DELETED_FLAG, Change, Keyed, as_utc, is_delete, newer_than
+from twophase.kit import DELETED_FLAG, Keyed, as_utc, columns_of
 from twophase.kit.sql import TOMBSTONE_TIME_COLUMN, keyed_apply_statements, tombstone_table_name
 
 if TYPE_CHECKING:
@@ -94,143 +98,117 @@ def create_missing_tombstones(conn: Connection, tombstones: Table, target: Table
 
 class KeyedWriter:
     """One transaction's keyed writes into ``target`` and ``tombstones`` (see the module
-    docstring): :meth:`apply` per chunk of rows of ``columns``."""
+    docstring): :meth:`apply_rows` or :meth:`apply_arrow` per chunk of rows of ``columns``."""
 
     def __init__(self, conn: Connection, keyed: Keyed, target: Table, tombstones: Table,
                  columns: Sequence[str]) -> None:
         self.conn, self.keyed = conn, keyed
         self.target, self.tombstones = target, tombstones
-        self.columns, self.written = tuple(columns), keyed.written(columns)
-        self._types: tuple[str, ...] | None = None
+        self.columns, self.flagged = tuple(columns), keyed.flagged_columns(columns)
+        self._types: dict[str, str] | None = None
 
-    def apply(self, rows: Sequence[Sequence[Any]]) -> None:
-        changes = self.keyed.reduce(rows, self.columns)
-        if not changes:
-            return
-        fresh = newer_than(changes, self._current([change.key for change in changes]))
-        gone = [change for change in fresh if change.deleted]
-        kept = [change for change in fresh if not change.deleted]
-        if gone:
-            self._delete(self.target, [change.key for change in gone])
-            self._bury(gone)
-        if kept:
-            self._delete(self.tombstones, [change.key for change in kept])
-            upsert_rows(self.conn, self.target, self.written, self.keyed.key,
-                        [change.row for change in kept if change.row is not None],
-                        newer=self.keyed.version)
+    def apply_rows(self, rows: Sequence[Sequence[Any]]) -> None:
+        """A chunk of rows: reduced in Python, applied in three statements."""
+        newest = self.keyed.newest_rows(rows, self.columns)
+        if newest:
+            self._apply([list(column) for column in zip(*newest, strict=True)])
 
-    def _current(self, keys: Sequence[tuple[Any, ...]]) -> dict[tuple[Any, ...], Any]:
-        """The newest version of each key in the target or its tombstone, the rows locked."""
-        current: dict[tuple[Any, ...], Any] = {}
-        for table in (self.target, self.tombstones):
-            for ordinal, version in self._versions(table, keys):
-                key = keys[ordinal - 1]
-                if key not in current or version > current[key]:
-                    current[key] = version
-        return current
+    def apply_arrow(self, batches: Sequence[pa.RecordBatch]) -> int:
+        """A chunk of record batches: reduced in Arrow, applied in three statements; returns
+        how many rows it had."""
+        import pyarrow as pa  # noqa: PLC0415 - only the Arrow path needs pyarrow
 
-    def _versions(self, table: Table, keys: Sequence[tuple[Any, ...]]
-                  ) -> list[tuple[int, Any]]:
-        source, arrays = self._keys(keys, ordinal=True)
-        statement = sql.SQL("SELECT k.{ordinal}, t.{version} FROM {table} t JOIN {source} "
-                            "ON {same} FOR UPDATE OF t").format(
-            ordinal=sql.Identifier(_ORDINAL), version=sql.Identifier(self.keyed.version),
-            table=table.ident, source=source, same=self._same_key())
-        return [(int(ordinal), version)
-                for ordinal, version in self.conn.execute(statement, arrays).fetchall()]
+        table = pa.Table.from_batches(batches)
+        if table.num_rows:
+            self._apply(columns_of(self.keyed.newest_arrow(table)))
+        return int(table.num_rows)
 
-    def _delete(self, table: Table, keys: Sequence[tuple[Any, ...]]) -> None:
-        source, arrays = self._keys(keys)
-        self.conn.execute(sql.SQL("DELETE FROM {table} t USING {source} WHERE {same}").format(
-            table=table.ident, source=source, same=self._same_key()), arrays)
+    def _apply(self, values: list[list[Any]]) -> None:
+        """The newest changes (one list per column of :attr:`flagged`): lock the keys' rows,
+        lock or hold their tombstones, apply what is newer (the module docstring's steps)."""
+        keys = [values[self.flagged.index(name)] for name in self.keyed.key]
+        arrays = self._arrays(self.keyed.key)
+        for statement in (LOCK_ROWS, HOLD_TOMBSTONES):
+            self.conn.execute(self._sql(statement, keys=arrays), keys)
+        self.conn.execute(self._sql(APPLY, changes=self._arrays(self.flagged)), values)
 
-    def _bury(self, deletes: Sequence[Change]) -> None:
-        """Upsert the tombstones of ``deletes`` (a newer version wins)."""
+    def _sql(self, template: str, **arrays: sql.Composable) -> sql.Composed:
+        key = self.keyed.key
+        written = self.flagged[:-1]
+        return sql.SQL(template).format(
+            **arrays, target=self.target.ident, tombstones=self.tombstones.ident,
+            key=_names(key), k_key=_names(key, "k"), columns=_names(self.flagged),
+            written=_names(written), f_written=_names(written, "f"),
+            k_same=_same(key, "t", "k"), c_same=_same(key, "t", "c"), f_same=_same(key, "t", "f"),
+            version=sql.Identifier(self.keyed.version), flag=sql.Identifier(DELETED_FLAG),
+            deleted_at=sql.Identifier(TOMBSTONE_TIME_COLUMN),
+            updates=sql.SQL(", ").join(sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c))
+                                       for c in written if c not in key) or sql.SQL(
+                "{0} = EXCLUDED.{0}").format(sql.Identifier(self.keyed.version)))
+
+    def _arrays(self, names: Sequence[str]) -> sql.Composed:
+        """``unnest`` of one array parameter per column of ``names``, each cast to the target's
+        type of it (the flag: boolean)."""
         types = self._column_types()
-        key = sql.SQL(", ").join(map(sql.Identifier, self.keyed.key))
-        version = sql.Identifier(self.keyed.version)
-        self.conn.execute(sql.SQL(
-            "INSERT INTO {tombstones} AS t ({key}, {version}) SELECT * FROM unnest({arrays}) "
-            "ON CONFLICT ({key}) DO UPDATE SET {version} = EXCLUDED.{version}, "
-            "{deleted_at} = now() WHERE t.{version} < EXCLUDED.{version}").format(
-            tombstones=self.tombstones.ident, key=key, version=version,
-            arrays=_typed_arrays(types), deleted_at=sql.Identifier(TOMBSTONE_TIME_COLUMN)),
-            [*map(list, zip(*(change.key for change in deletes), strict=True)),
-             [change.version for change in deletes]])
+        return _typed_arrays([types.get(name, "boolean") for name in names])
 
-    def _keys(self, keys: Sequence[tuple[Any, ...]], *, ordinal: bool = False
-              ) -> tuple[sql.Composed, list[list[Any]]]:
-        """``keys`` as a relation ``k`` of the key columns (cast to the target's types; and
-        their position, 1-based, if ``ordinal``), and its parameters: one array per column."""
-        names = [*map(sql.Identifier, self.keyed.key),
-                 *((sql.Identifier(_ORDINAL),) if ordinal else ())]
-        source = sql.SQL("unnest({arrays}){ordinality} AS k ({names})").format(
-            arrays=_typed_arrays(self._column_types()[:len(self.keyed.key)]),
-            ordinality=sql.SQL(" WITH ORDINALITY" if ordinal else ""),
-            names=sql.SQL(", ").join(names))
-        return source, [list(column) for column in zip(*keys, strict=True)]
-
-    def _same_key(self) -> sql.Composed:
-        return sql.SQL(" AND ").join(sql.SQL("t.{0} = k.{0}").format(sql.Identifier(name))
-                                     for name in self.keyed.key)
-
-    def _column_types(self) -> tuple[str, ...]:
-        """The target's types of the key columns and the version column (without a length or
-        precision: a cast to ``varchar(3)`` would cut a longer key to another key)."""
+    def _column_types(self) -> dict[str, str]:
+        """The target's types of the written columns (without a length or precision: a cast to
+        ``varchar(3)`` would cut a longer key to another key)."""
         if self._types is None:
-            names = [*self.keyed.key, self.keyed.version]
             rows = self.conn.execute(
-                "SELECT format_type(a.atttypid, NULL) FROM unnest(%s::text[]) WITH ORDINALITY "
-                "AS n(name, i) JOIN pg_attribute a ON a.attrelid = %s::regclass "
-                "AND a.attname = n.name AND NOT a.attisdropped ORDER BY n.i",
-                (names, str(self.target))).fetchall()
-            self._types = tuple(row[0] for row in rows)
+                "SELECT a.attname, format_type(a.atttypid, NULL) FROM pg_attribute a "
+                "WHERE a.attrelid = %s::regclass AND a.attname = ANY(%s) AND NOT a.attisdropped",
+                (str(self.target), list(self.flagged[:-1]))).fetchall()
+            self._types = {name: kind for name, kind in rows}
         return self._types
+
+
+#: Step 1: the rows of the chunk's keys locked (waiting for any transaction that holds one).
+LOCK_ROWS = ("SELECT count(*) FROM (SELECT 1 FROM {target} t JOIN unnest({keys}) AS k ({key}) "
+             "ON {k_same} FOR UPDATE OF t) locked")
+#: Step 2: the tombstones of the keys without a row locked, and a placeholder (NULL version)
+#: inserted for each key with neither: a tombstone another transaction inserted and has not
+#: committed (prepared, the batch before) is invisible to step 1's read, but not to a unique
+#: index, so the insert waits for it. Step 3 turns a placeholder into the key's tombstone or
+#: deletes it: none outlives the transaction.
+HOLD_TOMBSTONES = (
+    "INSERT INTO {tombstones} AS t ({key}, {version}) SELECT {k_key}, NULL "
+    "FROM unnest({keys}) AS k ({key}) WHERE NOT EXISTS (SELECT 1 FROM {target} t WHERE {k_same}) "
+    "ON CONFLICT ({key}) DO UPDATE SET {version} = t.{version} WHERE false")
+#: Step 3, one statement (its snapshot taken after steps 1 and 2 waited): the changes newer than
+#: both row and tombstone, the deletes (row deleted, tombstone kept), the tombstones of keys
+#: written again deleted, the upserts (guarded by the version too).
+APPLY = (
+    "WITH c AS (SELECT * FROM unnest({changes}) AS c ({columns})), "
+    "f AS (SELECT * FROM c WHERE "
+    "NOT EXISTS (SELECT 1 FROM {target} t WHERE {c_same} AND t.{version} >= c.{version}) AND "
+    "NOT EXISTS (SELECT 1 FROM {tombstones} t WHERE {c_same} AND t.{version} >= c.{version})), "
+    "gone AS (DELETE FROM {target} t USING f WHERE f.{flag} AND {f_same}), "
+    "buried AS (INSERT INTO {tombstones} AS t ({key}, {version}) SELECT {key}, {version} FROM f "
+    "WHERE f.{flag} ON CONFLICT ({key}) DO UPDATE SET {version} = EXCLUDED.{version}, "
+    "{deleted_at} = now() WHERE t.{version} IS NULL OR t.{version} < EXCLUDED.{version}), "
+    "unburied AS (DELETE FROM {tombstones} t USING c WHERE NOT c.{flag} AND {c_same} "
+    "AND (t.{version} IS NULL OR t.{version} < c.{version})) "
+    "INSERT INTO {target} AS t ({written}) SELECT {f_written} FROM f WHERE NOT f.{flag} "
+    "ON CONFLICT ({key}) DO UPDATE SET {updates} "
+    "WHERE t.{version} IS NULL OR t.{version} < EXCLUDED.{version}")
+
+
+def _names(names: Sequence[str], table: str | None = None) -> sql.Composed:
+    return sql.SQL(", ").join(sql.Identifier(*((table,) if table else ()), name)
+                              for name in names)
+
+
+def _same(key: Sequence[str], left: str, right: str) -> sql.Composed:
+    return sql.SQL(" AND ").join(sql.SQL("{} = {}").format(sql.Identifier(left, name),
+                                                           sql.Identifier(right, name))
+                                 for name in key)
 
 
 def _typed_arrays(types: Sequence[str]) -> sql.Composed:
     """One array parameter per type, cast to it (types from ``format_type``: valid SQL)."""
     return sql.SQL(", ").join(sql.SQL("%s::{}[]").format(sql.SQL(kind)) for kind in types)
-
-
-# -- executor, staged: the rows as they came, the marker as a flag -----------------------------
-
-def staged_columns(keyed: Keyed, columns: Sequence[str]) -> tuple[str, ...]:
-    """The staging table's columns a task writes: the written ones and the delete flag."""
-    return (*keyed.written(columns), DELETED_FLAG)
-
-
-def staged_rows(keyed: Keyed, columns: Sequence[str], rows: Iterable[Sequence[Any]]
-                ) -> Iterator[tuple[Any, ...]]:
-    """``rows`` of ``columns`` as rows of :func:`staged_columns`."""
-    marker = columns.index(keyed.deleted) if keyed.deleted else None
-    kept = [i for i, name in enumerate(columns) if name != keyed.deleted]
-    for row in rows:
-        yield (*(row[i] for i in kept), marker is not None and is_delete(row[marker]))
-
-
-def staged_batches(keyed: Keyed, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """Record batches as batches of :func:`staged_columns` (the flag computed in Arrow)."""
-    import pyarrow as pa  # noqa: PLC0415 - only the Arrow path needs pyarrow
-
-    for batch in batches:
-        kept = [name for name in batch.schema.names if name != keyed.deleted]
-        flag = (_delete_flags(batch.column(keyed.deleted)) if keyed.deleted
-                else pa.repeat(False, batch.num_rows))
-        yield pa.RecordBatch.from_arrays([*(batch.column(name) for name in kept), flag],
-                                         names=[*kept, DELETED_FLAG])
-
-
-def _delete_flags(marker: pa.Array) -> pa.Array:
-    """:func:`twophase.kit.is_delete` in Arrow: a true boolean, or the string ``'d'``."""
-    import pyarrow as pa  # noqa: PLC0415
-    import pyarrow.compute as pc  # noqa: PLC0415
-
-    if pa.types.is_boolean(marker.type):
-        return pc.fill_null(marker, False)
-    if pa.types.is_string(marker.type) or pa.types.is_large_string(marker.type):
-        return pc.fill_null(pc.equal(marker, "d"), False)
-    return pa.repeat(False, len(marker))
 
 
 # -- driver, staged: the batch's staged rows applied in SQL ------------------------------------

@@ -85,7 +85,7 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import psycopg
 
@@ -107,9 +107,6 @@ from sinks.postgres.errors import SYSTEM, classify_unprepared, wrong_width
 from sinks.postgres.keyed import (
     KeyedWriter,
     create_missing_tombstones,
-    staged_batches,
-    staged_columns,
-    staged_rows,
     tombstones_of,
 )
 from sinks.postgres.locks import classify_lock_wait
@@ -138,10 +135,12 @@ from twophase.kit import (
     DEFAULT_TLS,
     DEFAULT_TOMBSTONE_RETENTION_S,
     KEYED,
+    Keyed,
     Mode,
     Secret,
     SecretOption,
     TlsMode,
+    batch_chunks,
     chunks,
     classified,
     namespace_from,
@@ -370,33 +369,41 @@ class PostgresSink(TwoPhaseCommitSink[PostgresTransaction]):
     def _write_chunk(self, txn: PostgresTransaction, conn: Connection,
                      chunk: Sequence[Sequence[Any]]) -> None:
         if self.copies and self.keyed is not None:
-            copy_rows(conn, self.written, staged_columns(self.keyed, txn.columns),
-                      staged_rows(self.keyed, txn.columns, chunk))
+            copy_rows(conn, self.written, self.keyed.flagged_columns(txn.columns),
+                      self.keyed.flagged_rows(chunk, txn.columns))
         elif self.copies:
             copy_rows(conn, self.written, txn.columns, chunk)
         elif self.keyed is not None:
-            if txn.keyed is None:
-                txn.keyed = KeyedWriter(conn, self.keyed, self.target, self.tombstones,
-                                        txn.columns)
-            txn.keyed.apply(chunk)
+            self._keyed_writer(txn, conn).apply_rows(chunk)
         else:
             upsert_rows(conn, self.target, txn.columns, self.key, chunk)
 
     def write_arrow(self, txn: PostgresTransaction, batches: Iterable[pa.RecordBatch]) -> None:
         """Insert mode and staged: the batches in one COPY of Arrow's CSV (see
-        :mod:`sinks.postgres.bulk`; keyed, the delete marker as the staged flag); upsert and
-        keyed prepared: their rows."""
-        if not self.copies:
+        :mod:`sinks.postgres.bulk`; keyed, the delete marker as the staged flag); keyed
+        prepared: chunks reduced in Arrow (:mod:`sinks.postgres.keyed`); upsert: their rows."""
+        if not self.copies and self.keyed is None:
             self.write(txn, rows_of(batches))
             return
         conn = self._open(txn)
         with self._guard(txn, "writing"):
-            if self.keyed is not None:
+            if not self.copies:
+                writer = self._keyed_writer(txn, conn)
+                for chunk in batch_chunks(batches, self.chunk_size):
+                    txn.rows += writer.apply_arrow(chunk)
+            elif self.keyed is not None:
                 txn.rows += copy_batches(conn, self.written,
-                                         staged_columns(self.keyed, txn.columns),
-                                         staged_batches(self.keyed, batches))
+                                         self.keyed.flagged_columns(txn.columns),
+                                         (self.keyed.flagged_arrow(batch) for batch in batches))
             else:
                 txn.rows += copy_batches(conn, self.written, txn.columns, batches)
+
+    def _keyed_writer(self, txn: PostgresTransaction, conn: Connection) -> KeyedWriter:
+        """The transaction's keyed writer (keyed, prepared), made at its first chunk."""
+        if txn.keyed is None:
+            txn.keyed = KeyedWriter(conn, cast(Keyed, self.keyed), self.target, self.tombstones,
+                                    txn.columns)
+        return txn.keyed
 
     def pre_commit(self, txn: PostgresTransaction) -> Handle:
         if self.publish == "staged":

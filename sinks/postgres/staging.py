@@ -68,7 +68,6 @@ from sinks.postgres.keyed import (
     SEQ_COLUMN,
     SOURCE_TABLE,
     apply_staged,
-    staged_columns,
 )
 from sinks.postgres.schema import MAX_IDENTIFIER, Table, exists, has_column, not_null_columns
 from twophase import CommitOutcome, ConfigurationError, Handle, RetryableError, TxnId
@@ -253,7 +252,7 @@ class StagedPublisher:
         keyed, sink = self.sink.keyed, self.sink
         if keyed is None:
             return move_staged(connection, sink.staging, sink.target.ident, columns, ids)
-        source, staged = sql.Identifier(SOURCE_TABLE), [*staged_columns(keyed, columns),
+        source, staged = sql.Identifier(SOURCE_TABLE), [*keyed.flagged_columns(columns),
                                                          SEQ_COLUMN]
         connection.execute(sql.SQL("CREATE TEMPORARY TABLE {} AS SELECT {} FROM {} WITH NO DATA"
                                    ).format(source, _names(staged), sink.staging.ident))

@@ -7,7 +7,8 @@ every sink needs, is this module; what one family of sinks shares is in its own 
 piece                                 what it does
 ====================================  ==========================================================
 :func:`chunks`                        groups rows into lists of at most ``chunk_size`` (bounded
-                                      memory, :data:`DEFAULT_CHUNK_SIZE` unless told otherwise)
+                                      memory, :data:`DEFAULT_CHUNK_SIZE` unless told otherwise);
+                                      :func:`batch_chunks` the same for record batches
 :func:`validate_chunk_size`           the option check every chunking sink makes
 :func:`validate_mode`                 ``mode="insert"`` / ``"upsert"`` / ``"keyed"``
                                       (:data:`Mode`, :data:`MODES`) and the ``key`` they need
@@ -36,7 +37,8 @@ piece                                 what it does
                                       ConfigurationError
 :func:`query_key`                     the part of a query id that goes into transaction ids
 :func:`rows_of`                       Arrow record batches as rows of the types ``write`` gets
-                                      (an instant's type: :data:`INSTANT_TYPE`)
+                                      (an instant's type: :data:`INSTANT_TYPE`);
+                                      :func:`columns_of` a batch as columns of those values
 :class:`WholeBatchCommitter`          a committer that makes a decided batch visible in ONE
                                       commit of its target: it commits a stage with one settle
                                       (``commit_handles``)
@@ -111,7 +113,7 @@ from twophase._keyed import (
     validate_keyed,
 )
 from twophase._local_commit import LocalCommitMember
-from twophase._rows import INSTANT_TYPE, chunks, rows_of
+from twophase._rows import INSTANT_TYPE, batch_chunks, chunks, columns_of, rows_of
 from twophase._secrets import (
     ClientCache,
     Credentials,
@@ -163,9 +165,11 @@ __all__ = [
     "TlsMode",
     "WholeBatchCommitter",
     "as_utc",
+    "batch_chunks",
     "check_columns",
     "chunks",
     "classified",
+    "columns_of",
     "is_delete",
     "namespace_from",
     "newer_than",

@@ -19,8 +19,10 @@ committer) and judge by what a reader of the table sees and by the sink's tombst
 from __future__ import annotations
 
 import random
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -40,6 +42,10 @@ KEYED_COLUMNS = (
 )
 #: The same with a boolean delete marker in place of Debezium's ``op``.
 FLAGGED_COLUMNS = (*KEYED_COLUMNS[:3], Column("gone", "boolean", True))
+#: How long a batch's task runs before the batch ahead of it commits (its reads begin meanwhile),
+#: and how long it may take after that commit.
+BEHIND_HEAD_START_S = 0.5
+BEHIND_TIMEOUT_S = 60.0
 #: What a reader sees: order_id -> (status, version).
 State = dict[int, tuple[str | None, int]]
 
@@ -125,6 +131,31 @@ class KeyedContract:
                    arrow=arrow)
         assert keyed_target.state() == {2: ("placed", 1)}
         assert keyed_target.tombstones() == {1: 5, 3: 2}
+
+    @pytest.mark.parametrize("held", [False, True], ids=["never-held", "held"])
+    def test_a_batch_written_while_the_one_before_commits_sees_its_deletes(
+            self, keyed: TwoPhaseCommitSink[Any], keyed_target: KeyedTarget, arrow: bool,
+            held: bool) -> None:
+        """Commits behind the next batch: batch 2's task writes while batch 1, decided, is not
+        committed yet (prepared, holding its locks). Batch 1 deletes two keys the table holds,
+        or never held (a tombstone alone: no row to wait on); batch 2's older change of one is
+        a no-op and its newer change of the other applies: as if batch 1 had committed
+        first."""
+        if held:
+            self.apply(keyed, [change(1, 1, "placed"), change(2, 1, "placed")], arrow=arrow)
+        deletes = prepare(keyed, [change(1, 5, op="d"), change(2, 5, op="d")], batch=1,
+                          columns=KEYED_COLUMNS, arrow=arrow)
+        with ThreadPoolExecutor(1) as pool:
+            behind = pool.submit(prepare, keyed, [change(1, 4, "late"), change(2, 6, "newer")],
+                                 batch=2, columns=KEYED_COLUMNS, arrow=arrow)
+            time.sleep(BEHIND_HEAD_START_S)  # batch 2 reads the keys before batch 1 commits
+            with keyed.committer() as committer:
+                committer.commit(deletes)
+            handle = behind.result(timeout=BEHIND_TIMEOUT_S)
+        with keyed.committer() as committer:
+            committer.commit(handle)
+        assert keyed_target.state() == {2: ("newer", 6)}
+        assert keyed_target.tombstones() == {1: 5}
 
     def test_a_delete_and_a_newer_insert_in_one_batch_end_inserted(
             self, keyed: TwoPhaseCommitSink[Any], keyed_target: KeyedTarget,

@@ -22,7 +22,7 @@ import pytest
 
 from setups.servers.mariadb import Db, MariaDBServer
 from sinks.mysql import MySQLXASink
-from sinks.mysql.arrow import CHUNKS_AHEAD, ArrowChunk, chunks_ahead, chunks_of, encode_batch
+from sinks.mysql.arrow import CHUNKS_AHEAD, ArrowChunk, chunks_ahead, encode_batch
 from sinks.mysql.encoding import encode_tsv
 from sinks.mysql.sink import MySQLBranch
 from tests.sinks.mysql.mysql_table import (
@@ -36,6 +36,7 @@ from tests.sinks.mysql.mysql_table import (
     rows_for,
 )
 from twophase import Column, CommitOutcome, ConfigurationError, SchemaMismatchError
+from twophase.kit import batch_chunks
 from twophase.testing.arrow import record_batches
 from twophase.testing.contract import commit, context, purge_commit_records
 
@@ -126,7 +127,7 @@ def test_arrow_text_is_the_row_text() -> None:
 
 def test_arrow_chunks_slice_batches_to_chunk_size() -> None:
     batch = record_batches(rows_for(0, 0, 5), COLUMNS, rows_per_batch=5)[0]
-    chunks = list(chunks_of([batch, batch.slice(0, 0), batch.slice(0, 2)], 3))
+    chunks = list(batch_chunks([batch, batch.slice(0, 0), batch.slice(0, 2)], 3))
     assert [[piece.num_rows for piece in chunk] for chunk in chunks] == [[3], [2, 1], [1]]
     assert [row for chunk in chunks for row in ArrowChunk(chunk).rows()] == [
         *rows_for(0, 0, 5), *rows_for(0, 0, 2)]
