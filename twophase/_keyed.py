@@ -129,17 +129,25 @@ class Keyed:
         version = at[self.version]
         marker = at[self.deleted] if self.deleted else None
         kept = [i for i, name in enumerate(columns) if name != self.deleted]
-        newest: dict[tuple[Any, ...], Change] = {}
+        return [Change(tuple(row[i] for i in keys), row[version],
+                       None if marker is not None and is_delete(row[marker])
+                       else tuple(row[i] for i in kept))
+                for row in self.reduce_rows(rows, columns)]
+
+    def reduce_rows(self, rows: Iterable[Sequence[Any]], columns: Sequence[str]
+                    ) -> list[Sequence[Any]]:
+        """``rows`` reduced as :meth:`reduce` does, each kept row as it came."""
+        keys = [columns.index(name) for name in self.key]
+        version = columns.index(self.version)
+        newest: dict[tuple[Any, ...], Sequence[Any]] = {}
         for row in rows:
             key = tuple(row[i] for i in keys)
             stamp = row[version]
             if stamp is None or None in key:
                 raise self._null(key, stamp)
             held = newest.get(key)
-            if held is not None and not stamp > held.version:
-                continue
-            deleted = marker is not None and is_delete(row[marker])
-            newest[key] = Change(key, stamp, None if deleted else tuple(row[i] for i in kept))
+            if held is None or stamp > held[version]:
+                newest[key] = row
         return list(newest.values())
 
     def flagged_columns(self, columns: Sequence[str]) -> tuple[str, ...]:
@@ -165,29 +173,34 @@ class Keyed:
         return type(batch).from_arrays([*(batch.column(name) for name in kept), flag],
                                        names=[*kept, DELETED_FLAG])
 
-    def newest_rows(self, rows: Iterable[Sequence[Any]], columns: Sequence[str]
-                    ) -> list[tuple[Any, ...]]:
-        """``rows`` reduced to the newest change of each key (:meth:`reduce`), as rows of
-        :meth:`flagged_columns`; a delete's values other than its key and version are NULL."""
-        written = self.written(columns)
-        at = {name: i for i, name in enumerate(written)}
-        stamp = [at[name] for name in (*self.key, self.version)]
-        blank: list[Any] = [None] * len(written)
-        newest: list[tuple[Any, ...]] = []
-        for change in self.reduce(rows, columns):
-            if change.row is not None:
-                newest.append((*change.row, False))
-                continue
-            values = blank.copy()
-            for i, value in zip(stamp, (*change.key, change.version), strict=True):
-                values[i] = value
-            newest.append((*values, True))
-        return newest
+    def newest_in_chunks(self, chunks: Iterable[Sequence[Sequence[Any]]],
+                         columns: Sequence[str], size: int) -> Iterator[list[tuple[Any, ...]]]:
+        """One task's chunks of rows (of ``columns``, in stream order) reduced across chunks to
+        the newest change of each key, handed on as rows of :meth:`flagged_columns` whenever
+        ``size`` keys or more are held, and at the end (memory: ``size`` keys and a chunk).
+        A key may come again in a later hand-over, newer: applied in order, every step guarded
+        by the version, that is right."""
+        held: list[Sequence[Any]] = []
+        for chunk in chunks:
+            held = self.reduce_rows([*held, *chunk], columns)
+            if len(held) >= size:
+                yield list(self.flagged_rows(held, columns))
+                held = []
+        if held:
+            yield list(self.flagged_rows(held, columns))
 
-    def newest_arrow(self, table: pa.Table) -> pa.Table:
-        """``table`` reduced to the newest change of each key (:meth:`reduce_arrow`), as a
-        table of :meth:`flagged_columns`."""
-        return self.flagged_arrow(self.reduce_arrow(table))
+    def newest_in_tables(self, tables: Iterable[pa.Table], size: int) -> Iterator[pa.Table]:
+        """:meth:`newest_in_chunks` for Arrow tables (reduced in Arrow, flagged in Arrow)."""
+        import pyarrow as pa  # noqa: PLC0415 - only the Arrow path needs pyarrow
+
+        held: pa.Table | None = None
+        for table in tables:
+            held = self.reduce_arrow(table if held is None else pa.concat_tables([held, table]))
+            if held.num_rows >= size:
+                yield self.flagged_arrow(held)
+                held = None
+        if held is not None and held.num_rows:
+            yield self.flagged_arrow(held)
 
     def reduce_arrow(self, table: pa.Table) -> pa.Table:
         """An Arrow table reduced as :meth:`reduce` does, in columns (stream order kept)."""

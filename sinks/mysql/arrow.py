@@ -35,7 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sinks.mysql.encoding import ESCAPES, NULL, tsv_field
-from twophase.kit import Keyed, batch_chunks, rows_of
+from twophase.kit import batch_chunks, rows_of
 
 _TEXT = pa.large_binary()
 _NULL = pa.scalar(NULL.encode(), _TEXT)
@@ -72,11 +72,6 @@ class ArrowChunk:
 
     def rows(self) -> list[tuple[Any, ...]]:
         return list(rows_of(self.batches))
-
-    def newest(self, keyed: Keyed, columns: Sequence[str]) -> ArrowChunk:
-        """The newest change of each key (:meth:`~twophase.kit.Keyed.newest_arrow`)."""
-        del columns  # the batches name their own
-        return ArrowChunk(keyed.newest_arrow(pa.Table.from_batches(self.batches)).to_batches())
 
     def encoded(self) -> ArrowChunk:
         """This chunk with its text; as it is if encoding fails (``tsv`` then raises the

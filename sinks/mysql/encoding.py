@@ -31,7 +31,7 @@ import pymysql
 from pymysql.converters import escape_datetime, escape_time, escape_timedelta
 
 from sinks.mysql.errors import unsupported_value
-from twophase.kit import Keyed, as_utc
+from twophase.kit import as_utc
 
 NULL = "\\N"
 #: What LOAD DATA reads back as the byte itself (``ESCAPED BY '\\'``); backslash goes first.
@@ -126,10 +126,6 @@ class Chunk(Protocol):
     def rows(self) -> Sequence[Sequence[Any]]:
         """The rows as tuples of Python values, for INSERT."""
 
-    def newest(self, keyed: Keyed, columns: Sequence[str]) -> Chunk:
-        """``mode="keyed"``: the newest change of each key, in the columns of
-        :meth:`~twophase.kit.Keyed.flagged_columns` (the rows having ``columns``)."""
-
 
 @dataclass(frozen=True)
 class RowChunk:
@@ -149,9 +145,6 @@ class RowChunk:
 
     def rows(self) -> Sequence[Sequence[Any]]:
         return self.values
-
-    def newest(self, keyed: Keyed, columns: Sequence[str]) -> RowChunk:
-        return RowChunk(keyed.newest_rows(self.values, columns), keyed.flagged_columns(columns))
 
 
 # -- INSERT literals ---------------------------------------------------------------------------

@@ -2,16 +2,17 @@
 newest version of each key winning, deletes remembered in a tombstone table (the rules:
 :mod:`twophase._keyed`).
 
-Each chunk of a branch's rows is applied set-based, by statements over the branch's temporary
-table ``_twophase_changes`` (chunk by chunk is right: every step is guarded by the version, and a
-later chunk reads what an earlier one wrote in the same branch):
+A branch's rows are reduced across its chunks to the newest change of each key and applied
+set-based every ``chunk_size`` keys and at the end, by statements over the branch's temporary
+table ``_twophase_changes`` (part by part is right: every step is guarded by the version, and a
+later part reads what an earlier one wrote in the same branch):
 
 ====  ===============================================  ========================================
 step  statements                                       why
 ====  ===============================================  ========================================
 1     (Arrow, or Python for ``write``'s rows)           one change per key: its newest, the
-      :meth:`~twophase.kit.Keyed.newest_arrow`          delete marker read into a flag
-2     ``LOAD DATA`` (``INSERT`` with ``bulk=            the chunk into the branch's temporary
+      :meth:`~twophase.kit.Keyed.newest_in_tables`      delete marker read into a flag
+2     ``LOAD DATA`` (``INSERT`` with ``bulk=            the changes into the branch's temporary
       "insert"``) into ``_twophase_changes``            table (emptied first)
 3     ``SELECT COUNT(*) FROM changes STRAIGHT_JOIN      the keys' rows and tombstones locked
       target FORCE INDEX (key) ... FOR UPDATE``; the    until the decision (a locking read sees
@@ -203,24 +204,24 @@ class KeyedTables:
     def apply(self, conn: Connection, written: Sequence[str], *, loaded: int, index: str,
               what: str) -> int:
         """Apply the ``loaded`` changes of the temporary table in the caller's branch (steps 3
-        to 8 of the module docstring); returns how many were newer than what the keys held."""
+        to 8 of the module docstring; a step over rows or tombstones the keys do not have is
+        left out); returns how many were newer than what the keys held."""
         flag = quote_identifier(DELETED_FLAG)
+        version = quote_identifier(self.keyed.version)
         target = self._joined(self.target, index)
         tombstones = self._joined(self.tombstones, PRIMARY)
-        version = quote_identifier(self.keyed.version)
-        held_newer = f"t.{version} >= c.{version}"
-        with conn.cursor() as cursor:
-            for joined in (target, tombstones):
-                cursor.execute(f"SELECT COUNT(*) FROM {joined} FOR UPDATE")
-            stale = sum(int(cursor.execute(f"DELETE c FROM {joined} WHERE {held_newer}"))
-                        for joined in (target, tombstones))
-            cursor.execute(f"DELETE t FROM {target} WHERE c.{flag}")
-        stamp = column_list(self.stamp)
-        stamped = {TOMBSTONE_TIME_COLUMN: "UTC_TIMESTAMP(6)"}
-        insert_selected(conn, self.tombstones, f"SELECT {stamp} FROM {self.changes} WHERE {flag}",
+        rows, buried = (self._locked(conn, joined) for joined in (target, tombstones))
+        stale = sum(self._drop_stale(conn, joined, version)
+                    for joined, held in ((target, rows), (tombstones, buried)) if held)
+        if rows:
+            query(conn, f"DELETE t FROM {target} WHERE c.{flag}")
+        insert_selected(conn, self.tombstones,
+                        f"SELECT {column_list(self.stamp)} FROM {self.changes} WHERE {flag}",
                         columns=self.stamp, what=f"{what} (tombstones in {self.tombstones})",
-                        on_duplicate=newer_wins(stamped, self.keyed.version, self.tombstones))
-        query(conn, f"DELETE t FROM {tombstones} WHERE NOT c.{flag}")
+                        on_duplicate=newer_wins({TOMBSTONE_TIME_COLUMN: "UTC_TIMESTAMP(6)"},
+                                                self.keyed.version, self.tombstones))
+        if buried:
+            query(conn, f"DELETE t FROM {tombstones} WHERE NOT c.{flag}")
         kept = {*self.keyed.key, self.keyed.version}
         assignments = {c: f"VALUES({quote_identifier(c)})" for c in written if c not in kept}
         insert_selected(conn, self.target,
@@ -229,6 +230,18 @@ class KeyedTables:
                         on_duplicate=newer_wins(assignments, self.keyed.version, self.target))
         log.debug("%s: %d of %d changes newer", what, loaded - stale, loaded)
         return loaded - stale
+
+    @staticmethod
+    def _locked(conn: Connection, joined: str) -> int:
+        """Lock the rows of the changes' keys in the joined table; how many there are."""
+        return int(query(conn, f"SELECT COUNT(*) FROM {joined} FOR UPDATE")[0][0])
+
+    @staticmethod
+    def _drop_stale(conn: Connection, joined: str, version: str) -> int:
+        """Delete the changes not newer than the joined table's row of their key; how many."""
+        with conn.cursor() as cursor:
+            return int(cursor.execute(
+                f"DELETE c FROM {joined} WHERE t.{version} >= c.{version}"))
 
     def _joined(self, table: Table, index: str) -> str:
         """The temporary table ``c`` joined to ``table`` as ``t``, one key's row by ``index``

@@ -91,9 +91,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar, cast
 
 import pymysql
 
@@ -161,6 +161,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Bulk = Literal["auto", "load_data", "insert"]
+ChunkT = TypeVar("ChunkT", bound=Chunk)
 BULK_METHODS: tuple[Bulk, ...] = ("auto", "load_data", "insert")
 #: What each mode does to the target table (checked by ``check_schema``): an upsert's ON
 #: DUPLICATE KEY UPDATE reads the row it updates; the keyed mode locks rows with SELECT ... FOR
@@ -218,8 +219,9 @@ class MySQLXASink(TwoPhaseCommitSink[MySQLBranch]):
     ``tombstone_retention_s``: how long a tombstone is kept (7 days by default): ``python -m
     twophase.cleanup`` purges older ones (:meth:`MySQLCommitter.purge_tombstones`); a change
     later than that can bring its key back.
-    ``chunk_size``: rows per statement (LOAD DATA or multi-row INSERT; in ``"keyed"`` mode the
-    rows reduced and applied together).
+    ``chunk_size``: rows per statement (LOAD DATA or multi-row INSERT; in ``"keyed"`` mode a
+    task's rows are reduced to the newest change per key and applied every ``chunk_size``
+    keys).
     ``bulk``: ``"auto"`` (LOAD DATA LOCAL in insert mode, and in keyed mode into the branch's
     temporary table of changes, falling back to INSERT if the server refuses it),
     ``"load_data"`` (insist; not in upsert mode), ``"insert"`` (never read local files).
@@ -407,21 +409,38 @@ class MySQLXASink(TwoPhaseCommitSink[MySQLBranch]):
 
     def write(self, txn: MySQLBranch, rows: Iterable[Sequence[Any]]) -> None:
         conn = self._open(txn)
+        received = self._received(txn, (RowChunk(chunk, txn.columns)
+                                        for chunk in chunks(rows, self.chunk_size)))
         with self._guard(txn, "writing"):
-            for chunk in chunks(rows, self.chunk_size):
-                self._write_chunk(txn, conn, RowChunk(chunk, txn.columns))
+            if self.keyed_tables is None:
+                for chunk in received:
+                    self._insert_chunk(txn, conn, chunk)
+                return
+            keyed = self.keyed_tables.keyed
+            flagged = keyed.flagged_columns(txn.columns)
+            for newest in keyed.newest_in_chunks((chunk.rows() for chunk in received),
+                                                 txn.columns, self.chunk_size):
+                self._apply_newest(txn, conn, RowChunk(newest, flagged))
 
     def write_arrow(self, txn: MySQLBranch, batches: Iterable[pa.RecordBatch]) -> None:
-        """Record batches, encoded for LOAD DATA by Arrow kernels (see :mod:`sinks.mysql.arrow`);
-        the INSERT path gets their rows."""
-        from sinks.mysql.arrow import chunks_ahead  # noqa: PLC0415 - needs pyarrow
+        """Record batches, encoded for LOAD DATA by Arrow kernels (see :mod:`sinks.mysql.arrow`;
+        keyed: reduced in Arrow first); the INSERT path gets their rows."""
+        import pyarrow as pa  # noqa: PLC0415 - the Arrow path has pyarrow
+
+        from sinks.mysql.arrow import ArrowChunk, chunks_ahead  # noqa: PLC0415 - needs pyarrow
 
         conn = self._open(txn)
         ahead = chunks_ahead(batches, self.chunk_size,
                              encode=txn.use_load_data and self.keyed is None)
+        received = self._received(txn, ahead)
         with self._guard(txn, "writing"), contextlib.closing(ahead):
-            for chunk in ahead:
-                self._write_chunk(txn, conn, chunk)
+            if self.keyed_tables is None:
+                for chunk in received:
+                    self._insert_chunk(txn, conn, chunk)
+                return
+            tables = (pa.Table.from_batches(chunk.batches) for chunk in received)
+            for newest in self.keyed_tables.keyed.newest_in_tables(tables, self.chunk_size):
+                self._apply_newest(txn, conn, ArrowChunk(newest.to_batches()))
 
     def pre_commit(self, txn: MySQLBranch) -> Handle:
         conn = self._open(txn)
@@ -443,30 +462,40 @@ class MySQLXASink(TwoPhaseCommitSink[MySQLBranch]):
                 xa(txn.conn, verb, txn.xid)
         self._close(txn)
 
-    def _write_chunk(self, txn: MySQLBranch, conn: Connection, chunk: Chunk) -> None:
-        width = len(txn.columns)
-        if (misfit := chunk.misfit(width)) is not None:
-            raise wrong_width(txn.txn_id, misfit, txn.columns)
-        try:
-            if self.keyed_tables is not None:
-                self._apply_newest(txn, conn, chunk.newest(self.keyed_tables.keyed, txn.columns))
-            else:
-                self._insert(txn, conn, chunk, self.target, txn.columns,
-                             upsert=self.mode == "upsert")
-        except (TypeError, ValueError, OverflowError) as exc:  # a value Python cannot send
-            raise unsendable(txn.txn_id, exc) from exc
-        txn.rows += len(chunk)
+    def _received(self, txn: MySQLBranch, received: Iterable[ChunkT]) -> Iterator[ChunkT]:
+        """The chunks a task receives, each checked for its width and counted."""
+        for chunk in received:
+            if (misfit := chunk.misfit(len(txn.columns))) is not None:
+                raise wrong_width(txn.txn_id, misfit, txn.columns)
+            txn.rows += len(chunk)
+            yield chunk
+
+    def _insert_chunk(self, txn: MySQLBranch, conn: Connection, chunk: Chunk) -> None:
+        """Insert and upsert modes: a chunk into the table."""
+        with self._sendable(txn):
+            self._insert(txn, conn, chunk, self.target, txn.columns,
+                         upsert=self.mode == "upsert")
 
     def _apply_newest(self, txn: MySQLBranch, conn: Connection, newest: Chunk) -> None:
-        """``mode="keyed"``: a chunk's newest changes into the branch's temporary table, then
-        applied where newer (:mod:`sinks.mysql.keyed`)."""
+        """``mode="keyed"``: the newest changes of one or more chunks into the branch's
+        temporary table, then applied where newer (:mod:`sinks.mysql.keyed`)."""
         tables = cast(KeyedTables, self.keyed_tables)
-        written = tables.keyed.written(txn.columns)
-        tables.clear(conn)
-        self._insert(txn, conn, newest, tables.changes, tables.keyed.flagged_columns(txn.columns),
-                     upsert=False)
-        tables.apply(conn, written, loaded=len(newest), index=txn.key_index,
+        with self._sendable(txn):
+            tables.clear(conn)
+            self._insert(txn, conn, newest, tables.changes,
+                         tables.keyed.flagged_columns(txn.columns), upsert=False)
+        tables.apply(conn, tables.keyed.written(txn.columns), loaded=len(newest),
+                     index=txn.key_index,
                      what=f"applying the changes of transaction {txn.txn_id} to {self.target}")
+
+    @staticmethod
+    @contextlib.contextmanager
+    def _sendable(txn: MySQLBranch) -> Iterator[None]:
+        """A value Python cannot send (TypeError, ValueError, OverflowError) named."""
+        try:
+            yield
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise unsendable(txn.txn_id, exc) from exc
 
     def _insert(self, txn: MySQLBranch, conn: Connection, chunk: Chunk, into: Table,
                 columns: Sequence[str], *, upsert: bool) -> None:

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from psycopg import sql
@@ -98,7 +98,7 @@ def create_missing_tombstones(conn: Connection, tombstones: Table, target: Table
 
 class KeyedWriter:
     """One transaction's keyed writes into ``target`` and ``tombstones`` (see the module
-    docstring): :meth:`apply_rows` or :meth:`apply_arrow` per chunk of rows of ``columns``."""
+    docstring): :meth:`apply_rows` or :meth:`apply_arrow`, the task's rows of ``columns``."""
 
     def __init__(self, conn: Connection, keyed: Keyed, target: Table, tombstones: Table,
                  columns: Sequence[str]) -> None:
@@ -107,21 +107,16 @@ class KeyedWriter:
         self.columns, self.flagged = tuple(columns), keyed.flagged_columns(columns)
         self._types: dict[str, str] | None = None
 
-    def apply_rows(self, rows: Sequence[Sequence[Any]]) -> None:
-        """A chunk of rows: reduced in Python, applied in three statements."""
-        newest = self.keyed.newest_rows(rows, self.columns)
-        if newest:
+    def apply_rows(self, chunks: Iterable[Sequence[Sequence[Any]]], size: int) -> None:
+        """A task's chunks of rows: reduced in Python across chunks, applied in three statements
+        per ``size`` keys (:meth:`~twophase.kit.Keyed.newest_in_chunks`)."""
+        for newest in self.keyed.newest_in_chunks(chunks, self.columns, size):
             self._apply([list(column) for column in zip(*newest, strict=True)])
 
-    def apply_arrow(self, batches: Sequence[pa.RecordBatch]) -> int:
-        """A chunk of record batches: reduced in Arrow, applied in three statements; returns
-        how many rows it had."""
-        import pyarrow as pa  # noqa: PLC0415 - only the Arrow path needs pyarrow
-
-        table = pa.Table.from_batches(batches)
-        if table.num_rows:
-            self._apply(columns_of(self.keyed.newest_arrow(table)))
-        return int(table.num_rows)
+    def apply_arrow(self, tables: Iterable[pa.Table], size: int) -> None:
+        """A task's chunks of record batches: the same, reduced in Arrow."""
+        for newest in self.keyed.newest_in_tables(tables, size):
+            self._apply(columns_of(newest))
 
     def _apply(self, values: list[list[Any]]) -> None:
         """The newest changes (one list per column of :attr:`flagged`): lock the keys' rows,

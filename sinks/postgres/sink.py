@@ -82,7 +82,7 @@ UPDATE, DELETE on the marker table (CREATE once, or create it from ``MARKER_TABL
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, cast
@@ -187,7 +187,9 @@ class PostgresSink(TwoPhaseCommitSink[PostgresTransaction]):
     than the key's row or tombstone), ``deleted`` a column of the rows (not of the table: read,
     never written) that marks a delete (a boolean, or Debezium's ``op``: ``'d'``), None if the
     stream has no deletes; ``tombstone_retention_s`` how long a deleted key's tombstone is kept
-    (purged by ``python -m twophase.cleanup``). ``chunk_size``: rows per statement.
+    (purged by ``python -m twophase.cleanup``). ``chunk_size``: rows per statement (keyed,
+    prepared: a task's rows reduced to the newest change per key, applied every ``chunk_size``
+    keys).
     ``publish``: ``"prepared"`` (one prepared transaction per partition; keyed: rows routed by
     key, :meth:`route_key`) or ``"staged"`` (rows staged in ``staging_table``, default
     ``_twophase_staged_<table>``, published by the driver in one local transaction: see
@@ -359,12 +361,21 @@ class PostgresSink(TwoPhaseCommitSink[PostgresTransaction]):
     def write(self, txn: PostgresTransaction, rows: Iterable[Sequence[Any]]) -> None:
         conn = self._open(txn)
         with self._guard(txn, "writing"):
-            for chunk in chunks(rows, self.chunk_size):
-                if misfit := next((len(row) for row in chunk
-                                   if len(row) != len(txn.columns)), None):
-                    raise wrong_width(misfit, txn.columns)
-                self._write_chunk(txn, conn, chunk)
-                txn.rows += len(chunk)
+            received = self._received(txn, chunks(rows, self.chunk_size))
+            if self.copies or self.keyed is None:
+                for chunk in received:
+                    self._write_chunk(txn, conn, chunk)
+            else:
+                self._keyed_writer(txn, conn).apply_rows(received, self.chunk_size)
+
+    def _received(self, txn: PostgresTransaction, received: Iterable[Sequence[Sequence[Any]]]
+                  ) -> Iterator[Sequence[Sequence[Any]]]:
+        """The chunks of rows a task receives, each checked for its width and counted."""
+        for chunk in received:
+            if misfit := next((len(row) for row in chunk if len(row) != len(txn.columns)), None):
+                raise wrong_width(misfit, txn.columns)
+            txn.rows += len(chunk)
+            yield chunk
 
     def _write_chunk(self, txn: PostgresTransaction, conn: Connection,
                      chunk: Sequence[Sequence[Any]]) -> None:
@@ -373,30 +384,37 @@ class PostgresSink(TwoPhaseCommitSink[PostgresTransaction]):
                       self.keyed.flagged_rows(chunk, txn.columns))
         elif self.copies:
             copy_rows(conn, self.written, txn.columns, chunk)
-        elif self.keyed is not None:
-            self._keyed_writer(txn, conn).apply_rows(chunk)
         else:
             upsert_rows(conn, self.target, txn.columns, self.key, chunk)
 
     def write_arrow(self, txn: PostgresTransaction, batches: Iterable[pa.RecordBatch]) -> None:
         """Insert mode and staged: the batches in one COPY of Arrow's CSV (see
         :mod:`sinks.postgres.bulk`; keyed, the delete marker as the staged flag); keyed
-        prepared: chunks reduced in Arrow (:mod:`sinks.postgres.keyed`); upsert: their rows."""
+        prepared: reduced in Arrow (:mod:`sinks.postgres.keyed`); upsert: their rows."""
         if not self.copies and self.keyed is None:
             self.write(txn, rows_of(batches))
             return
         conn = self._open(txn)
         with self._guard(txn, "writing"):
             if not self.copies:
-                writer = self._keyed_writer(txn, conn)
-                for chunk in batch_chunks(batches, self.chunk_size):
-                    txn.rows += writer.apply_arrow(chunk)
+                self._keyed_writer(txn, conn).apply_arrow(
+                    self._received_tables(txn, batches), self.chunk_size)
             elif self.keyed is not None:
                 txn.rows += copy_batches(conn, self.written,
                                          self.keyed.flagged_columns(txn.columns),
                                          (self.keyed.flagged_arrow(batch) for batch in batches))
             else:
                 txn.rows += copy_batches(conn, self.written, txn.columns, batches)
+
+    def _received_tables(self, txn: PostgresTransaction, batches: Iterable[pa.RecordBatch]
+                         ) -> Iterator[pa.Table]:
+        """The batches a task receives as tables of at most ``chunk_size`` rows, counted."""
+        import pyarrow as pa  # noqa: PLC0415 - the Arrow path has pyarrow
+
+        for chunk in batch_chunks(batches, self.chunk_size):
+            table = pa.Table.from_batches(chunk)
+            txn.rows += table.num_rows
+            yield table
 
     def _keyed_writer(self, txn: PostgresTransaction, conn: Connection) -> KeyedWriter:
         """The transaction's keyed writer (keyed, prepared), made at its first chunk."""

@@ -128,3 +128,38 @@ def test_a_version_of_a_type_that_does_not_order_is_refused(kind: str) -> None:
     with pytest.raises(SchemaMismatchError, match=f"of type {re.escape(kind)}, which does not"):
         Keyed(("id",), "v").check_columns("t", columns)
     Keyed(("id",), "v").check_columns("t", [Column("id", "bigint"), Column("v", "timestamp")])
+
+
+def applied(parts: list[list[tuple[Any, ...]]]) -> dict[int, tuple[Any, ...]]:
+    """What applying flagged parts in order leaves: per key the newest (a later part's change
+    of a key wins only if newer: the writers' version guard)."""
+    state: dict[int, tuple[Any, ...]] = {}
+    for part in parts:
+        assert len({row[0] for row in part}) == len(part), "a key twice in one part"
+        for row in part:
+            if row[0] not in state or row[2] > state[row[0]][2]:
+                state[row[0]] = row
+    return state
+
+
+@settings(max_examples=200, deadline=None)
+@given(changes, st.integers(1, 7), st.integers(1, 8))
+def test_a_tasks_chunks_reduced_across_chunks_apply_as_their_newest_changes(
+        rows: list[tuple[Any, ...]], chunk: int, size: int) -> None:
+    """newest_in_chunks and newest_in_tables hand over parts of at least ``size`` keys (but the
+    last), each key once per part, flagged; applied in order they leave each key's newest
+    change, the same in rows and in Arrow."""
+    chunks = [rows[i:i + chunk] for i in range(0, len(rows), chunk)]
+    parts = list(KEYED.newest_in_chunks(chunks, COLUMNS, size))
+    tables = [pa.table(list(zip(*part, strict=True)) if part else [[], [], [], []],
+                       names=list(COLUMNS)) for part in chunks]
+    arrow = [list(zip(*(column.to_pylist() for column in table.columns), strict=True))
+             for table in KEYED.newest_in_tables(
+                 (table.cast(pa.schema([("id", pa.int64()), ("status", pa.string()),
+                                        ("v", pa.int64()), ("op", pa.string())]))
+                  for table in tables), size)]
+    assert all(len(part) >= size for part in parts[:-1])
+    want = {key: (*row[:3], is_delete(row[3])) for key, row in expected(rows).items()}
+    assert applied(parts) == want
+    assert applied(arrow) == want
+    assert KEYED.flagged_columns(COLUMNS) == ("id", "status", "v", "_twophase_deleted")
