@@ -151,13 +151,12 @@ def test_a_tasks_chunks_reduced_across_chunks_apply_as_their_newest_changes(
     change, the same in rows and in Arrow."""
     chunks = [rows[i:i + chunk] for i in range(0, len(rows), chunk)]
     parts = list(KEYED.newest_in_chunks(chunks, COLUMNS, size))
-    tables = [pa.table(list(zip(*part, strict=True)) if part else [[], [], [], []],
-                       names=list(COLUMNS)) for part in chunks]
+    schema = pa.schema([("id", pa.int64()), ("status", pa.string()), ("v", pa.int64()),
+                        ("op", pa.string())])
+    tables = (pa.Table.from_pylist([dict(zip(COLUMNS, row, strict=True)) for row in part],
+                                   schema=schema) for part in chunks)
     arrow = [list(zip(*(column.to_pylist() for column in table.columns), strict=True))
-             for table in KEYED.newest_in_tables(
-                 (table.cast(pa.schema([("id", pa.int64()), ("status", pa.string()),
-                                        ("v", pa.int64()), ("op", pa.string())]))
-                  for table in tables), size)]
+             for table in KEYED.newest_in_tables(tables, size)]
     assert all(len(part) >= size for part in parts[:-1])
     want = {key: (*row[:3], is_delete(row[3])) for key, row in expected(rows).items()}
     assert applied(parts) == want
