@@ -356,11 +356,11 @@ def keyed_apply_statements(keyed: Keyed, *, quote: Callable[[str], str], source:
         f"FROM {scratch} WHERE {flag} ON CONFLICT ({', '.join(key)}) DO UPDATE SET "
         f"{version} = excluded.{version}, "
         f"{quote(TOMBSTONE_TIME_COLUMN)} = excluded.{quote(TOMBSTONE_TIME_COLUMN)} "
-        f"WHERE t.{version} < excluded.{version}",
+        f"WHERE t.{version} IS NULL OR t.{version} < excluded.{version}",
         f"DELETE FROM {tombstones} AS t WHERE EXISTS (SELECT 1 FROM {scratch} s WHERE "
         f"NOT s.{flag} AND {on_key})",
         f"INSERT INTO {target} AS t ({names}) SELECT {names} FROM {scratch} WHERE NOT {flag} "
         f"ON CONFLICT ({', '.join(key)}) DO UPDATE SET {updates} "
-        f"WHERE t.{version} < excluded.{version}",
+        f"WHERE t.{version} IS NULL OR t.{version} < excluded.{version}",
         f"DROP TABLE {scratch}",
     ]
