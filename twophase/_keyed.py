@@ -66,6 +66,10 @@ DELETED_FLAG: Final = "_twophase_deleted"
 #: Spark types (``simpleString``) a version cannot have: they do not order changes.
 UNORDERED_TYPES: Final = frozenset({"boolean", "binary", "void", "variant", "null"})
 UNORDERED_PREFIXES: Final = ("array", "map", "struct")
+#: A keyed writer reduces a task's changes across chunks and applies them once it holds this
+#: many chunks' worth of keys (and at the end): a stream whose chunks each hold every key once
+#: (a key's changes spread evenly over the stream) would otherwise apply every chunk whole.
+HELD_CHUNKS: Final = 10
 _RANK = "_twophase_rank"
 _SEQ = "_twophase_seq"
 _HASH_LENGTH = 10
@@ -177,9 +181,9 @@ class Keyed:
                          columns: Sequence[str], size: int) -> Iterator[list[tuple[Any, ...]]]:
         """One task's chunks of rows (of ``columns``, in stream order) reduced across chunks to
         the newest change of each key, handed on as rows of :meth:`flagged_columns` whenever
-        ``size`` keys or more are held, and at the end (memory: ``size`` keys and a chunk).
-        A key may come again in a later hand-over, newer: applied in order, every step guarded
-        by the version, that is right."""
+        ``size`` keys or more are held (a sink: :data:`HELD_CHUNKS` times its chunk size), and
+        at the end (memory: ``size`` keys and a chunk). A key may come again in a later
+        hand-over, newer: applied in order, every step guarded by the version, that is right."""
         held: list[Sequence[Any]] = []
         for chunk in chunks:
             held = self.reduce_rows([*held, *chunk], columns)

@@ -3,9 +3,10 @@ newest version of each key winning, deletes remembered in a tombstone table (the
 :mod:`twophase._keyed`).
 
 A branch's rows are reduced across its chunks to the newest change of each key and applied
-set-based every ``chunk_size`` keys and at the end, by statements over the branch's temporary
-table ``_twophase_changes`` (part by part is right: every step is guarded by the version, and a
-later part reads what an earlier one wrote in the same branch):
+set-based every :data:`~twophase.kit.HELD_CHUNKS` ``* chunk_size`` keys and at the end, by
+statements over the branch's temporary table ``_twophase_changes`` (part by part is right: every
+step is guarded by the version, and a later part reads what an earlier one wrote in the same
+branch):
 
 ====  ===============================================  ========================================
 step  statements                                       why

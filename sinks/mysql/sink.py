@@ -138,6 +138,7 @@ from twophase.kit import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_TLS,
     DEFAULT_TOMBSTONE_RETENTION_S,
+    HELD_CHUNKS,
     KEYED,
     Keyed,
     Mode,
@@ -220,8 +221,8 @@ class MySQLXASink(TwoPhaseCommitSink[MySQLBranch]):
     twophase.cleanup`` purges older ones (:meth:`MySQLCommitter.purge_tombstones`); a change
     later than that can bring its key back.
     ``chunk_size``: rows per statement (LOAD DATA or multi-row INSERT; in ``"keyed"`` mode a
-    task's rows are reduced to the newest change per key and applied every ``chunk_size``
-    keys).
+    task's rows are reduced to the newest change per key and applied every
+    :data:`~twophase.kit.HELD_CHUNKS` ``* chunk_size`` keys).
     ``bulk``: ``"auto"`` (LOAD DATA LOCAL in insert mode, and in keyed mode into the branch's
     temporary table of changes, falling back to INSERT if the server refuses it),
     ``"load_data"`` (insist; not in upsert mode), ``"insert"`` (never read local files).
@@ -419,7 +420,7 @@ class MySQLXASink(TwoPhaseCommitSink[MySQLBranch]):
             keyed = self.keyed_tables.keyed
             flagged = keyed.flagged_columns(txn.columns)
             for newest in keyed.newest_in_chunks((chunk.rows() for chunk in received),
-                                                 txn.columns, self.chunk_size):
+                                                 txn.columns, HELD_CHUNKS * self.chunk_size):
                 self._apply_newest(txn, conn, RowChunk(newest, flagged))
 
     def write_arrow(self, txn: MySQLBranch, batches: Iterable[pa.RecordBatch]) -> None:
@@ -439,7 +440,8 @@ class MySQLXASink(TwoPhaseCommitSink[MySQLBranch]):
                     self._insert_chunk(txn, conn, chunk)
                 return
             tables = (pa.Table.from_batches(chunk.batches) for chunk in received)
-            for newest in self.keyed_tables.keyed.newest_in_tables(tables, self.chunk_size):
+            held = HELD_CHUNKS * self.chunk_size
+            for newest in self.keyed_tables.keyed.newest_in_tables(tables, held):
                 self._apply_newest(txn, conn, ArrowChunk(newest.to_batches()))
 
     def pre_commit(self, txn: MySQLBranch) -> Handle:

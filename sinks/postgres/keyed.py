@@ -109,7 +109,7 @@ class KeyedWriter:
 
     def apply_rows(self, chunks: Iterable[Sequence[Sequence[Any]]], size: int) -> None:
         """A task's chunks of rows: reduced in Python across chunks, applied in three statements
-        per ``size`` keys (:meth:`~twophase.kit.Keyed.newest_in_chunks`)."""
+        every ``size`` keys (:meth:`~twophase.kit.Keyed.newest_in_chunks`)."""
         for newest in self.keyed.newest_in_chunks(chunks, self.columns, size):
             self._apply([list(column) for column in zip(*newest, strict=True)])
 

@@ -134,6 +134,7 @@ from twophase.kit import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_TLS,
     DEFAULT_TOMBSTONE_RETENTION_S,
+    HELD_CHUNKS,
     KEYED,
     Keyed,
     Mode,
@@ -188,8 +189,8 @@ class PostgresSink(TwoPhaseCommitSink[PostgresTransaction]):
     never written) that marks a delete (a boolean, or Debezium's ``op``: ``'d'``), None if the
     stream has no deletes; ``tombstone_retention_s`` how long a deleted key's tombstone is kept
     (purged by ``python -m twophase.cleanup``). ``chunk_size``: rows per statement (keyed,
-    prepared: a task's rows reduced to the newest change per key, applied every ``chunk_size``
-    keys).
+    prepared: a task's rows reduced to the newest change per key, applied every
+    :data:`~twophase.kit.HELD_CHUNKS` ``* chunk_size`` keys).
     ``publish``: ``"prepared"`` (one prepared transaction per partition; keyed: rows routed by
     key, :meth:`route_key`) or ``"staged"`` (rows staged in ``staging_table``, default
     ``_twophase_staged_<table>``, published by the driver in one local transaction: see
@@ -366,7 +367,8 @@ class PostgresSink(TwoPhaseCommitSink[PostgresTransaction]):
                 for chunk in received:
                     self._write_chunk(txn, conn, chunk)
             else:
-                self._keyed_writer(txn, conn).apply_rows(received, self.chunk_size)
+                self._keyed_writer(txn, conn).apply_rows(received,
+                                                         HELD_CHUNKS * self.chunk_size)
 
     def _received(self, txn: PostgresTransaction, received: Iterable[Sequence[Sequence[Any]]]
                   ) -> Iterator[Sequence[Sequence[Any]]]:
@@ -398,7 +400,7 @@ class PostgresSink(TwoPhaseCommitSink[PostgresTransaction]):
         with self._guard(txn, "writing"):
             if not self.copies:
                 self._keyed_writer(txn, conn).apply_arrow(
-                    self._received_tables(txn, batches), self.chunk_size)
+                    self._received_tables(txn, batches), HELD_CHUNKS * self.chunk_size)
             elif self.keyed is not None:
                 txn.rows += copy_batches(conn, self.written,
                                          self.keyed.flagged_columns(txn.columns),

@@ -16,7 +16,7 @@ piece                                 what it does
                                       keep tombstones): :data:`KEYED`, :func:`validate_keyed`,
                                       :meth:`Keyed.reduce` (a :class:`Change` per key) and
                                       :func:`newer_than` for a writer under locks,
-                                      :func:`is_delete` (:data:`DELETED_FLAG`),
+                                      :func:`is_delete` (:data:`DELETED_FLAG`), :data:`HELD_CHUNKS`,
                                       :data:`DEFAULT_TOMBSTONE_RETENTION_S`; for a publisher in
                                       SQL: :mod:`twophase.kit.sql` (see :mod:`twophase._keyed`)
 :func:`namespace_from`                a default namespace from a target's name (table, topic,
@@ -105,6 +105,7 @@ from twophase._handle import (
 from twophase._keyed import (
     DEFAULT_TOMBSTONE_RETENTION_S,
     DELETED_FLAG,
+    HELD_CHUNKS,
     KEYED,
     Change,
     Keyed,
@@ -146,6 +147,7 @@ __all__ = [
     "DEFAULT_TLS",
     "DEFAULT_TOMBSTONE_RETENTION_S",
     "DELETED_FLAG",
+    "HELD_CHUNKS",
     "INSTANT_TYPE",
     "KEYED",
     "MODES",
