@@ -1,2 +1,3 @@
-"""Long chaos runs: the Spark chaos suite (chaos.run) and the protocol model's long profile
-(chaos.model). Run from the repository root: they use the test suite's servers."""
+"""Long chaos runs: the Spark chaos suite (chaos.run), the protocol model's long profile
+(chaos.model) and the real Debezium pipeline's rounds (chaos.debezium). Run from the repository
+root: they use the test suite's servers."""
