@@ -144,8 +144,8 @@ class KeyedWriter:
     def _arrays(self, names: Sequence[str]) -> sql.Composed:
         """``unnest`` of one array parameter per column of ``names``, each cast to the target's
         type of it (the flag: boolean)."""
-        types = self._column_types()
-        return _typed_arrays([types.get(name, "boolean") for name in names])
+        types = {**self._column_types(), DELETED_FLAG: "boolean"}
+        return _typed_arrays([types[name] for name in names])
 
     def _column_types(self) -> dict[str, str]:
         """The target's types of the written columns (without a length or precision: a cast to

@@ -56,6 +56,7 @@ from setups.servers.kafka import KafkaBroker
 from setups.servers.kafka_connect import ConnectWorker, start_worker
 from setups.servers.mariadb import Db
 from setups.servers.postgres import PgView, PostgresServer, logical_server
+from tests.fixtures import starts_server
 from twophase._state import StateStore
 from twophase.testing.crash_points import BETWEEN_MEMBERS, GROUP_CRASH_POINTS
 
@@ -63,6 +64,7 @@ pytestmark = [pytest.mark.spark]
 
 
 @pytest.fixture(scope="module")
+@starts_server
 def cdc_postgres() -> Iterator[PostgresServer]:
     """A private PostgreSQL with ``wal_level=logical`` for this module's source tables."""
     with logical_server() as server:
@@ -70,6 +72,7 @@ def cdc_postgres() -> Iterator[PostgresServer]:
 
 
 @pytest.fixture(scope="module")
+@starts_server
 def connect_worker(kafka_broker: KafkaBroker,
                    tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConnectWorker]:
     """A Kafka Connect worker (distributed, a group of one) on the session's broker, with
