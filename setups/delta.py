@@ -64,7 +64,7 @@ class DeltaSetup(SinkSetup):
     name = "delta"
     factory = "sinks.delta:DeltaSink"
     networked = False
-    model_ci_examples = 10
+    model_ci_examples = 5
     since = "0.3.0"
 
     def __init__(self, scratch: Path, proxy: Proxy | None = None, *,

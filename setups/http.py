@@ -34,7 +34,7 @@ class HttpSetup(SinkSetup):
     name = "http"
     factory = "sinks.http:HttpSink"
     killable = True
-    model_ci_examples = 25
+    model_ci_examples = 12
     servers = ("http_receiver",)
 
     def __init__(self, scratch: Path, receiver: ReceiverProcess, proxy: Proxy | None = None

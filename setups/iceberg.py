@@ -94,7 +94,7 @@ class IcebergSetup(SinkSetup):
     name = "iceberg"
     factory = "sinks.iceberg:IcebergSink"
     networked = False
-    model_ci_examples = 5
+    model_ci_examples = 3
     since = "0.4.0"
 
     def __init__(self, scratch: Path, proxy: Proxy | None = None, *,

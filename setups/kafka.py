@@ -46,7 +46,7 @@ class KafkaSetup(SinkSetup):
     model_options: ClassVar[Mapping[str, Any]] = {"transaction_timeout_ms": 60_000,
                                                   "min_commit_window_ms": 0}
     #: A broker round trip per step of the model: its slowest sink.
-    model_ci_examples = 6
+    model_ci_examples = 3
     servers = ("kafka_broker",)
 
     def __init__(self, scratch: Path, broker: KafkaBroker, reader: TopicReader | None = None,

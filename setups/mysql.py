@@ -36,7 +36,7 @@ class MySQLSetup(SinkSetup):
     name = "mysql"
     factory = "sinks.mysql:MySQLXASink"
     killable = True
-    model_ci_examples = 20
+    model_ci_examples = 10
     #: ``db``: the test fails if it leaves an XA branch prepared.
     servers = ("mariadb", "db")
 

@@ -27,7 +27,7 @@ class PostgresSetup(SinkSetup):
     name = "postgres"
     factory = "sinks.postgres:PostgresSink"
     killable = True
-    model_ci_examples = 15
+    model_ci_examples = 8
     #: ``pg``: the server's view, which fails the test if it leaves a transaction prepared.
     servers = ("pg",)
 

@@ -52,7 +52,7 @@ def read_rows(body: bytes, key: str) -> list[dict[str, Any]]:
 class S3Setup(SinkSetup):
     name = "s3"
     factory = "sinks.s3:S3Sink"
-    model_ci_examples = 10
+    model_ci_examples = 5
     servers = ("moto_server", "s3_bucket")
 
     def __init__(self, scratch: Path, server: MotoServer, bucket: str,

@@ -6,6 +6,8 @@
   ``addArtifacts(pyfile=True)``: Spark puts only ``.zip``, ``.egg`` and ``.jar`` files on the
   executors' path, and a wheel is a zip with the packages at its root; its ``.dist-info``
   tells the start's check (:mod:`twophase._preflight`) its version.
+* :func:`installed_py_file`: a pure-Python client library as the driver has it installed (say
+  PyMySQL), its files and ``.dist-info`` in a ``.zip``, shipped beside the wheel the same way.
 * :func:`packed_environment`: a ``.tar.gz`` for ``spark.archives`` of a ``site-packages``
   directory with twophase and compiled client libraries (say psycopg's binary build) at the
   driver's versions, installed from pip's cache; on the executors' path by
@@ -28,6 +30,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,6 +74,19 @@ def twophase_py_file(scratch: Path) -> Path:
                     "--wheel-dir", str(scratch), str(tree)], check=True, timeout=PIP_TIMEOUT_S)
     wheel = next(scratch.glob("twophase-*.whl"))
     return Path(shutil.copy(wheel, wheel.with_suffix(".zip")))
+
+
+def installed_py_file(scratch: Path, distribution: str) -> Path:
+    """A ``.zip`` under ``scratch`` of ``distribution``'s installed files (its packages and its
+    ``.dist-info``, which the start's check reads its version from): for a pure-Python
+    library, what ``--py-files`` ships of it."""
+    installed = importlib.metadata.distribution(distribution)
+    archive = scratch / f"{distribution}-{installed.version}.zip"
+    with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as zipped:
+        for file in installed.files or ():
+            if file.suffix != ".pyc" and not file.parts[0].startswith(".."):
+                zipped.write(file.locate(), file.as_posix())
+    return archive
 
 
 def packed_environment(scratch: Path, py_file: Path, distributions: Sequence[str]) -> Path:

@@ -30,7 +30,7 @@ class SQLiteSetup(SinkSetup):
     name = "sqlite"
     factory = "sinks.sqlite:SQLiteSink"
     networked = False
-    model_ci_examples = 60
+    model_ci_examples = 30
 
     @classmethod
     @contextlib.contextmanager

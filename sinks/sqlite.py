@@ -96,13 +96,12 @@ from twophase.kit import (
     ErrorTable,
     Keyed,
     Mode,
+    NamespaceOfTarget,
     TableColumn,
     as_utc,
     check_columns,
     chunks,
     classified,
-    namespace_from,
-    qualified_namespace,
     transaction_id_reused,
     transaction_lost,
     validate_chunk_size,
@@ -143,7 +142,7 @@ class SQLiteTransaction:
     rows: int = 0
 
 
-class SQLiteSink(TwoPhaseCommitSink[SQLiteTransaction]):
+class SQLiteSink(NamespaceOfTarget, TwoPhaseCommitSink[SQLiteTransaction]):
     """Exactly-once into ``table`` of the SQLite database at ``path`` (see the module docstring)."""
 
     kind = "sqlite"
@@ -184,13 +183,9 @@ class SQLiteSink(TwoPhaseCommitSink[SQLiteTransaction]):
         """The target, as messages name it."""
         return f"table {self.table!r} of SQLite database {self.path}"
 
-    def default_namespace(self) -> str:
-        """The table's name and a digest of the database file's path (as given)."""
-        return qualified_namespace(self.table, self.database.path)
-
-    def former_default_namespaces(self) -> tuple[str, ...]:
-        """Before 0.5.0: the table name alone."""
-        return (namespace_from(self.table, self.kind),)
+    def target_name_and_place(self) -> tuple[str, ...]:
+        """The table's name and the database file's path (as given)."""
+        return (self.table, self.database.path)
 
     def stage_table(self, txn_id: TxnId) -> str:
         """The staging table of one transaction of this sink."""

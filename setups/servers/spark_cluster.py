@@ -10,7 +10,7 @@ The test fixture ``spark_cluster`` (session; ``tests/fixtures/spark_cluster.py``
   local state) is an empty tmpfs: executors, their JVMs and their Python workers run in that
   namespace and cannot read what the driver keeps there, as on a real cluster.
 
-``bare_spark_cluster`` (module) is another such cluster whose executors' Python has PySpark
+``bare_spark_cluster`` is another such cluster whose executors' Python has PySpark
 and pyarrow only: in its workers' namespace the driver's virtualenv (``sys.prefix``, where
 the driver's ``PYSPARK_PYTHON`` is) is replaced by a bare one (:mod:`setups.servers.bare_python`),
 so twophase and the sinks' client libraries reach its executors only as a job ships them

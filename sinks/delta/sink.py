@@ -90,9 +90,8 @@ from twophase import (
 )
 from twophase.kit import (
     DEFAULT_CHUNK_SIZE,
+    NamespaceOfTarget,
     classified,
-    namespace_from,
-    qualified_namespace,
     validate_chunk_size,
 )
 from twophase.kit.lake import (
@@ -109,7 +108,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-class DeltaSink(LakeSink[DataFile]):
+class DeltaSink(NamespaceOfTarget, LakeSink[DataFile]):
     """Exactly-once appends to the Delta table at ``table_uri`` (a local path, ``file://`` or
     ``s3://bucket/path``).
 
@@ -167,14 +166,10 @@ class DeltaSink(LakeSink[DataFile]):
     def where(self) -> str:
         return f"Delta table {self.table_uri}"
 
-    def default_namespace(self) -> str:
-        """The table directory's name and a digest of where it is (its parent URI)."""
+    def target_name_and_place(self) -> tuple[str, ...]:
+        """The table directory's name and where it is (its parent URI)."""
         parent, _, name = self.table_uri.rstrip("/").rpartition("/")
-        return qualified_namespace(name, parent)
-
-    def former_default_namespaces(self) -> tuple[str, ...]:
-        """Before 0.5.0: the table directory's name alone."""
-        return (namespace_from(self.table_uri.rstrip("/").rpartition("/")[2], self.kind),)
+        return (name, parent)
 
     @property
     def errors_caught(self) -> tuple[type[BaseException], ...]:

@@ -83,9 +83,8 @@ from twophase import (
 )
 from twophase.kit import (
     DEFAULT_CHUNK_SIZE,
+    NamespaceOfTarget,
     classified,
-    namespace_from,
-    qualified_namespace,
     validate_chunk_size,
 )
 from twophase.kit.lake import (
@@ -116,7 +115,7 @@ S3_SETTINGS_OF_PROPERTIES: Mapping[str, str] = {
     "s3.session-token": "session_token", "s3.region": "region", "s3.endpoint": "endpoint_url"}
 VIRTUAL_ADDRESSING = "s3.force-virtual-addressing"
 
-class IcebergSink(LakeSink[IcebergFile]):
+class IcebergSink(NamespaceOfTarget, LakeSink[IcebergFile]):
     """Exactly-once appends to the Iceberg table ``table`` (``"db.orders"``) of a catalog.
 
     ``catalog``: pyiceberg's catalog properties (``{"type": "sql", "uri":
@@ -200,14 +199,10 @@ class IcebergSink(LakeSink[IcebergFile]):
     def where(self) -> str:
         return f"Iceberg table {self.catalog_name}.{self.table}"
 
-    def default_namespace(self) -> str:
-        """The table's name and a digest of its catalog's and catalog namespace's."""
+    def target_name_and_place(self) -> tuple[str, ...]:
+        """The table's name, its catalog's and its catalog namespace."""
         namespace, _, name = self.table.rpartition(".")
-        return qualified_namespace(name, self.catalog_name, namespace)
-
-    def former_default_namespaces(self) -> tuple[str, ...]:
-        """Before 0.5.0: the table's name alone."""
-        return (namespace_from(self.table.rpartition(".")[2], self.kind),)
+        return (name, self.catalog_name, namespace)
 
     @property
     def errors_caught(self) -> tuple[type[BaseException], ...]:

@@ -142,14 +142,13 @@ from twophase.kit import (
     KEYED,
     Keyed,
     Mode,
+    NamespaceOfTarget,
     Secret,
     SecretOption,
     Tls,
     TlsMode,
     chunks,
     classified,
-    namespace_from,
-    qualified_namespace,
     renamed_option,
     validate_chunk_size,
     validate_keyed,
@@ -188,7 +187,7 @@ class MySQLBranch:
     key_index: str = PRIMARY
 
 
-class MySQLXASink(TwoPhaseCommitSink[MySQLBranch]):
+class MySQLXASink(NamespaceOfTarget, TwoPhaseCommitSink[MySQLBranch]):
     """Exactly-once rows into one MySQL/MariaDB table, one XA branch per partition.
 
     ``host``/``port``/``user``/``password``/``database``: where to connect (TCP); ``password``
@@ -315,14 +314,10 @@ class MySQLXASink(TwoPhaseCommitSink[MySQLBranch]):
         """The target, as messages name it."""
         return f"table {self.target} on MySQL server {self.server.address}"
 
-    def default_namespace(self) -> str:
-        """The table's name and a digest of its database's (a server's XA transactions are
-        listed across its databases: two databases' tables of one name need two)."""
-        return qualified_namespace(self.table, self.target.database)
-
-    def former_default_namespaces(self) -> tuple[str, ...]:
-        """Before 0.5.0: the table name alone."""
-        return (namespace_from(self.table, self.kind),)
+    def target_name_and_place(self) -> tuple[str, ...]:
+        """The table's name and its database (a server's XA transactions are listed across
+        its databases: two databases' tables of one name need two namespaces)."""
+        return (self.table, self.target.database)
 
     # -- driver: schema, tables ----------------------------------------------------------------
 

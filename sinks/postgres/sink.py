@@ -138,14 +138,13 @@ from twophase.kit import (
     KEYED,
     Keyed,
     Mode,
+    NamespaceOfTarget,
     Secret,
     SecretOption,
     TlsMode,
     batch_chunks,
     chunks,
     classified,
-    namespace_from,
-    qualified_namespace,
     renamed_option,
     rows_of,
     transaction_id_reused,
@@ -174,7 +173,7 @@ class PostgresTransaction:
     keyed: KeyedWriter | None = None
 
 
-class PostgresSink(TwoPhaseCommitSink[PostgresTransaction]):
+class PostgresSink(NamespaceOfTarget, TwoPhaseCommitSink[PostgresTransaction]):
     """Exactly-once rows into one PostgreSQL table, one prepared transaction per partition.
 
     ``host``/``port``/``user``/``password``/``database``: where to connect (TCP); ``password``
@@ -280,14 +279,10 @@ class PostgresSink(TwoPhaseCommitSink[PostgresTransaction]):
         """The target, as messages name it."""
         return f"table {self.target} on PostgreSQL server {self.server.address}"
 
-    def default_namespace(self) -> str:
-        """The table's name and a digest of its database's and schema's (a server's prepared
-        transactions are listed across its databases)."""
-        return qualified_namespace(self.table, self.server.database, self.target.schema)
-
-    def former_default_namespaces(self) -> tuple[str, ...]:
-        """Before 0.5.0: the table name alone."""
-        return (namespace_from(self.table, self.kind),)
+    def target_name_and_place(self) -> tuple[str, ...]:
+        """The table's name, its database and its schema (a server's prepared transactions are
+        listed across its databases)."""
+        return (self.table, self.server.database, self.target.schema)
 
     # -- driver: schema ------------------------------------------------------------------------
 

@@ -5,10 +5,12 @@ The crash suite runs for the networked sinks with the driver killed at every dri
 and an executor killed after its pre-commit: with the state on the driver's disk (tasks cannot
 read it; they learn with the task which batches were decided before the run) and with the state
 on S3 (tasks read it there). In CI (CI time) an executor is killed after its pre-commit and
-MySQL's driver after the decision (every point over MySQL in the model; on the cluster in the
-MySQL + Kafka group, tests/spark/test_group_crash.py, ``-m long``); PostgreSQL, Kafka, HTTP and
-S3 go through every point under ``-m long``. Plus the proof that executors cannot read the
-driver's state directory.
+MySQL's driver after the decision, on the cluster whose executors have PySpark and pyarrow only
+(``bare_spark_cluster``): twophase and PyMySQL reach them by ``spark.submit.pyFiles``, as
+``--py-files`` ships them (every point over MySQL in the model; on the cluster in the MySQL +
+Kafka group, tests/spark/test_group_crash.py, ``-m long``); PostgreSQL, Kafka, HTTP and S3 go
+through every point under ``-m long``, on the cluster whose executors have the driver's
+virtualenv. Plus the proof that executors cannot read the driver's state directory.
 """
 
 from __future__ import annotations
@@ -67,9 +69,20 @@ class OnCluster:
 
 
 class TestMySQLOnCluster(OnCluster, CrashSuite):
-    """State on the driver's disk: tasks cannot read it."""
+    """State on the driver's disk: tasks cannot read it. The executors have neither twophase
+    nor PyMySQL but as the job ships them (``--py-files``)."""
 
     setup_fixture = "mysql_setup"
+
+    @pytest.fixture
+    def cluster(self, bare_spark_cluster: SparkCluster) -> SparkCluster:
+        return bare_spark_cluster
+
+    @pytest.fixture
+    def spark_conf(self, cluster: SparkCluster, py_file: Path,
+                   mysql_client_py_file: Path) -> dict[str, str]:
+        return {**cluster.driver_conf(),
+                "spark.submit.pyFiles": f"{py_file},{mysql_client_py_file}"}
     #: CI time: the cluster's own paths, an executor killed after its pre-commit (its retried
     #: task aborts the orphan) and a driver killed after the decision (tasks learn what was
     #: decided); before the decision the restart's sweep is the driver's alone, as in local
@@ -109,13 +122,14 @@ class TestS3OnCluster(OnCluster, CrashSuite):
         return s3_state(moto_server)
 
 
-def test_executors_cannot_read_the_drivers_state_directory(spark_cluster: SparkCluster,
-                                                           tmp_path: Path) -> None:
-    state = spark_cluster.driver_disk / tmp_path.name / "ckpt" / "twophase"
+def test_executors_cannot_read_the_drivers_state_directory(bare_spark_cluster: SparkCluster,
+                                                           py_file: Path, tmp_path: Path) -> None:
+    state = bare_spark_cluster.driver_disk / tmp_path.name / "ckpt" / "twophase"
     StateStore(state).start_run("orders", {})
+    conf = {**bare_spark_cluster.driver_conf(), "spark.submit.pyFiles": str(py_file)}
     probe = subprocess.run(
-        [sys.executable, "-c", PROBE, json.dumps(spark_cluster.driver_conf()),
-         str(state)], capture_output=True, text=True, timeout=300, check=False,
+        [sys.executable, "-c", PROBE, json.dumps(conf), str(state)],
+        capture_output=True, text=True, timeout=300, check=False,
         env={**os.environ, "PYSPARK_PYTHON": sys.executable})
     assert probe.returncode == 0, probe.stderr[-3000:]
     result = json.loads(probe.stdout.strip().splitlines()[-1])

@@ -1,10 +1,12 @@
 """twophase shipped to executors that do not have it: a standalone cluster whose executors'
 Python has PySpark and pyarrow only (``bare_spark_cluster``; the driver keeps ``.venv``), and
 twophase reaching them the ways users ship it, each through a crash run (the crash suite on
-the cluster, killed after the decision in CI, either side of it under ``-m long``):
+the cluster, killed after the decision or either side of it; ``-m long``):
 
 * the twophase wheel (as a ``.zip``) by ``spark.submit.pyFiles``, what ``--py-files`` sets:
-  the SQLite sink, whose client is in the standard library (in CI);
+  the SQLite sink, whose client is in the standard library (``-m long``; in CI the wheel and
+  PyMySQL go this way to the MySQL sink's crash run on this cluster,
+  ``tests/spark/test_cluster.py::TestMySQLOnCluster``);
 * the same file by ``SparkContext.addPyFile`` from a driver whose session is up before the
   sink, as in a notebook (``-m long``);
 * a packed environment by ``spark.archives``: twophase and the PostgreSQL sink's compiled
@@ -51,7 +53,6 @@ from setups.shipping import (
     archives_conf,
     packed_environment,
     packed_virtualenv,
-    twophase_py_file,
     unpack,
 )
 from setups.sqlite import SQLiteSetup
@@ -97,11 +98,6 @@ spark.stop()
 
 
 @pytest.fixture(scope="session")
-def py_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return twophase_py_file(tmp_path_factory.mktemp("twophase-wheel"))
-
-
-@pytest.fixture(scope="session")
 def packed_venv(tmp_path_factory: pytest.TempPathFactory, py_file: Path) -> Path:
     """The packed virtualenv with psycopg's binary build (about 70 MB; once a run)."""
     return packed_virtualenv(tmp_path_factory.mktemp("packed-venv"), py_file, POSTGRES_CLIENT)
@@ -137,10 +133,11 @@ class OnBareCluster(OnCluster, CrashSuite):
         return bare_spark_cluster
 
 
-class TestShippedByPyFiles(OnBareCluster):
-    """``spark.submit.pyFiles`` (``--py-files``): the wheel reaches every executor (CI time:
-    killed after the decision, where recovery must run on the bare executors' side too; the
-    other ways either side of it, ``-m long``)."""
+@pytest.mark.long  # CI time: in CI TestMySQLOnCluster (tests/spark/test_cluster.py) ships the
+class TestShippedByPyFiles(OnBareCluster):  # wheel and PyMySQL this way to this cluster
+    """``spark.submit.pyFiles`` (``--py-files``): the wheel reaches every executor, killed
+    after the decision, where recovery must run on the bare executors' side too (the other
+    ways either side of it)."""
 
     crash_points = (AFTER_DECISION,)
 

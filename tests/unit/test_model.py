@@ -45,7 +45,7 @@ from twophase.testing.target import ExactlyOnceError, GroupTarget, Target
 
 #: Examples of the model over a sink group (two SQLite tables) in the CI profile (a sink's:
 #: its setup's ``model_ci_examples``; the long profile ignores both).
-GROUP_CI_EXAMPLES = 30
+GROUP_CI_EXAMPLES = 15
 #: Examples of the model over pipelined commits (SQLite, a sink and a group) in the CI profile.
 PIPELINED_CI_EXAMPLES = 20
 MEMORY_FS = Path("/dev/shm")

@@ -21,7 +21,9 @@ piece                                 what it does
                                       SQL: :mod:`twophase.kit.sql` (see :mod:`twophase._keyed`)
 :func:`namespace_from`                a default namespace from a target's name (table, topic,
                                       prefix); :func:`qualified_namespace` from its name and
-                                      where it is
+                                      where it is; :class:`NamespaceOfTarget` a sink's default
+                                      namespace so (and 0.4.0's, the name alone, that a saved
+                                      state keeps)
 :class:`ErrorTable`                   system error code -> retryable / fatal / config / schema +
                                       fix; by exact code, by condition (the message, a
                                       :class:`Condition`), by code class
@@ -92,7 +94,7 @@ import warnings
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from twophase._classify import classified, transaction_id_reused, transaction_lost
 from twophase._handle import (
@@ -160,6 +162,7 @@ __all__ = [
     "Keyed",
     "LocalCommitMember",
     "Mode",
+    "NamespaceOfTarget",
     "Secret",
     "SecretOption",
     "TableColumn",
@@ -228,6 +231,25 @@ def namespace_from(name: str, fallback: str) -> str:
     """A namespace from a target's name: unsafe characters become ``_``, at most 24 of them."""
     cleaned = UNSAFE_IN_NAMESPACE.sub("_", name)[:NAMESPACE_MAX_LENGTH]
     return cleaned or fallback
+
+
+class NamespaceOfTarget:
+    """A sink whose default namespace is its target's name qualified by where the target is
+    (:func:`qualified_namespace`): mix it in before :class:`~twophase.TwoPhaseCommitSink` and
+    define :meth:`target_name_and_place`. Before 0.5.0 the default was the name alone
+    (:meth:`former_default_namespaces`): a state saved under it keeps it."""
+
+    kind: ClassVar[str]
+
+    def target_name_and_place(self) -> tuple[str, ...]:
+        """The target's name, then where it is (a database, a schema, a catalog, a URI)."""
+        raise NotImplementedError
+
+    def default_namespace(self) -> str:
+        return qualified_namespace(*self.target_name_and_place())
+
+    def former_default_namespaces(self) -> tuple[str, ...]:
+        return (namespace_from(self.target_name_and_place()[0], self.kind),)
 
 
 @dataclass(frozen=True)
