@@ -22,7 +22,10 @@ The password (a :class:`twophase.Secret` or the clear text) is revealed only her
 connection is opened; PyMySQL's messages never carry it (an access denied names the user and
 the host), and :func:`twophase.kit.scrubbed` removes it from any that would. Every connection
 reads it again, so a rotated password is used by the next one; a login refused just as it was
-rotated is tried once more (:func:`twophase.kit.retried_if_rotated`).
+rotated is tried once more (:func:`twophase.kit.retried_if_rotated`). A sink made with
+``connection=Secret(...)`` (the whole URL a secret) has for its password a
+:class:`twophase.kit.sql.UrlPassword`: the URL's password part, read the same way from what the
+Secret holds at each connection.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ from twophase.kit import (
     reveal,
     scrubbed,
 )
-from twophase.kit.sql import ConnectionPool
+from twophase.kit.sql import ConnectionPool, ConnectionUrl
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +64,9 @@ DEFAULT_READ_TIMEOUT_S = 600
 #: instead of after the server's ``wait_timeout`` (8 hours by default).
 WRITER_IDLE_TIMEOUT_S = 600
 CHARSET = "utf8mb4"
+#: ``connection=``: ``mysql://user[:password]@host[:port]/database[?tls=...]`` (or
+#: ``mariadb://``), a :class:`twophase.Secret` holding one, or a mapping of the options.
+URL = ConnectionUrl(SYSTEM, ("mysql", "mariadb"), DEFAULT_PORT, DEFAULT_CONNECT_TIMEOUT_S)
 STRICT_SQL_MODE = ("SESSION sql_mode = CONCAT_WS(',', NULLIF(@@SESSION.sql_mode, ''), "
                    "'STRICT_TRANS_TABLES')")
 UTC_TIME_ZONE = "SESSION time_zone = '+00:00'"
@@ -93,7 +99,7 @@ class Server:
     host: str
     port: int
     user: str
-    password: SecretOption = field(repr=False)
+    password: SecretOption | None = field(repr=False)
     database: str
     tls: Tls = field(default_factory=lambda: Tls(system=SYSTEM))
     connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S

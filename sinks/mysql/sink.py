@@ -101,10 +101,9 @@ from sinks.mysql import schema
 from sinks.mysql.bulk import insert_rows, load_tsv
 from sinks.mysql.committer import MySQLCommitter
 from sinks.mysql.connection import (
-    DEFAULT_CONNECT_TIMEOUT_S,
-    DEFAULT_PORT,
     DEFAULT_READ_TIMEOUT_S,
     RESERVED_CONNECT_ARGS,
+    URL,
     WRITER_IDLE_TIMEOUT_S,
     Connection,
     Server,
@@ -136,14 +135,12 @@ from twophase import (
 )
 from twophase.kit import (
     DEFAULT_CHUNK_SIZE,
-    DEFAULT_TLS,
     DEFAULT_TOMBSTONE_RETENTION_S,
     HELD_CHUNKS,
     KEYED,
     Keyed,
     Mode,
     NamespaceOfTarget,
-    Secret,
     SecretOption,
     Tls,
     TlsMode,
@@ -154,6 +151,7 @@ from twophase.kit import (
     validate_keyed,
     validate_mode,
 )
+from twophase.kit.sql import ConnectionOption
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -193,6 +191,14 @@ class MySQLXASink(NamespaceOfTarget, TwoPhaseCommitSink[MySQLBranch]):
     ``host``/``port``/``user``/``password``/``database``: where to connect (TCP); ``password``
     is the clear text or a :class:`twophase.Secret` (``Secret(env=...)``, ``Secret(file=...)``),
     read in the process that connects, when it connects (the pickled sink holds the reference).
+    ``connection``: the same, and the TLS options and ``connect_timeout_s``, as one value
+    instead (:class:`twophase.kit.sql.ConnectionUrl`): a URL
+    ``mysql://user[:password]@host[:port]/database?tls=verify&ca_bundle=/ca.pem`` (or
+    ``mariadb://``; user and password percent-encoded; the query takes ``tls``, ``ca_bundle``,
+    ``client_cert``, ``client_key``, ``connect_timeout_s``), a :class:`twophase.Secret` holding
+    such a URL (read as the sink is made; its password stays a reference, read at every
+    connection) or a mapping of those options (``{"host": ..., "user": ..., ...}``). Beside it,
+    ``password`` may give a password the connection lacks (credentials apart).
     ``tls``: ``"verify"`` (the default: the certificate must come from a CA of ``ca_bundle``,
     the system's CA store if None, and name ``host``), ``"require"`` (encrypted, not verified),
     ``"off"`` (plain text); TLS asked for and not offered is refused, never a fall back.
@@ -235,13 +241,14 @@ class MySQLXASink(NamespaceOfTarget, TwoPhaseCommitSink[MySQLBranch]):
     def __init__(
         self,
         *,
-        host: str,
-        user: str,
-        password: SecretOption,
-        database: str,
         table: str,
-        port: int = DEFAULT_PORT,
-        tls: TlsMode = DEFAULT_TLS,
+        connection: ConnectionOption | None = None,
+        host: str | None = None,
+        user: str | None = None,
+        password: SecretOption | None = None,
+        database: str | None = None,
+        port: int | None = None,
+        tls: TlsMode | None = None,
         ca_bundle: str | None = None,
         client_cert: str | None = None,
         client_key: str | None = None,
@@ -255,7 +262,7 @@ class MySQLXASink(NamespaceOfTarget, TwoPhaseCommitSink[MySQLBranch]):
         fencing: bool = False,
         marker_table: str = DEFAULT_MARKER_TABLE,
         fence_table: str = DEFAULT_FENCE_TABLE,
-        connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+        connect_timeout_s: float | None = None,
         read_timeout_s: float | None = DEFAULT_READ_TIMEOUT_S,
         lock_wait_timeout_s: int | None = None,
         connect_args: Mapping[str, Any] | None = None,
@@ -264,6 +271,11 @@ class MySQLXASink(NamespaceOfTarget, TwoPhaseCommitSink[MySQLBranch]):
     ) -> None:
         client_cert = renamed_option(SYSTEM, "ssl_cert", ssl_cert, "client_cert", client_cert)
         client_key = renamed_option(SYSTEM, "ssl_key", ssl_key, "client_key", client_key)
+        #: Where and how to connect (``repr`` shows it): the password a reference if given so.
+        self.connection_settings = settings = URL.settings(
+            connection, host=host, port=port, user=user, password=password, database=database,
+            tls=tls, ca_bundle=ca_bundle, client_cert=client_cert, client_key=client_key,
+            connect_timeout_s=connect_timeout_s)
         self.mode = validate_mode(SYSTEM, mode, key, key_required=False)
         self.key = tuple(key)
         keyed = validate_keyed(SYSTEM, mode, key, version, deleted,
@@ -271,24 +283,23 @@ class MySQLXASink(NamespaceOfTarget, TwoPhaseCommitSink[MySQLBranch]):
         self.chunk_size = validate_chunk_size(SYSTEM, chunk_size)
         self.bulk = _validated_bulk(bulk, self.mode)
         self.fencing = fencing
-        self.server = Server(host=host, port=port, user=user, password=password,
-                             database=database, tls=Tls(tls, ca_bundle, client_cert, client_key,
-                                                             SYSTEM),
-                             connect_timeout_s=connect_timeout_s,
+        self.server = Server(host=settings.host, port=settings.port, user=settings.user,
+                             password=settings.password, database=settings.database,
+                             tls=Tls(settings.tls, settings.ca_bundle, settings.client_cert,
+                                     settings.client_key, SYSTEM),
+                             connect_timeout_s=settings.connect_timeout_s,
                              read_timeout_s=read_timeout_s, lock_wait_timeout_s=lock_wait_timeout_s,
                              connect_args=_validated_connect_args(connect_args or {}))
         self.table = table
-        self.target = Table(database, table)
-        self.markers = Markers(Table(database, marker_table))
-        self.fences = Fence(Table(database, fence_table), self.server.address)
+        self.target = Table(settings.database, table)
+        self.markers = Markers(Table(settings.database, marker_table))
+        self.fences = Fence(Table(settings.database, fence_table), self.server.address)
         #: ``mode="keyed"``: the key, version and delete marker, and the tombstone table.
         self.keyed_tables = None if keyed is None else KeyedTables.of(keyed, self.target)
 
     def __repr__(self) -> str:
         server = self.server
-        password = server.password if isinstance(server.password, Secret) else "'***'"
-        return (f"MySQLXASink(host={server.host!r}, port={server.port}, user={server.user!r}, "
-                f"password={password}, database={server.database!r}, table={self.table!r}, "
+        return (f"MySQLXASink({self.connection_settings.shown()}, table={self.table!r}, "
                 f"tls={server.tls.mode!r}, mode={self.mode!r}{self._keyed_repr()}, "
                 f"bulk={self.bulk!r}, fencing={self.fencing})")
 

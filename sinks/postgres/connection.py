@@ -23,7 +23,10 @@ The password (a :class:`twophase.Secret` or the clear text) is revealed only her
 session is opened; libpq's messages do not carry it, and
 :func:`twophase.kit.scrubbed` removes it from any that would. Every session reads it again, so
 a rotated password is used by the next one; a password refused just as it was rotated is tried
-once more (:func:`twophase.kit.retried_if_rotated`).
+once more (:func:`twophase.kit.retried_if_rotated`). A sink made with
+``connection=Secret(...)`` (the whole URL a secret) has for its password a
+:class:`twophase.kit.sql.UrlPassword`: the URL's password part, read the same way from what the
+Secret holds at each connection.
 """
 
 from __future__ import annotations
@@ -48,12 +51,15 @@ from twophase.kit import (
     reveal,
     scrubbed,
 )
-from twophase.kit.sql import ConnectionPool
+from twophase.kit.sql import ConnectionPool, ConnectionUrl
 
 Connection = psycopg.Connection[Any]
 
 DEFAULT_PORT = 5432
 DEFAULT_CONNECT_TIMEOUT_S = 10
+#: ``connection=``: ``postgresql://user[:password]@host[:port]/database[?tls=...]`` (or
+#: ``postgres://``), a :class:`twophase.Secret` holding one, or a mapping of the options.
+URL = ConnectionUrl(SYSTEM, ("postgresql", "postgres"), DEFAULT_PORT, DEFAULT_CONNECT_TIMEOUT_S)
 SslMode = Literal["verify-full", "verify-ca", "require", "disable"]
 SSL_MODES: tuple[SslMode, ...] = ("verify-full", "verify-ca", "require", "disable")
 #: libpq's ``sslmode`` of each ``tls=`` (its own default, ``prefer``, verifies nothing).
@@ -85,7 +91,7 @@ class Server:
     host: str
     port: int
     user: str
-    password: SecretOption = field(repr=False)
+    password: SecretOption | None = field(repr=False)
     database: str
     tls: Tls = field(default_factory=lambda: Tls(system=SYSTEM))
     #: ``tls="verify"`` without the host name's check (the former ``sslmode="verify-ca"``).

@@ -93,10 +93,9 @@ from sinks.postgres import schema
 from sinks.postgres.bulk import copy_batches, copy_rows, upsert_rows
 from sinks.postgres.committer import PostgresCommitter
 from sinks.postgres.connection import (
-    DEFAULT_CONNECT_TIMEOUT_S,
     DEFAULT_LOCK_TIMEOUT_S,
-    DEFAULT_PORT,
     RESERVED_CONNECT_ARGS,
+    URL,
     Connection,
     Server,
     SslMode,
@@ -132,14 +131,12 @@ from twophase import (
 )
 from twophase.kit import (
     DEFAULT_CHUNK_SIZE,
-    DEFAULT_TLS,
     DEFAULT_TOMBSTONE_RETENTION_S,
     HELD_CHUNKS,
     KEYED,
     Keyed,
     Mode,
     NamespaceOfTarget,
-    Secret,
     SecretOption,
     TlsMode,
     batch_chunks,
@@ -152,6 +149,7 @@ from twophase.kit import (
     validate_keyed,
     validate_mode,
 )
+from twophase.kit.sql import ConnectionOption
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -179,6 +177,15 @@ class PostgresSink(NamespaceOfTarget, TwoPhaseCommitSink[PostgresTransaction]):
     ``host``/``port``/``user``/``password``/``database``: where to connect (TCP); ``password``
     is the clear text or a :class:`twophase.Secret` (``Secret(env=...)``, ``Secret(file=...)``),
     read in the process that connects, when it connects (the pickled sink holds the reference).
+    ``connection``: the same, and the TLS options and ``connect_timeout_s``, as one value
+    instead (:class:`twophase.kit.sql.ConnectionUrl`): a URL
+    ``postgresql://user[:password]@host[:port]/database?tls=verify&ca_bundle=/ca.pem`` (or
+    ``postgres://``; user and password percent-encoded; the query takes ``tls``,
+    ``ca_bundle``, ``client_cert``, ``client_key``, ``connect_timeout_s``, not libpq's
+    ``sslmode``), a :class:`twophase.Secret` holding such a URL (read as the sink is made; its
+    password stays a reference, read at every connection) or a mapping of those options
+    (``{"host": ..., "user": ..., ...}``). Beside it, ``password`` may give a password the
+    connection lacks (credentials apart).
     ``table`` (in ``schema``): the target; it must exist. ``mode``: ``"insert"`` (COPY; a
     repeated key is an error), ``"upsert"`` (``INSERT ... ON CONFLICT (key) DO UPDATE``, the
     last row wins; ``key`` must be a unique key of the table) or ``"keyed"`` (the latest state
@@ -212,13 +219,14 @@ class PostgresSink(NamespaceOfTarget, TwoPhaseCommitSink[PostgresTransaction]):
     def __init__(
         self,
         *,
-        host: str,
-        user: str,
-        password: SecretOption,
-        database: str,
         table: str,
+        connection: ConnectionOption | None = None,
+        host: str | None = None,
+        user: str | None = None,
+        password: SecretOption | None = None,
+        database: str | None = None,
         schema: str = DEFAULT_SCHEMA,
-        port: int = DEFAULT_PORT,
+        port: int | None = None,
         mode: Mode = "insert",
         key: Sequence[str] = (),
         version: str | None = None,
@@ -226,11 +234,11 @@ class PostgresSink(NamespaceOfTarget, TwoPhaseCommitSink[PostgresTransaction]):
         tombstone_retention_s: float = DEFAULT_TOMBSTONE_RETENTION_S,
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         marker_table: str = DEFAULT_MARKER_TABLE,
-        tls: TlsMode = DEFAULT_TLS,
+        tls: TlsMode | None = None,
         ca_bundle: str | None = None,
         client_cert: str | None = None,
         client_key: str | None = None,
-        connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+        connect_timeout_s: float | None = None,
         lock_timeout_s: float | None = DEFAULT_LOCK_TIMEOUT_S,
         connect_args: Mapping[str, Any] | None = None,
         publish: Publish = "prepared",
@@ -245,6 +253,11 @@ class PostgresSink(NamespaceOfTarget, TwoPhaseCommitSink[PostgresTransaction]):
                                      libpq_args.pop("sslcert", None), "client_cert", client_cert)
         client_key = renamed_option(SYSTEM, "connect_args['sslkey']",
                                     libpq_args.pop("sslkey", None), "client_key", client_key)
+        #: Where and how to connect (``repr`` shows it): the password a reference if given so.
+        self.connection_settings = settings = URL.settings(
+            connection, host=host, port=port, user=user, password=password, database=database,
+            tls=tls, ca_bundle=ca_bundle, client_cert=client_cert, client_key=client_key,
+            connect_timeout_s=connect_timeout_s, also={"sslmode": former_tls})
         self.mode = validate_mode(SYSTEM, mode, key)
         self.keyed = validate_keyed(SYSTEM, self.mode, key, version, deleted,
                                     tombstone_retention_s=tombstone_retention_s)
@@ -254,10 +267,13 @@ class PostgresSink(NamespaceOfTarget, TwoPhaseCommitSink[PostgresTransaction]):
         if reserved := sorted(RESERVED_CONNECT_ARGS & set(libpq_args)):
             raise ConfigurationError(f"{SYSTEM}: connect_args {reserved} are set by the sink "
                                      "itself.", fix="pass them as the sink's own options")
-        self.server = Server(host=host, port=port, user=user, password=password,
-                             database=database,
-                             **tls_settings(tls, ca_bundle, client_cert, client_key, former_tls),
-                             connect_timeout_s=connect_timeout_s, lock_timeout_s=lock_timeout_s,
+        self.server = Server(host=settings.host, port=settings.port, user=settings.user,
+                             password=settings.password, database=settings.database,
+                             **tls_settings(settings.tls, settings.ca_bundle,
+                                            settings.client_cert, settings.client_key,
+                                            former_tls),
+                             connect_timeout_s=settings.connect_timeout_s,
+                             lock_timeout_s=lock_timeout_s,
                              connect_args=libpq_args)
         self.table = table
         self.target = Table(schema, table)
@@ -269,9 +285,7 @@ class PostgresSink(NamespaceOfTarget, TwoPhaseCommitSink[PostgresTransaction]):
 
     def __repr__(self) -> str:
         server = self.server
-        password = server.password if isinstance(server.password, Secret) else "'***'"
-        return (f"PostgresSink(host={server.host!r}, port={server.port}, user={server.user!r}, "
-                f"password={password}, database={server.database!r}, "
+        return (f"PostgresSink({self.connection_settings.shown()}, "
                 f"table={str(self.target)!r}, mode={self.mode!r}, tls={server.tls.mode!r})")
 
     @property

@@ -20,10 +20,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar
+from urllib.parse import quote
 
 import pymysql
 import pytest
 
+from setups import MySQLSetup
 from setups.servers.mariadb import Db, MariaDBServer
 from sinks.mysql import MARKER_TABLE_DDL, MySQLXASink, xa
 from sinks.mysql.connection import WRITER_IDLE_TIMEOUT_S, Server
@@ -50,17 +52,23 @@ from twophase import (
     FencedError,
     Handle,
     RetryableError,
+    Secret,
 )
 from twophase._handle import NAMESPACE_MAX_LENGTH, query_key
 from twophase._state import StateStore
+from twophase.testing import contract
 from twophase.testing.contract import (
     NAMESPACE,
+    ORDER_COLUMNS,
+    QUERY_ID,
     SinkContract,
     abort,
     commit,
     context,
     list_in_doubt,
+    orders,
     purge_commit_records,
+    use_query_id,
 )
 
 # -- the shared contract (commit, abort, loss, empty, reuse, namespaces, processes, purge) ----
@@ -290,6 +298,31 @@ def test_configuration_and_repr(mariadb: MariaDBServer) -> None:
     assert "CREATE TABLE IF NOT EXISTS" in MARKER_TABLE_DDL
     shipped = pickle.loads(pickle.dumps(sink))  # what Spark does to send it to executors
     assert repr(shipped) == repr(sink) and shipped.server == sink.server
+
+
+def test_a_connection_url_in_a_secret_writes_and_commits(
+        mysql_setup: MySQLSetup, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``connection=Secret(env=...)`` holding the whole URL: the executors' copy of the sink
+    (pickled, without the password) writes, the driver's commits, the rows are there."""
+    target = mysql_setup.new_target()
+    options = dict(target.options)
+    password = options.pop("password")
+    where = {name: options.pop(name) for name in ("host", "port", "user", "database", "tls")}
+    tls = f"tls={where['tls']}" + (f"&ca_bundle={quote(options.pop('ca_bundle'))}"
+                                   if "ca_bundle" in options else "")
+    monkeypatch.setenv("TWOPHASE_TEST_MYSQL_URL",
+                       f"mariadb://{quote(where['user'], safe='')}:{quote(password, safe='')}"
+                       f"@{where['host']}:{where['port']}/{where['database']}?{tls}")
+    sink = MySQLXASink(connection=Secret(env="TWOPHASE_TEST_MYSQL_URL"), **options)
+    assert password.encode() not in pickle.dumps(sink) and password not in repr(sink)
+    sink.check_schema(ORDER_COLUMNS)
+    use_query_id(new_query_id())
+    try:
+        handle = contract.prepare(pickle.loads(pickle.dumps(sink)), orders(0, 5))
+        assert commit(sink, handle) is CommitOutcome.COMMITTED
+    finally:
+        use_query_id(QUERY_ID)
+    assert target.visible() == [0, 1, 2, 3, 4]
 
 
 # -- fencing -----------------------------------------------------------------------------------

@@ -7,10 +7,12 @@ every test ends with no prepared transaction left (checked by the ``pg`` fixture
 from __future__ import annotations
 
 import datetime as dt
+import pickle
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 
@@ -25,6 +27,7 @@ from twophase import (
     FatalError,
     RetryableError,
     SchemaMismatchError,
+    Secret,
 )
 from twophase.testing.contract import (
     NAMESPACE,
@@ -126,6 +129,26 @@ def test_a_wrong_password_is_a_configuration_error(target: Target) -> None:
     sink = PostgresSink(**{**target.options, "password": "wrong"})
     with pytest.raises(ConfigurationError, match=r"password authentication failed.*Fix: check"):
         sink.check_schema(ORDER_COLUMNS)
+
+
+def test_a_connection_url_in_a_secret_writes_and_commits(
+        target: Target, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``connection=Secret(env=...)`` holding the whole URL: the executors' copy of the sink
+    (pickled, without the password) writes, the driver's commits, the rows are there."""
+    options = dict(target.options)
+    password = options.pop("password")
+    where = {name: options.pop(name) for name in ("host", "port", "user", "database", "tls")}
+    tls = f"tls={where['tls']}" + (f"&ca_bundle={quote(options.pop('ca_bundle'))}"
+                                   if "ca_bundle" in options else "")
+    monkeypatch.setenv("TWOPHASE_TEST_PG_URL",
+                       f"postgresql://{quote(where['user'], safe='')}:{quote(password, safe='')}"
+                       f"@{where['host']}:{where['port']}/{where['database']}?{tls}")
+    sink = PostgresSink(connection=Secret(env="TWOPHASE_TEST_PG_URL"), **options)
+    assert password.encode() not in pickle.dumps(sink) and password not in repr(sink)
+    sink.check_schema(ORDER_COLUMNS)
+    handle = prepare(pickle.loads(pickle.dumps(sink)), orders(0, 5))
+    assert commit(sink, handle) is CommitOutcome.COMMITTED
+    assert target.visible() == [0, 1, 2, 3, 4]
 
 
 def test_a_duplicate_key_fails_the_partition_and_leaves_nothing(
