@@ -20,7 +20,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar
-from urllib.parse import quote
 
 import pymysql
 import pytest
@@ -30,6 +29,7 @@ from setups.servers.mariadb import Db, MariaDBServer
 from sinks.mysql import MARKER_TABLE_DDL, MySQLXASink, xa
 from sinks.mysql.connection import WRITER_IDLE_TIMEOUT_S, Server
 from sinks.mysql.errors import classify
+from tests.sinks import as_connection_url
 from tests.sinks.mysql.mysql_children import run_killed
 from tests.sinks.mysql.mysql_table import (
     COLUMNS,
@@ -305,14 +305,9 @@ def test_a_connection_url_in_a_secret_writes_and_commits(
     """``connection=Secret(env=...)`` holding the whole URL: the executors' copy of the sink
     (pickled, without the password) writes, the driver's commits, the rows are there."""
     target = mysql_setup.new_target()
-    options = dict(target.options)
-    password = options.pop("password")
-    where = {name: options.pop(name) for name in ("host", "port", "user", "database", "tls")}
-    tls = f"tls={where['tls']}" + (f"&ca_bundle={quote(options.pop('ca_bundle'))}"
-                                   if "ca_bundle" in options else "")
-    monkeypatch.setenv("TWOPHASE_TEST_MYSQL_URL",
-                       f"mariadb://{quote(where['user'], safe='')}:{quote(password, safe='')}"
-                       f"@{where['host']}:{where['port']}/{where['database']}?{tls}")
+    url, options = as_connection_url("mariadb", target.options)
+    password = target.options["password"]
+    monkeypatch.setenv("TWOPHASE_TEST_MYSQL_URL", url)
     sink = MySQLXASink(connection=Secret(env="TWOPHASE_TEST_MYSQL_URL"), **options)
     assert password.encode() not in pickle.dumps(sink) and password not in repr(sink)
     sink.check_schema(ORDER_COLUMNS)

@@ -12,7 +12,6 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import pytest
 
@@ -20,6 +19,7 @@ from setups import PostgresSetup, Target
 from setups.servers.postgres import PgView, PostgresServer
 from sinks.postgres import PostgresSink
 from sinks.postgres.errors import ERRORS
+from tests.sinks import as_connection_url
 from twophase import (
     Column,
     CommitOutcome,
@@ -135,14 +135,9 @@ def test_a_connection_url_in_a_secret_writes_and_commits(
         target: Target, monkeypatch: pytest.MonkeyPatch) -> None:
     """``connection=Secret(env=...)`` holding the whole URL: the executors' copy of the sink
     (pickled, without the password) writes, the driver's commits, the rows are there."""
-    options = dict(target.options)
-    password = options.pop("password")
-    where = {name: options.pop(name) for name in ("host", "port", "user", "database", "tls")}
-    tls = f"tls={where['tls']}" + (f"&ca_bundle={quote(options.pop('ca_bundle'))}"
-                                   if "ca_bundle" in options else "")
-    monkeypatch.setenv("TWOPHASE_TEST_PG_URL",
-                       f"postgresql://{quote(where['user'], safe='')}:{quote(password, safe='')}"
-                       f"@{where['host']}:{where['port']}/{where['database']}?{tls}")
+    url, options = as_connection_url("postgresql", target.options)
+    password = target.options["password"]
+    monkeypatch.setenv("TWOPHASE_TEST_PG_URL", url)
     sink = PostgresSink(connection=Secret(env="TWOPHASE_TEST_PG_URL"), **options)
     assert password.encode() not in pickle.dumps(sink) and password not in repr(sink)
     sink.check_schema(ORDER_COLUMNS)
