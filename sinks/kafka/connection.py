@@ -24,7 +24,11 @@ translates the same settings to its property names, so both clients connect alik
 client is built: the settings (pickled to the executors) then hold the reference only. ``repr``
 never shows either, and nothing logs them: kafka-python's admin client logs its whole
 configuration at DEBUG, so that one record is dropped (:class:`_HideClientConfigs`);
-librdkafka prints ``[redacted]`` for its secret properties.
+librdkafka prints ``[redacted]`` for its secret properties. A sink made with
+``connection=Secret(...)`` (every connection option in one JSON object a secret holds,
+:func:`kafka_settings`) has for each of them a :class:`twophase.kit.SecretField`: that field of
+what the Secret holds, read the same way at each connection, so a rotated secret's new password
+is used (an admin client refused with the old one is made again).
 
 **TLS** (:class:`twophase.kit.Tls`, every prebuilt sink's options; :func:`security_settings`).
 A Kafka listener speaks one protocol, so ``tls`` is ``"off"`` unless given: ``tls="verify"``
@@ -51,7 +55,7 @@ import socket
 import ssl
 import struct
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -68,9 +72,10 @@ from sinks.kafka.errors import (
     refused_credentials,
 )
 from sinks.kafka.login import PASSWORD_MECHANISMS, refusal
-from twophase import ConfigurationError
+from twophase import ConfigurationError, Secret
 from twophase.kit import (
     ClientCache,
+    ConnectionFields,
     SecretOption,
     Tls,
     TlsMode,
@@ -108,6 +113,20 @@ FIX_CA = ("pass ca_bundle= the PEM file of the CA that issued the brokers' certi
 #: The sink's former names of its TLS options, removed in 0.6.0.
 FORMER_TLS_NAMES = {"ssl_cafile": "ca_bundle", "ssl_certfile": "client_cert",
                     "ssl_keyfile": "client_key"}
+#: Every prebuilt sink's TLS options (:class:`twophase.kit.Tls`).
+TLS_OPTION_NAMES = ("tls", "ca_bundle", "client_cert", "client_key")
+#: What ``connection=`` may give: the sink's own connection options of these names (not the
+#: former ``security_protocol``, ``ssl_cafile``, ``ssl_certfile``, ``ssl_keyfile``).
+CONNECTION_OPTIONS = ("bootstrap_servers", *TLS_OPTION_NAMES, "sasl_mechanism",
+                      "sasl_plain_username", "sasl_plain_password", "ssl_password",
+                      "ssl_check_hostname", "client_id", "request_timeout_ms",
+                      "connect_timeout_ms", "max_block_ms", "extra")
+#: The secret ones: from ``connection=Secret(...)``, references read at every connection.
+SECRET_OPTIONS = frozenset({"sasl_plain_password", "ssl_password"})
+#: ``connection=``: the connection options as one value (:class:`twophase.kit.ConnectionFields`).
+CONNECTION = ConnectionFields(SYSTEM, CONNECTION_OPTIONS, secrets=SECRET_OPTIONS)
+FIX_NO_BROKERS = ("pass the brokers first, KafkaSink('broker1:9092,broker2:9092', 'orders'), "
+                  "or as bootstrap_servers in connection=")
 
 API_VERSIONS_KEY = 18
 NULL_CLIENT_ID = -1
@@ -349,6 +368,29 @@ _admins: ClientCache[KafkaSettings, KafkaAdminClient] = ClientCache(
     KafkaSettings.new_admin, lambda settings: settings.secrets, KafkaAdminClient.close)
 
 
+def kafka_settings(connection: str | Secret | Mapping[str, Any] | None,
+                   separate: Mapping[str, Any]) -> KafkaSettings:
+    """The sink's settings from ``connection=`` (:data:`CONNECTION`: a mapping or a Secret
+    holding a JSON object of :data:`CONNECTION_OPTIONS`; its passwords stay references) and
+    its ``separate`` options (None: not given); an option given by both is refused."""
+    options = CONNECTION.read(connection, separate)
+    bootstrap_servers = options.pop("bootstrap_servers", None)
+    if not bootstrap_servers:
+        raise ConfigurationError(f"{SYSTEM}: no bootstrap_servers: neither the first argument "
+                                 "nor connection= names the brokers.", fix=FIX_NO_BROKERS)
+    tls, ca_bundle, client_cert, client_key = (options.pop(name, None)
+                                               for name in TLS_OPTION_NAMES)
+    if "extra" in options:
+        options["extra"] = tuple(dict(options["extra"]).items())
+    security = security_settings(tls, ca_bundle, client_cert, client_key, options)
+    return KafkaSettings(bootstrap_servers, **options, **security)
+
+
+#: A former option's warning points at the sink's caller: renamed_option, security_settings,
+#: kafka_settings, KafkaSink.__init__, the caller.
+FORMER_NAME_STACKLEVEL = 5
+
+
 def security_settings(tls: TlsMode | None, ca_bundle: str | None, client_cert: str | None,
                       client_key: str | None, connection: dict[str, Any]) -> dict[str, Any]:
     """:class:`KafkaSettings`' protocol and TLS fields from the sink's TLS options and the SASL
@@ -358,11 +400,11 @@ def security_settings(tls: TlsMode | None, ca_bundle: str | None, client_cert: s
     files = {"ca_bundle": ca_bundle, "client_cert": client_cert, "client_key": client_key}
     for former, name in FORMER_TLS_NAMES.items():
         files[name] = renamed_option(SYSTEM, former, connection.pop(former, None), name,
-                                     files[name], stacklevel=4)
+                                     files[name], stacklevel=FORMER_NAME_STACKLEVEL)
     protocol = renamed_option(
         SYSTEM, "security_protocol", connection.pop("security_protocol", None), "tls", None,
         same="tls='verify' for SSL and SASL_SSL, 'off' for PLAINTEXT and SASL_PLAINTEXT; "
-             "SASL is sasl_mechanism=", stacklevel=4)
+             "SASL is sasl_mechanism=", stacklevel=FORMER_NAME_STACKLEVEL)
     if protocol is not None and tls is not None:
         raise ConfigurationError(f"{SYSTEM}: security_protocol= and tls= are both given.",
                                  fix="pass tls= alone (and sasl_mechanism= for SASL)")

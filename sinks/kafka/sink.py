@@ -91,7 +91,7 @@ from kafka.admin import (
 from sinks.kafka import registry
 from sinks.kafka.adapter import ProducerIdentity
 from sinks.kafka.committer import KafkaCommitter
-from sinks.kafka.connection import KafkaSettings, security_settings
+from sinks.kafka.connection import kafka_settings
 from sinks.kafka.errors import (
     FIX_CLUSTER_ACCESS,
     FIX_TIMEOUT,
@@ -117,6 +117,7 @@ from twophase import (
     ConfigurationError,
     Handle,
     RetryableError,
+    Secret,
     TransactionContext,
     TwoPhaseCommitSink,
     TxnId,
@@ -170,6 +171,13 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTransaction]):
     every prebuilt sink's; the former ``security_protocol``, ``ssl_cafile``, ``ssl_certfile``,
     ``ssl_keyfile`` work and warn until 0.6.0.) ``sasl_plain_password`` and ``ssl_password``
     may be :class:`twophase.Secret` references, and never show in ``repr``, logs or errors.
+    ``connection``: those connection options (``bootstrap_servers`` too, which may then be left
+    out; :data:`~sinks.kafka.connection.CONNECTION_OPTIONS`) as one value, a mapping of their
+    names or a :class:`twophase.Secret` holding a JSON object of them
+    (``Secret(env="KAFKA_CONNECTION")``): read as the sink is made, but its
+    ``sasl_plain_password`` and ``ssl_password`` stay references
+    (:class:`twophase.kit.SecretField`), read from the Secret at every connection. An option
+    given there and as a keyword too is refused.
     The ACLs the principal needs: :mod:`~sinks.kafka.access`.
     """
 
@@ -177,9 +185,10 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTransaction]):
 
     def __init__(
         self,
-        bootstrap_servers: str,
+        bootstrap_servers: str | None = None,
         topic: str | None = None,
         *,
+        connection: str | Secret | Mapping[str, Any] | None = None,
         topic_column: str | None = None,
         key: str | None = None,
         value: str | None = None,
@@ -195,7 +204,7 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTransaction]):
         ca_bundle: str | None = None,
         client_cert: str | None = None,
         client_key: str | None = None,
-        **connection: Any,
+        **options: Any,
     ) -> None:
         if (topic is None) == (topic_column is None):
             raise ConfigurationError("KafkaSink: name exactly one of topic= and topic_column=.",
@@ -207,10 +216,9 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTransaction]):
             raise ConfigurationError(
                 f"KafkaSink: transaction_timeout_ms={transaction_timeout_ms!r}.",
                 fix=f"pass a positive int (default {DEFAULT_TRANSACTION_TIMEOUT_MS})")
-        if "extra" in connection:
-            connection["extra"] = tuple(dict(connection["extra"]).items())
-        security = security_settings(tls, ca_bundle, client_cert, client_key, connection)
-        self.settings = KafkaSettings(bootstrap_servers, **connection, **security)
+        self.settings = kafka_settings(connection, {
+            "bootstrap_servers": bootstrap_servers, "tls": tls, "ca_bundle": ca_bundle,
+            "client_cert": client_cert, "client_key": client_key, **options})
         self.shape = RecordShape(topic, topic_column, key, value, tuple(headers))
         self.transaction_timeout_ms = transaction_timeout_ms
         self.min_commit_window_ms = min_commit_window_ms

@@ -56,7 +56,7 @@ s3:ListBucketMultipartUploads, s3:AbortMultipartUpload, s3:GetLifecycleConfigura
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -80,13 +80,14 @@ from twophase import (
     ConfigurationError,
     Handle,
     SchemaMismatchError,
+    Secret,
     TransactionContext,
     TwoPhaseCommitSink,
     TxnId,
 )
 from twophase.kit import (
     DEFAULT_CHUNK_SIZE,
-    DEFAULT_TLS,
+    ConnectionFields,
     SecretOption,
     TlsMode,
     classified,
@@ -107,6 +108,14 @@ S3_MIN_PART_SIZE = 5 * MIB
 DEFAULT_PART_SIZE = 8 * MIB
 DEFAULT_MAX_IN_FLIGHT = 2
 DEFAULT_MIN_INCOMPLETE_UPLOAD_DAYS = 7
+#: What ``connection=`` may give: the sink's own connection options of these names.
+CONNECTION_OPTIONS = ("endpoint_url", "region", "path_style", "access_key_id",
+                      "secret_access_key", "session_token", "tls", "ca_bundle", "client_cert",
+                      "client_key")
+#: The secret ones: from ``connection=Secret(...)``, references read at every connection.
+SECRET_OPTIONS = frozenset({"access_key_id", "secret_access_key", "session_token"})
+#: ``connection=``: the connection options as one value (:class:`twophase.kit.ConnectionFields`).
+CONNECTION = ConnectionFields("S3Sink", CONNECTION_OPTIONS, secrets=SECRET_OPTIONS)
 
 
 @dataclass
@@ -131,7 +140,13 @@ class S3Sink(TwoPhaseCommitSink[S3Transaction]):
     certificate and host name, against ``ca_bundle`` (a private CA's file) if given;
     ``tls="require"`` turns the check off (``"off"``: an ``http://`` endpoint only);
     ``client_cert``/``client_key`` present a client certificate. (The former ``verify=False``
-    works and warns until 0.6.0.) ``part_size`` bytes per part
+    works and warns until 0.6.0.) ``connection``: those connection options
+    (:data:`CONNECTION_OPTIONS`) as one value, a mapping of their names or a
+    :class:`twophase.Secret` holding a JSON object of them (``Secret(env="S3_CONNECTION")``):
+    read as the sink is made, but its ``access_key_id``, ``secret_access_key`` and
+    ``session_token`` stay references (:class:`twophase.kit.SecretField`), read from the
+    Secret whenever a client is made (rotated keys too); an option given there and as a
+    keyword too is refused. ``part_size`` bytes per part
     (at least ``min_part_size``, S3's 5 MiB),
     ``max_in_flight`` parts uploading per task at once. ``batch_log=True``: after each batch,
     Spark's file sink log under the prefix (``_spark_metadata``; reader paths are
@@ -150,13 +165,14 @@ class S3Sink(TwoPhaseCommitSink[S3Transaction]):
         format: Format = "parquet",
         compression: Compression = None,
         key_template: str = DEFAULT_KEY_TEMPLATE,
+        connection: str | Secret | Mapping[str, Any] | None = None,
         endpoint_url: str | None = None,
         region: str | None = None,
-        path_style: bool = False,
+        path_style: bool | None = None,
         access_key_id: SecretOption | None = None,
         secret_access_key: SecretOption | None = None,
         session_token: SecretOption | None = None,
-        tls: TlsMode = DEFAULT_TLS,
+        tls: TlsMode | None = None,
         ca_bundle: str | None = None,
         client_cert: str | None = None,
         client_key: str | None = None,
@@ -186,11 +202,12 @@ class S3Sink(TwoPhaseCommitSink[S3Transaction]):
                 f"S3Sink: part_size={part_size!r} is below the store's minimum part size "
                 f"({min_part_size} bytes): completing the upload would fail.",
                 fix=f"use part_size >= {min_part_size} (default {DEFAULT_PART_SIZE})")
-        self.settings = S3Settings(
-            bucket=bucket, endpoint_url=endpoint_url, region=region, path_style=path_style,
-            access_key_id=access_key_id, secret_access_key=secret_access_key,
-            session_token=session_token, tls=tls, ca_bundle=ca_bundle, client_cert=client_cert,
-            client_key=client_key, verify=verify, checksums=checksums)
+        self.settings = S3Settings(bucket=bucket, **CONNECTION.read(connection, {
+            "endpoint_url": endpoint_url, "region": region, "path_style": path_style,
+            "access_key_id": access_key_id, "secret_access_key": secret_access_key,
+            "session_token": session_token, "tls": tls, "ca_bundle": ca_bundle,
+            "client_cert": client_cert, "client_key": client_key}),
+            verify=verify, checksums=checksums)
         self.prefix = prefix.strip("/")
         self.format: Format = format
         self.compression: Compression = compression

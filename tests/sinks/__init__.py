@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import quote
 
@@ -21,3 +22,13 @@ def as_connection_url(scheme: str, options: Mapping[str, Any]) -> tuple[str, dic
     url = (f"{scheme}://{quote(where['user'], safe='')}:{quote(password, safe='')}"
            f"@{where['host']}:{where['port']}/{where['database']}?{query}")
     return url, left
+
+
+def as_connection_json(options: Mapping[str, Any], names: Iterable[str]
+                       ) -> tuple[str, dict[str, Any]]:
+    """A sink's separate connection options (those of ``names``: the sink's
+    ``CONNECTION_OPTIONS``) as the JSON object ``connection=Secret(...)`` holds, and the
+    options left beside it."""
+    left = dict(options)
+    held = {name: left.pop(name) for name in names if name in left}
+    return json.dumps(held), left

@@ -41,14 +41,15 @@ def postgres(**options: Any) -> PostgresSink:
     return PostgresSink(table="orders", **options)
 
 
-#: Each system: its sink, its two schemes, its default port.
-SYSTEMS = {"mysql": (mysql, ("mysql", "mariadb"), 3306),
-           "postgres": (postgres, ("postgresql", "postgres"), 5432)}
+#: Each system: its sink, its two schemes, its default port (the sinks themselves, not their
+#: names, as parameters: a parameter naming a sink marks a test as needing its server).
+SYSTEMS = [(mysql, ("mysql", "mariadb"), 3306), (postgres, ("postgresql", "postgres"), 5432)]
 
 
-@pytest.fixture(params=list(SYSTEMS))
+@pytest.fixture(params=SYSTEMS, ids=lambda system: system[0].__name__ + "-url")
 def system(request: pytest.FixtureRequest) -> tuple[Make, tuple[str, str], int]:
-    return SYSTEMS[request.param]
+    system: tuple[Make, tuple[str, str], int] = request.param
+    return system
 
 
 @pytest.fixture
@@ -171,15 +172,15 @@ def test_a_former_tls_option_beside_a_connection_is_refused_too() -> None:
 def test_a_password_apart_goes_with_a_connection_that_has_none(make: Make, scheme: str) -> None:
     secret = Secret(env=ENV)
     assert make(connection=f"{scheme}://etl@db/shop", password=secret).server.password == secret
-    with pytest.raises(ConfigurationError, match=r"connection= gives a password and password= "
-                                                 r"is given too\. Fix: give the password once"):
+    with pytest.raises(ConfigurationError, match=r"connection= gives password, and password= "
+                                                 r"is given too\. Fix: give password once"):
         make(connection=f"{scheme}://etl:pw@db/shop", password=secret)
-    with pytest.raises(ConfigurationError, match="connection= gives a password and password="):
+    with pytest.raises(ConfigurationError, match="connection= gives password, and password="):
         make(connection={"host": "db", "user": "etl", "password": "pw", "database": "shop"},
              password="pw")
     assert make(connection=f"{scheme}://etl@db/shop",
                 connect_timeout_s=4).server.connect_timeout_s == 4
-    with pytest.raises(ConfigurationError, match="gives a connect_timeout_s and connect_timeout"):
+    with pytest.raises(ConfigurationError, match="gives connect_timeout_s, and connect_timeout"):
         make(connection=f"{scheme}://etl@db/shop?connect_timeout_s=2", connect_timeout_s=4)
 
 
@@ -248,7 +249,7 @@ def test_a_secret_url_without_a_password_takes_one_apart(
         in repr(sink)
     monkeypatch.setenv(ENV, f"{scheme}://etl:pw@db/shop")
     with pytest.raises(ConfigurationError, match=rf"the connection URL in Secret\(env='{ENV}'"
-                                                 r".*gives a password and password= is given"):
+                                                 r".*gives password, and password= is given"):
         make(connection=Secret(env=ENV), password="pw")
 
 

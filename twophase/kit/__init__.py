@@ -53,6 +53,9 @@ piece                                 what it does
 :class:`Secret`                       a secret option by reference (``env=`` / ``file=``; an
                                       option's type: :data:`SecretOption`): what is pickled,
                                       logged and shown; :func:`reveal` reads it where used
+:class:`ConnectionFields`            a sink's ``connection=``: its options as one mapping or
+                                      a Secret's JSON object (:class:`SecretField`, one key of
+                                      it read at every use; :class:`SecretPart` its base)
 :func:`scrubbed`                      an error table whose errors never show a given secret
 :func:`retried_if_rotated`            a step refused its credentials tried once more if their
                                       secret was rotated since they were read
@@ -79,6 +82,12 @@ module                         what it holds
                                the sink and its committer, the shared file errors
 =============================  ================================================================
 
+A sink's ``connection=``, its connection settings as one value (a mapping of its own option
+names, or a :class:`Secret` holding a JSON object of them whose secret fields stay references,
+:class:`SecretField`, read at every connection), is read by :class:`ConnectionFields`
+(:class:`SecretPart`: one part of what a secret holds); the Kafka and S3 sinks take theirs so,
+and :class:`twophase.kit.sql.ConnectionUrl` its mappings and refusals.
+
 ``__all__`` is the core's public API (the kit table of docs/writing-a-sink.md lists exactly it;
 see docs/versioning.md and ``CHANGELOG.md``). Deprecated, kept out of ``__all__`` and removed
 in 0.6.0: :class:`CommitsViaCommitter` (a shim), and every name of the flat kit that moved to a
@@ -89,6 +98,8 @@ naming ``twophase.kit.lake.LakeSink``; :data:`MOVED` maps each to its module).
 from __future__ import annotations
 
 import importlib
+import json
+import logging
 import sys
 import warnings
 from collections.abc import Callable, Hashable, Mapping, Sequence
@@ -157,6 +168,7 @@ __all__ = [
     "Change",
     "ClientCache",
     "Condition",
+    "ConnectionFields",
     "Credentials",
     "ErrorTable",
     "Keyed",
@@ -164,7 +176,9 @@ __all__ = [
     "Mode",
     "NamespaceOfTarget",
     "Secret",
+    "SecretField",
     "SecretOption",
+    "SecretPart",
     "TableColumn",
     "Tls",
     "TlsMode",
@@ -200,6 +214,8 @@ DEFAULT_CHUNK_SIZE = 10_000
 
 Mode = Literal["insert", "upsert", "keyed"]
 MODES: tuple[Mode, ...] = ("insert", "upsert", "keyed")
+
+log = logging.getLogger(__name__)
 
 _FIX_UNCLASSIFIED = "fix the cause named above, then restart the query"
 
@@ -413,6 +429,186 @@ def _check_upsert_key(where: str, written: Sequence[str], upsert_key: Sequence[s
         f"{where}: {problem} made of written columns; its unique keys: "
         f"{sorted(sorted(key) for key in keys) or 'none'}.",
         fix="write the key columns, create a unique index on the key, or use mode='insert'")
+
+
+# -- connection=: a sink's connection settings as one value -----------------------------------
+
+#: How a fix writes the JSON object a ``connection=`` secret holds.
+JSON_CONNECTION_EXAMPLE = '{"option": "value", ...}'
+
+
+@dataclass(frozen=True)
+class SecretPart(Secret):
+    """One part of what a secret (``env=`` or ``file=``) holds, as a secret option of its own:
+    every :meth:`reveal` reads the whole secret again and takes the part, so a rotated secret's
+    new part is used (and :class:`Credentials` sees it change). Pickled and shown as the
+    reference it is, never the clear text. A subclass says which part (:meth:`part`)."""
+
+    @property
+    def whole(self) -> Secret:
+        """The secret this is a part of, as messages name it."""
+        return Secret(self.env, self.file)
+
+    def reveal(self) -> str:
+        """This part of what the secret holds, read now."""
+        return self.part(super().reveal())
+
+    def part(self, held: str) -> str:
+        """This part of ``held``, the secret's clear text (which no message may quote)."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class SecretField(SecretPart):
+    """The string ``key`` of the JSON object a secret holds: the secret option of a sink made
+    with ``connection=Secret(...)`` (:meth:`ConnectionFields.read`)."""
+
+    key: str = ""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.key:
+            raise ConfigurationError("a SecretField names the key of its value.",
+                                     fix="write SecretField(env='NAME', key='password')")
+
+    def part(self, held: str) -> str:
+        what = f"the connection settings in {self.whole}"
+        value = _json_object(held, what).get(self.key)
+        if not isinstance(value, str):
+            raise ConfigurationError(f"{what} hold no {self.key} (a JSON string).",
+                                     fix=f'put "{self.key}": "..." into the JSON object the '
+                                     "secret holds, or give it apart as the sink's option")
+        return value
+
+
+def _json_object(text: str, what: str) -> dict[str, Any]:
+    """The JSON object ``text`` is; ``what`` names it in a refusal, which never quotes it (nor
+    is raised in the context of the parser's error, which holds the whole text)."""
+    held, fault = _parsed(text)
+    if fault is not None:
+        raise ConfigurationError(f"{what} is not valid JSON ({fault}).",
+                                 fix=f"write one JSON object of the connection options, "
+                                 f"{JSON_CONNECTION_EXAMPLE}")
+    if not isinstance(held, dict):
+        raise ConfigurationError(f"{what} is a JSON {type(held).__name__}, not an object.",
+                                 fix=f"write one JSON object of the connection options, "
+                                 f"{JSON_CONNECTION_EXAMPLE}")
+    return held
+
+
+def _parsed(text: str) -> tuple[Any, str | None]:
+    """``text`` parsed as JSON, or None and where and why it is not JSON (never its text)."""
+    try:
+        return json.loads(text), None
+    except json.JSONDecodeError as error:
+        return None, f"{error.msg}: line {error.lineno} column {error.colno}"
+
+
+@dataclass(frozen=True)
+class ConnectionFields:
+    """A sink's ``connection=``: its connection options (``names``, the sink's own option names)
+    as one value: a mapping of them, or a :class:`Secret` whose value is a JSON object of them
+    (``Secret(env="KAFKA_CONNECTION")``), or that JSON text.
+
+    :meth:`read` takes it with the sink's separate options: one given in both is refused, naming
+    it and the fix. A Secret's options are read as the sink is made, but its ``secrets`` (the
+    passwords, keys and tokens among ``names``) stay references, :class:`SecretField`, read from
+    the Secret at every connection: the pickled sink and ``repr`` hold no clear text, and a
+    rotated secret's new value is used. No message quotes a value. A database sink's
+    ``connection=`` (:class:`twophase.kit.sql.ConnectionUrl`) reads a URL instead of JSON and
+    takes its mappings, and the refusals, from here.
+    """
+
+    system: str
+    names: tuple[str, ...]
+    secrets: frozenset[str] = frozenset()
+    #: The separate options that may come beside ``connection=`` where it does not give them
+    #: (None: every one); any other is refused beside it (``connection=`` holds them whole).
+    beside: frozenset[str] | None = None
+    #: What ``connection=`` holds, as a fix names it.
+    form: str = "a mapping's keys, or the JSON object its Secret holds"
+
+    def read(self, connection: str | Secret | Mapping[str, Any] | None,
+             separate: Mapping[str, Any]) -> dict[str, Any]:
+        """The options given, by ``connection`` (None: not given) and ``separate`` (the sink's
+        separate options; a None value: not given)."""
+        given = {name: value for name, value in separate.items() if value is not None}
+        if connection is None:
+            return given
+        self.refuse_beside(given)
+        fields, what = self.fields_of(connection)
+        return self.merged(fields, what, given)
+
+    def fields_of(self, connection: object) -> tuple[dict[str, Any], str]:
+        """The options ``connection`` gives, and how messages name it."""
+        if isinstance(connection, Secret):
+            return self.of_secret(connection), f"the connection settings in {connection}"
+        if isinstance(connection, str):
+            held = _json_object(connection, f"{self.system}: connection=")
+            return self.of_mapping(held), "connection="
+        if isinstance(connection, Mapping):
+            return self.of_mapping(connection), "connection="
+        raise ConfigurationError(
+            f"{self.system}: connection= is a {type(connection).__name__}.",
+            fix=f"pass a mapping of {', '.join(self.names)}, or a twophase.Secret holding a "
+            "JSON object of them")
+
+    def of_mapping(self, mapping: Mapping[Any, Any], what: str = "connection=") -> dict[str, Any]:
+        """The options a mapping (``what``) gives: only ``names``, a :class:`Secret` only for
+        one of ``secrets``; a None value is not given."""
+        if unknown := sorted(set(mapping) - set(self.names), key=str):
+            raise ConfigurationError(
+                f"{self.system}: {what} has {unknown}, which are not connection options.",
+                fix=f"use only {', '.join(self.names)} (the sink's options of those names)")
+        if references := sorted(name for name, value in mapping.items()
+                                if isinstance(value, Secret) and name not in self.secrets):
+            raise ConfigurationError(
+                f"{self.system}: {what} gives {references} as a twophase.Secret.",
+                fix=f"give them as values; a Secret is for {', '.join(sorted(self.secrets))}")
+        return {name: value for name, value in mapping.items() if value is not None}
+
+    def of_secret(self, secret: Secret) -> dict[str, Any]:
+        """The options the JSON object in ``secret`` gives, read now; those of ``secrets``
+        references to it (:class:`SecretField`)."""
+        what = f"the connection settings in {secret}"
+        fields = self.of_mapping(_json_object(secret.reveal(), f"{self.system}: {what}"), what)
+        kept = sorted(self.secrets & set(fields))
+        for name in kept:
+            if not isinstance(fields[name], str):
+                raise ConfigurationError(
+                    f"{self.system}: {what} give {name} as a JSON "
+                    f"{type(fields[name]).__name__}, not a string.",
+                    fix=f'write "{name}": "..." (a JSON string)')
+            fields[name] = SecretField(secret.env, secret.file, name)
+        log.debug("%s: connection settings %s read from %s, %s kept references to it",
+                  self.system, sorted(fields), secret, kept)
+        return fields
+
+    def refuse_beside(self, separate: Mapping[str, Any]) -> None:
+        """Refuse the separate options given (``separate``) that may not come beside
+        ``connection=`` at all (not in :attr:`beside`)."""
+        if self.beside is None:
+            return
+        if clashing := [f"{name}=" for name, value in separate.items()
+                        if value is not None and name not in self.beside]:
+            raise ConfigurationError(
+                f"{self.system}: connection= and {', '.join(clashing)} are both given: where "
+                "and how to connect is one value.",
+                fix=f"put {', '.join(clashing)} into connection= ({self.form}), or pass the "
+                "separate options without connection=")
+
+    def merged(self, fields: Mapping[str, Any], what: str, separate: Mapping[str, Any]
+               ) -> dict[str, Any]:
+        """``fields`` (of ``what``, a connection) and the ``separate`` options given, none in
+        both."""
+        given = {name: value for name, value in separate.items() if value is not None}
+        for name in given:
+            if fields.get(name) is not None:
+                raise ConfigurationError(
+                    f"{self.system}: {what} gives {name}, and {name}= is given too.",
+                    fix=f"give {name} once: in {what}, or (kept apart) as {name}= with "
+                    f"{what} holding none")
+        return {**given, **{name: value for name, value in fields.items() if value is not None}}
 
 
 # -- deprecated: removed in 0.6.0 (see CHANGELOG.md) ------------------------------------------

@@ -22,6 +22,11 @@ piece                             what it does
                                   Secret's password stays a reference (:class:`UrlPassword`)
 ================================  =============================================================
 
+A connection's mapping and its refusals beside the separate options are read by the one reader
+every sink's ``connection=`` has, :class:`twophase.kit.ConnectionFields` (the Kafka and S3
+sinks': a mapping or a Secret holding a JSON object); :class:`UrlPassword` is a
+:class:`twophase.kit.SecretPart`, as a JSON secret's field is.
+
 ``__all__`` is this family's public API. Until 0.6.0 each name also imports from
 :mod:`twophase.kit` (where the flat kit had it), with a :class:`DeprecationWarning` naming this
 module.
@@ -42,6 +47,7 @@ from twophase._keyed import TOMBSTONE_TIME_COLUMN, keyed_apply_statements, tombs
 from twophase._secrets import Secret, SecretOption
 from twophase._tls import DEFAULT_TLS, TLS_OPTIONS, TlsMode
 from twophase.errors import ConfigurationError
+from twophase.kit import ConnectionFields, SecretPart
 from twophase.sink import DEFAULT_COMMIT_PARALLELISM, Committer
 
 __all__ = [
@@ -169,13 +175,16 @@ ConnectionOption: TypeAlias = "str | Secret | Mapping[str, Any]"
 URL_QUERY_OPTIONS = (*TLS_OPTIONS, "connect_timeout_s")
 #: The keys a connection mapping may have: the sink's separate options of these names.
 CONNECTION_OPTIONS = ("host", "port", "user", "password", "database", *URL_QUERY_OPTIONS)
+#: What may come beside ``connection=`` where it gives none: a password (credentials apart)
+#: and the connect timeout.
+APART_OPTIONS = frozenset({"password", "connect_timeout_s"})
 #: How to write what a URL cannot hold as it is.
 PERCENT_ENCODE = ("percent-encode '@', ':', '/', '?' and '#' in the user and password (%40, %3A, "
                   "%2F, %3F, %23)")
 
 
 @dataclass(frozen=True)
-class UrlPassword(Secret):
+class UrlPassword(SecretPart):
     """The password part of the connection URL that the secret (``env=`` or ``file=``) holds:
     what a sink made with ``connection=Secret(...)`` keeps as its password. A reference, as a
     ``Secret`` is: pickled, shown and read again at every connection (the URL's other parts are
@@ -183,10 +192,9 @@ class UrlPassword(Secret):
     login is retried once if this part changed (:func:`twophase.kit.retried_if_rotated`).
     Empty if the URL has none."""
 
-    def reveal(self) -> str:
-        """The URL's password, percent-decoded, read now (empty if it has none)."""
-        split = _split(super().reveal(), "twophase",
-                       f"the connection URL in {Secret(self.env, self.file)}")
+    def part(self, held: str) -> str:
+        """The URL's password, percent-decoded (empty if it has none)."""
+        split = _split(held, "twophase", f"the connection URL in {self.whole}")
         return "" if split.password is None else unquote(split.password)
 
 
@@ -250,6 +258,15 @@ class ConnectionUrl:
         """A URL of this system, as a fix writes it."""
         return f"'{self.schemes[0]}://user@host:{self.default_port}/database?tls=verify'"
 
+    @property
+    def fields(self) -> ConnectionFields:
+        """What a mapping may give and what may come beside a connection (the kit's one
+        reading of ``connection=``'s options, :class:`twophase.kit.ConnectionFields`)."""
+        return ConnectionFields(
+            self.system, CONNECTION_OPTIONS, secrets=frozenset({"password"}),
+            beside=APART_OPTIONS, form=f"a URL's host, port, user, database and query, "
+            f"{self.example}, or a mapping's keys")
+
     def settings(self, connection: ConnectionOption | None, *, host: str | None = None,
                  port: int | None = None, user: str | None = None,
                  password: SecretOption | None = None, database: str | None = None,
@@ -270,26 +287,15 @@ class ConnectionUrl:
         if connection is None:
             return self._of_separate({name: value for name, value in separate.items()
                                       if value is not None}, password, connect_timeout_s)
-        if clashing := [f"{name}=" for name, value in separate.items() if value is not None]:
-            raise ConfigurationError(
-                f"{self.system}: connection= and {', '.join(clashing)} are both given: where "
-                "and how to connect is one value.",
-                fix=f"put {', '.join(clashing)} into connection= (a URL's host, port, user, "
-                f"database and query, {self.example}, or a mapping's keys), or pass the "
-                "separate options without connection=")
+        fields = self.fields
+        fields.refuse_beside(separate)
         secret = connection if isinstance(connection, Secret) else None
         given, what = self._of_connection(connection)
-        for name, beside in (("password", password), ("connect_timeout_s", connect_timeout_s)):
-            if given.get(name) is not None and beside is not None:
-                raise ConfigurationError(
-                    f"{self.system}: {what} gives a {name} and {name}= is given too.",
-                    fix=f"give the {name} once: in {what}, or (kept apart) as {name}= with "
-                    f"{what} holding none")
+        options = fields.merged(given, what, {"password": password,
+                                              "connect_timeout_s": connect_timeout_s})
         if secret is not None and password is None:  # kept where the Secret keeps it
-            given["password"] = UrlPassword(secret.env, secret.file)
-        return self._settings({"password": password, "connect_timeout_s": connect_timeout_s,
-                               **{name: value for name, value in given.items()
-                                  if value is not None}}, what, secret)
+            options["password"] = UrlPassword(secret.env, secret.file)
+        return self._settings(options, what, secret)
 
     def parse(self, url: str, what: str = "connection=") -> dict[str, Any]:
         """The options that ``url`` gives (its password in clear text: for a Secret's URL,
@@ -347,12 +353,7 @@ class ConnectionUrl:
         if isinstance(connection, str):
             return self.parse(connection), "connection="
         if isinstance(connection, Mapping):
-            if unknown := sorted(set(connection) - set(CONNECTION_OPTIONS), key=str):
-                raise ConfigurationError(
-                    f"{self.system}: connection= has {unknown}, which are not connection "
-                    "options.", fix=f"use only {', '.join(CONNECTION_OPTIONS)} (the sink's "
-                    "options of those names), or a URL")
-            return dict(connection), "connection="
+            return self.fields.of_mapping(connection), "connection="
         raise ConfigurationError(
             f"{self.system}: connection= is a {type(connection).__name__}.",
             fix=f"pass a URL ({self.example}), a twophase.Secret holding one, or a mapping of "

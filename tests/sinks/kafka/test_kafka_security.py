@@ -28,7 +28,9 @@ from setups.servers.kafka import (
 )
 from sinks.kafka import KafkaSink
 from sinks.kafka.access import Grant, cleanup_grants, grants, status_grants
+from sinks.kafka.connection import CONNECTION_OPTIONS
 from sinks.kafka.registry import REGISTRY_CONFIGS
+from tests.sinks import as_connection_json
 from twophase import (
     AbortOutcome,
     CommitOutcome,
@@ -48,6 +50,7 @@ from twophase.testing.contract import (
 
 PRINCIPAL = f"User:{PROBE_USER}"
 PASSWORD_VARIABLE = "TWOPHASE_TEST_KAFKA_PASSWORD"
+CONNECTION_VARIABLE = "TWOPHASE_TEST_KAFKA_CONNECTION"
 #: Short client timeouts: a refused step fails in seconds.
 FAST: dict[str, Any] = {"connect_timeout_ms": 5000, "request_timeout_ms": 5000,
                         "max_block_ms": 5000}
@@ -72,10 +75,16 @@ class Target:
         return grants([self.topic], self.prefix, self.registry)
 
     def sink(self, **options: Any) -> KafkaSink:
-        return KafkaSink(**{**self.broker.options(PROBE_USER), "topic": self.topic,
-                            "key": "order_id", "transactional_id_prefix": self.prefix,
-                            "registry_topic": self.registry, "transaction_timeout_ms": 60_000,
-                            "min_commit_window_ms": 0, **FAST, **options})
+        return KafkaSink(**{**self.connection(), **self.target_options(), **options})
+
+    def connection(self) -> dict[str, Any]:
+        """The probe user's connection options (short timeouts)."""
+        return {**self.broker.options(PROBE_USER), **FAST}
+
+    def target_options(self) -> dict[str, Any]:
+        return {"topic": self.topic, "key": "order_id", "transactional_id_prefix": self.prefix,
+                "registry_topic": self.registry, "transaction_timeout_ms": 60_000,
+                "min_commit_window_ms": 0}
 
 
 @contextlib.contextmanager
@@ -242,6 +251,26 @@ def test_security_properties_in_producer_configs_are_refused() -> None:
 
 
 # -- secrets by reference ----------------------------------------------------------------------
+
+
+def test_a_connection_in_a_secret_writes_and_commits(
+        kafka_secured_broker: KafkaBroker, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``connection=Secret(env=...)`` holding every connection option as JSON, the SASL
+    password too: the executors' copy of the sink (pickled, without the password) writes over
+    SASL_SSL, the driver's commits, the records are there."""
+    broker = kafka_secured_broker
+    assert broker.security is not None
+    password = broker.security.passwords[PROBE_USER]
+    target = Target(broker)
+    held, left = as_connection_json(target.connection(), CONNECTION_OPTIONS)
+    assert left == {}
+    monkeypatch.setenv(CONNECTION_VARIABLE, held)
+    sink = KafkaSink(connection=Secret(env=CONNECTION_VARIABLE), **target.target_options())
+    assert password.encode() not in pickle.dumps(sink) and password not in repr(sink.settings)
+    with granted(broker, target.grants()):
+        handle = prepare(pickle.loads(pickle.dumps(sink)), orders(0, 5))
+        assert commit(sink, handle) is CommitOutcome.COMMITTED
+    assert broker.event_ids(target.topic) == [0, 1, 2, 3, 4]
 
 
 def test_a_password_by_reference_is_in_no_repr_pickle_log_or_error(

@@ -25,8 +25,10 @@ from setups.servers.moto import MotoServer
 from setups.servers.tls import CertificateAuthority
 from sinks.s3 import S3Sink
 from sinks.s3.errors import classify, iam_policy
+from sinks.s3.sink import CONNECTION_OPTIONS
 from sinks.s3.upload import META_TXN
 from tests import REPO
+from tests.sinks import as_connection_json
 from twophase import (
     AbortOutcome,
     Column,
@@ -471,6 +473,23 @@ def test_a_policy_without_an_action_fails_naming_the_action(
 
 
 # -- secrets by reference -------------------------------------------------------------------------
+
+def test_a_connection_in_a_secret_writes_and_commits(
+        moto_server: MotoServer, s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``connection=Secret(env=...)`` holding every connection option as JSON, the keys too:
+    the executors' copy of the sink (pickled, without the secret key) writes, the driver's
+    commits, the object is there."""
+    held, options = as_connection_json(moto_server.options(), CONNECTION_OPTIONS)
+    monkeypatch.setenv("TWOPHASE_TEST_S3_CONNECTION", held)
+    sink = S3Sink(s3_bucket, "orders", connection=Secret(env="TWOPHASE_TEST_S3_CONNECTION"),
+                  part_size=PART_SIZE, **options)
+    secret = moto_server.secret_access_key
+    assert secret.encode() not in pickle.dumps(sink) and secret not in repr(sink.settings)
+    handle = prepare(pickle.loads(pickle.dumps(sink)), orders(0, 5))
+    assert commit(sink, handle) is CommitOutcome.COMMITTED
+    assert sorted(int(row["event_id"]) for row in visible_rows(sink, moto_server)) == [
+        0, 1, 2, 3, 4]
+
 
 CANARY_SECRET, CANARY_TOKEN = "canary-s3-secret-5e1f", "canary-s3-token-9a7c"
 
