@@ -1,10 +1,10 @@
-"""Rescaling: the same query restarted with 2, then 8, then 1 partitions, a crash before each
+"""Rescaling: the same query restarted with 2, then 4, then 1 partitions, a crash before each
 change, for every sink (issue 28).
 
 The driver writes batch 0 with 2 partitions and is SIGKILLed before the decision of batch 1
-(its two transactions pre-committed: orphans once a newer run starts); restarted with 8
-partitions (and ``spark.sql.shuffle.partitions`` 8) it aborts those, replays batch 1 and dies
-again before deciding it (eight orphans, seven of partitions the next run does not have);
+(its two transactions pre-committed: orphans once a newer run starts); restarted with 4
+partitions (and ``spark.sql.shuffle.partitions`` 4) it aborts those, replays batch 1 and dies
+again before deciding it (four orphans, three of partitions the next run does not have);
 restarted with 1 partition it aborts them all and finishes the feed. Each sink's reader then
 sees every row once and its server holds nothing open; the query's metrics count every orphan
 found and aborted; Kafka's transactional ids stay within the pool's bound for the most
@@ -31,7 +31,7 @@ pytestmark = [pytest.mark.spark, pytest.mark.crash]
 log = logging.getLogger(__name__)
 
 #: The partitions of each run, and the batch before whose decision it dies (None: it ends).
-RUNS = ((2, 1), (8, 1), (1, None))
+RUNS = ((2, 1), (4, 1), (1, None))
 FILES, ROWS_PER_FILE = 3, 20
 CORES = 2
 KAFKA_ID = re.compile(r"\.(?P<partition>\d+)\.(?P<parity>\d)\.(?P<slot>\d+)$")

@@ -7,7 +7,8 @@ pickled to the executors holds them) and given as :class:`twophase.Secret` refer
 * a real driver with DEBUG logging and Spark's event log on, SIGKILLed after a decision and
   restarted (recovery commits the pending batch): every row exactly once;
 * a driver whose secret is wrong (a failed start or batch: its errors, drivers' messages
-  included) and one given a wrong option;
+  included), and the driver's sink factory given a wrong option (in the test's process: a
+  driver builds its sink before Spark sees it; its traceback and DEBUG log are searched);
 * the recovering driver's ``/metrics``, scraped while it runs;
 * ``python -m twophase.status`` and ``python -m twophase.cleanup`` (JSON lines on stdout, its
   log on stderr, a metrics file) with the secret as an ``{"env": ...}`` reference;
@@ -28,6 +29,7 @@ import logging
 import os
 import subprocess
 import sys
+import traceback
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -225,12 +227,8 @@ def secrets_in_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[Mappin
 
 
 def driver_spec(canaries: Mapping[str, Canary], workdir: Path, checkpoint: Path, *,
-                as_reference: bool, extra: Mapping[str, Any] | None = None,
-                metrics_port: int | None = None) -> DriverSpec:
+                as_reference: bool, metrics_port: int | None = None) -> DriverSpec:
     members = {name: canary.member() for name, canary in canaries.items()}
-    if extra:
-        first = next(iter(members))
-        members[first] = {**members[first], "options": {**members[first]["options"], **extra}}
     return DriverSpec(
         input_dir=str(workdir.parent / "feed"), checkpoint=str(checkpoint),
         sink_factory="tests.spark.test_secret_canary:group_with_secrets",
@@ -242,6 +240,34 @@ def driver_spec(canaries: Mapping[str, Canary], workdir: Path, checkpoint: Path,
 def _made(folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     return folder
+
+
+def refused_build(canaries: Mapping[str, Canary], as_reference: bool, workdir: Path) -> Path:
+    """The driver's sink factory given a wrong option, in this process (a driver builds its
+    sink before Spark sees it: what it writes is this traceback and the DEBUG log up to it);
+    returns the file holding both, as a driver's log would."""
+    members = {name: canary.member() for name, canary in canaries.items()}
+    first = next(iter(members))
+    members[first]["options"] = {**members[first]["options"], "no_such_option": 1}
+    workdir.mkdir(parents=True)
+    written = workdir / "driver.log"
+    handler = logging.FileHandler(written)
+    root = logging.getLogger()
+    level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG)
+    try:
+        group_with_secrets(members, as_reference=as_reference)
+    except Exception as refused:  # whatever it is, its text is searched
+        with written.open("a") as log_file:
+            log_file.writelines(traceback.format_exception(refused))
+    else:
+        pytest.fail("a sink given no_such_option was built")
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+        handler.close()
+    return written
 
 
 def tool(workdir: Path, name: str, *args: str) -> int:
@@ -297,10 +323,8 @@ def test_no_secret_reaches_anything_the_job_or_its_tools_produce(
     assert failed.returncode != 0 and not failed.crashed
     assert group.visible() == []
     secrets_in_env(env)
-    bad = launch(driver_spec(canaries, tmp_path / "bad", tmp_path / "bad" / "ckpt",
-                             as_reference=as_reference, extra={"no_such_option": 1}),
-                 workdir=tmp_path / "bad")
-    assert bad.returncode != 0 and "no_such_option" in bad.log.read_text()
+    bad = refused_build(canaries, as_reference, tmp_path / "bad")
+    assert "no_such_option" in bad.read_text()
 
     run, checkpoint = tmp_path / "run", tmp_path / "run" / "ckpt"
     crashed = launch(driver_spec(canaries, run, checkpoint, as_reference=as_reference),

@@ -3,10 +3,10 @@ point and restarted, on the data source path and (either side of the decision) t
 foreachBatch adapter; a restart without its state is refused. A stream that runs until stopped
 commits each batch behind the next: killed while a decided batch commits behind a running one.
 
-In CI: every point on the data source path (the state lost after a decision refused), and a
-query that ends by itself committing behind (through foreachBatch); under ``-m long`` (CI
-time) the pipelined stream that runs until stopped, foreachBatch either side of the decision
-and the keyed change stream."""
+In CI: every point on the data source path, and a query that ends by itself committing behind
+(through foreachBatch); under ``-m long`` (CI time) the state lost after a decision (refused;
+in CI by tests/spark/test_spark_edges.py), the pipelined stream that runs until stopped,
+foreachBatch either side of the decision and the keyed change stream."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from setups.sqlite import STAGED
-from twophase._crash import COMMITTING_BEHIND, CRASH_POINTS, MID_COMMIT
+from twophase._crash import AFTER_DECISION, COMMITTING_BEHIND, CRASH_POINTS, MID_COMMIT
 from twophase.testing.crash import DECISION_POINTS, CrashSuite, KeyedCrashSuite, KeyedFeedTarget
 
 pytestmark = [pytest.mark.spark, pytest.mark.crash]
@@ -30,7 +30,15 @@ PIPELINED_TRIGGER = {"processingTime": "0 seconds"}
 
 class TestSQLiteCrashes(CrashSuite):
     setup_fixture = "sqlite_setup"
-    check_lost_state = True  # the state deleted with a decided batch pending: refused
+
+
+@pytest.mark.long  # CI time: a lost state refused in CI by tests/spark/test_spark_edges.py
+class TestSQLiteLostStateCrashes(TestSQLiteCrashes):
+    """Killed after a decision, restarted without its state (deleted with the decided batch
+    pending): refused, writing nothing; restored, the query goes on."""
+
+    check_lost_state = True
+    crash_points = (AFTER_DECISION,)
 
 
 @pytest.mark.long
@@ -40,7 +48,6 @@ class TestForeachBatchCrashes(TestSQLiteCrashes):
     adapters share the coordinator, whose every point runs above; every point through
     foreachBatch: tests/sinks/postgres/test_postgres_crash.py, ``-m long``)."""
 
-    check_lost_state = False
     foreach_batch = True
     crash_points = DECISION_POINTS
 
@@ -52,7 +59,6 @@ class TestPipelinedCrashes(TestSQLiteCrashes):  # (and the model's pipelined sch
     batch (every point of a pipelined run over Kafka and through foreachBatch: ``-m long``,
     tests/sinks/kafka/test_kafka_crash.py)."""
 
-    check_lost_state = False
     trigger = PIPELINED_TRIGGER
     crash_points: tuple[str, ...] = (COMMITTING_BEHIND, MID_COMMIT)
 
@@ -63,7 +69,6 @@ class TestPipelinedAvailableNowCrashes(TestSQLiteCrashes):
     behind the next and, the last run, its query's ``awaitTermination`` returning only once
     the last batch is visible."""
 
-    check_lost_state = False
     commits = "behind"
     #: CI time: in the middle of a commit behind, under ``-m long`` (TestPipelinedCrashes)
     crash_points = (COMMITTING_BEHIND,)
