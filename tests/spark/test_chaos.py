@@ -161,7 +161,7 @@ def test_a_chaos_round_delivers_every_row_exactly_once(
 def test_a_group_round_keeps_the_table_ahead_of_the_topic(tmp_path: Path) -> None:
     """Each batch committing behind the next (the table's, then the topic's, transactions)."""
     with SYSTEMS["mysql+kafka"](tmp_path).running() as system:
-        result = Round(system, tmp_path / "round", random.Random("mysql+kafka"), batches=6,
+        result = Round(system, tmp_path / "round", random.Random("mysql+kafka"), batches=4,
                        rows_per_batch=100, budget=2, kinds=(SERVER_KILL, NETWORK_CUT),
                        fault_delay_s=PROMPT, commits_behind=True).play()
     assert result.crash_runs >= 1 and set(result.faults) <= {SERVER_KILL, NETWORK_CUT}, result

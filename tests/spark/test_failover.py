@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from setups.servers.moto import MotoServer
+from twophase._crash import AFTER_DECISION
 from twophase.testing.crash import DECISION_POINTS, CrashSuite
 
 pytestmark = [pytest.mark.spark, pytest.mark.crash]
@@ -32,9 +33,17 @@ def s3_state(server: MotoServer) -> tuple[str, dict[str, Any]]:
 class TestS3DriverFailover(CrashSuite):
     setup_fixture = "s3_secured_setup"
     fresh_host_per_run = True
-    #: CI time: every point under -m long (TestS3Crashes, TestS3OnCluster)
-    crash_points = DECISION_POINTS
+    #: CI time: after the decision (the new host reads the decided batch from the state on S3);
+    #: before it in CI by tests/spark/test_rescale.py (every sink, killed before two
+    #: decisions); either side under -m long (below), every point by TestS3Crashes and
+    #: TestS3OnCluster
+    crash_points: tuple[str, ...] = (AFTER_DECISION,)
 
     @pytest.fixture
     def state(self, moto_secured: MotoServer) -> tuple[str | None, dict[str, Any]]:
         return s3_state(moto_secured)
+
+
+@pytest.mark.long
+class TestS3DriverFailoverEitherSide(TestS3DriverFailover):
+    crash_points = DECISION_POINTS

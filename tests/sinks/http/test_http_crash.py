@@ -10,6 +10,7 @@ import pytest
 
 from setups.http import s3_staging
 from setups.servers.moto import MotoServer
+from twophase._crash import AFTER_DECISION
 from twophase.testing.crash import DECISION_POINTS, CrashSuite
 
 pytestmark = [pytest.mark.spark, pytest.mark.crash]
@@ -21,7 +22,14 @@ class TestHttpCrashes(CrashSuite):
     certificate verified against the run's CA), with the bearer token and the signature."""
 
     setup_fixture = "http_secured_setup"
-    #: CI time: every point under -m long (TestHttpS3StagingCrashes, the cluster's)
+    #: CI time: after the decision; before it in CI by tests/spark/test_rescale.py (every sink,
+    #: killed before two decisions); either side under -m long (below), every point by
+    #: TestHttpS3StagingCrashes and the cluster's
+    crash_points: tuple[str, ...] = (AFTER_DECISION,)
+
+
+@pytest.mark.long
+class TestHttpCrashesEitherSide(TestHttpCrashes):
     crash_points = DECISION_POINTS
 
 
