@@ -8,7 +8,8 @@ on an idle 2-core machine).
 its budget flagged; a complete CI run (every test of the default selection, no path, ``-k`` or
 other ``-m``, all passed) also writes it to :data:`SUMMARY` (``tests/durations.json``, checked
 in), which ``.ci/run`` asks for. A partial run never writes it. ``tests/repo/test_durations.py``
-reads the checked-in summary: its total within the CI budget, every category within its own.
+reads the checked-in summary: its total within the CI budget (a category over its own budget is
+flagged in the table, not failed).
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ SUMMARY = REPO / "tests" / "durations.json"
 OPTION = "--durations-summary"
 #: The selection of a CI run (``addopts`` in ``pyproject.toml``).
 CI_MARKEXPR = "not long"
-#: 36 minutes: the whole CI test run's target, on an idle 2-core machine (issue 48).
+#: 36 minutes: the whole CI test run's target, on an idle 2-core machine (issue 48: 32 minutes
+#: and the keyed state's 4); an issue that lands with an allowance of CI time raises it by that.
 TOTAL_BUDGET_S = 2160.0
 #: 45 minutes: the ceiling of CI (static checks and tests) on the 2-core machine; the checked-in
 #: summary's tests must stay below it, so that growth fails a change before it fails CI.

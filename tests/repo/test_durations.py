@@ -1,8 +1,9 @@
-"""CI's time stays below its ceiling: the checked-in summary of a CI run's durations
-(``tests/durations.json``, written by ``.ci/run`` through :mod:`tests.durations`) is below 45
-minutes, and every category of it has a budget, the budgets sharing out the 36-minute target
-(a category or the total over it is flagged in the table every CI run prints). Read from the
-file: nothing is timed here."""
+"""CI's time stays within its target: the checked-in summary of a CI run's durations
+(``tests/durations.json``, written by ``.ci/run`` through :mod:`tests.durations`) is within the
+36-minute target (and so below the 45-minute ceiling), and every category of it has a budget,
+the budgets sharing out the target (a category over its own is flagged in the table every CI
+run prints, not failed: one room's noise is another's margin). Read from the file: nothing is
+timed here."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ def checked_in() -> dict[str, Any]:
     return summary
 
 
-def test_the_checked_in_summary_is_below_the_ci_ceiling() -> None:
+def test_the_checked_in_summary_is_within_the_ci_target() -> None:
     summary = checked_in()
     assert summary["source"], "the summary says nothing of where its numbers came from"
     assert summary["total_budget_s"] == TOTAL_BUDGET_S == 36 * 60
@@ -40,9 +41,10 @@ def test_the_checked_in_summary_is_below_the_ci_ceiling() -> None:
     assert summary["total_s"] == pytest.approx(sum(row["seconds"] for row in rows.values()),
                                                abs=0.1 * len(rows))
     assert summary["tests"] == sum(row["tests"] for row in rows.values())
-    assert summary["total_s"] < CI_CEILING_S, (
-        f"CI's tests take {summary['total_s']:.0f} s, over the {CI_CEILING_S:.0f} s ceiling: "
-        + "; ".join(table(summary)))
+    assert summary["total_s"] <= TOTAL_BUDGET_S < CI_CEILING_S, (
+        f"CI's tests take {summary['total_s']:.0f} s, over the {TOTAL_BUDGET_S:.0f} s target: "
+        "move redundant coverage under -m long (docs/GUARANTEES.md says where each guarantee "
+        "runs in CI), or raise the target by an issue's allowance; " + "; ".join(table(summary)))
 
 
 def test_every_category_has_a_budget_and_the_budgets_fit_in_the_total() -> None:
