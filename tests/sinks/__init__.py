@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+import pickle
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
+
+from twophase import CommitOutcome, TwoPhaseCommitSink
+from twophase.testing.contract import commit, prepare
 
 #: The separate options a connection URL holds (with the password and the CA bundle).
 URL_PARTS = ("host", "port", "user", "database", "tls")
@@ -32,3 +36,13 @@ def as_connection_json(options: Mapping[str, Any], names: Iterable[str]
     left = dict(options)
     held = {name: left.pop(name) for name in names if name in left}
     return json.dumps(held), left
+
+
+def committed_through_its_pickled_copy(sink: TwoPhaseCommitSink[Any], secret: str,
+                                        rows: Sequence[Sequence[Any]], *shown: object) -> None:
+    """``sink`` as Spark ships it to an executor: its pickle holds no ``secret``, nor does the
+    ``repr`` of it or of ``shown``; the pickled copy pre-commits ``rows``, ``sink`` commits."""
+    assert secret.encode() not in pickle.dumps(sink)
+    assert all(secret not in repr(thing) for thing in (sink, *shown))
+    handle = prepare(pickle.loads(pickle.dumps(sink)), rows)
+    assert commit(sink, handle) is CommitOutcome.COMMITTED

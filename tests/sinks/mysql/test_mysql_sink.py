@@ -29,7 +29,7 @@ from setups.servers.mariadb import Db, MariaDBServer
 from sinks.mysql import MARKER_TABLE_DDL, MySQLXASink, xa
 from sinks.mysql.connection import WRITER_IDLE_TIMEOUT_S, Server
 from sinks.mysql.errors import classify
-from tests.sinks import as_connection_url
+from tests.sinks import as_connection_url, committed_through_its_pickled_copy
 from tests.sinks.mysql.mysql_children import run_killed
 from tests.sinks.mysql.mysql_table import (
     COLUMNS,
@@ -56,7 +56,6 @@ from twophase import (
 )
 from twophase._handle import NAMESPACE_MAX_LENGTH, query_key
 from twophase._state import StateStore
-from twophase.testing import contract
 from twophase.testing.contract import (
     NAMESPACE,
     ORDER_COLUMNS,
@@ -309,12 +308,10 @@ def test_a_connection_url_in_a_secret_writes_and_commits(
     password = target.options["password"]
     monkeypatch.setenv("TWOPHASE_TEST_MYSQL_URL", url)
     sink = MySQLXASink(connection=Secret(env="TWOPHASE_TEST_MYSQL_URL"), **options)
-    assert password.encode() not in pickle.dumps(sink) and password not in repr(sink)
     sink.check_schema(ORDER_COLUMNS)
     use_query_id(new_query_id())
     try:
-        handle = contract.prepare(pickle.loads(pickle.dumps(sink)), orders(0, 5))
-        assert commit(sink, handle) is CommitOutcome.COMMITTED
+        committed_through_its_pickled_copy(sink, password, orders(0, 5))
     finally:
         use_query_id(QUERY_ID)
     assert target.visible() == [0, 1, 2, 3, 4]

@@ -28,7 +28,7 @@ from sinks.s3.errors import classify, iam_policy
 from sinks.s3.sink import CONNECTION_OPTIONS
 from sinks.s3.upload import META_TXN
 from tests import REPO
-from tests.sinks import as_connection_json
+from tests.sinks import as_connection_json, committed_through_its_pickled_copy
 from twophase import (
     AbortOutcome,
     Column,
@@ -484,9 +484,7 @@ def test_a_connection_in_a_secret_writes_and_commits(
     sink = S3Sink(s3_bucket, "orders", connection=Secret(env="TWOPHASE_TEST_S3_CONNECTION"),
                   part_size=PART_SIZE, **options)
     secret = moto_server.secret_access_key
-    assert secret.encode() not in pickle.dumps(sink) and secret not in repr(sink.settings)
-    handle = prepare(pickle.loads(pickle.dumps(sink)), orders(0, 5))
-    assert commit(sink, handle) is CommitOutcome.COMMITTED
+    committed_through_its_pickled_copy(sink, secret, orders(0, 5), sink.settings)
     assert sorted(int(row["event_id"]) for row in visible_rows(sink, moto_server)) == [
         0, 1, 2, 3, 4]
 
