@@ -6,7 +6,7 @@ Run from the repository root (never in CI)::
     nice .venv/bin/python -m bench.latency kafka mysql [postgres sqlite s3 http] \\
         [--events 20000] [--rate 1000] [--trigger default 1s] [--rounds 1] \\
         [--baseline /path/to/other/checkout] [--foreach-batch] [--python-floor] \\
-        [--out /tmp/twophase-latency]
+        [--out /tmp/twophase-latency] [--json SUMMARY]
 
 What it measures: a producer writes ``--events`` JSON events (``event_id``, ``order_id``,
 ``status``, ``ts`` = its produce time) into a fresh topic of one private Kafka broker
@@ -23,6 +23,15 @@ event first became visible. Latency = first visible - produce time, over the eve
 after the first ``--warmup`` seconds (:data:`WARMUP_S`): p50/p90/p99/max. Each run then counts
 only if a full read of the target sees every event exactly once (at least once for the peer).
 
+Before the first run the broker is warmed (:func:`setups.servers.kafka.warm_up`, 12 s of
+transactions as a KafkaSink's tasks, its driver and a read_committed reader make them): a fresh
+broker's transactional paths run cold for their first seconds of load (its coordinator loading,
+its JIT compiling), and whichever writer ran first would pay for that alone (measured on 2
+cores: the first round of twophase on a fresh broker 19-25 % slower at p50 than the second,
+8-13 % once warmed). The broker is the benchmark's; what a sink starts cold in its own query
+(its Python workers, clients, producers) it still pays in every run, as in production, since
+each run is a process of its own.
+
 Writers, the order turning every round: ``twophase`` (``twophase.spark.write_stream`` into the
 setup's sink, as ``bench/peer_<name>.py`` leaves it; with ``--foreach-batch`` also
 ``twophase foreachBatch``, the same with ``foreach_batch=True``), ``peer`` (the at-least-once
@@ -37,7 +46,9 @@ Spark task) until the reader has seen every event.
 Printed (markdown): per writer and trigger the latency percentiles, then the per-batch breakdown:
 batches, median rows per batch, medians of Spark's ``durationMs`` entries and, for twophase, of
 the state's batch history (``decision_ms``, ``commit_ms``). Written under ``--out``: every run's
-latencies, progress and history (JSON) and, if matplotlib is importable, a CDF plot per target.
+latencies, progress and history (JSON) and, if matplotlib is importable, a CDF plot per target;
+with ``--json``, a summary (:func:`summary`: provenance, percentiles, CDFs) for
+``python -m bench.publish``.
 """
 
 from __future__ import annotations
@@ -67,6 +78,7 @@ from psycopg import sql
 
 from bench.peer_http import RECORDS_PER_REQUEST
 from bench.peer_postgres import DURABLE
+from bench.session import machine
 from bench.spark_peers import bench_jars
 from setups import (
     DeltaSetup,
@@ -580,6 +592,45 @@ def save(runs: list[Run], out: Path) -> Path:
     return path
 
 
+#: The quantiles of each line's CDF that the results file keeps (0, 1, ..., 100 %).
+CDF_POINTS = 101
+
+
+def summary(runs: list[Run], peer_names: dict[str, str]) -> dict[str, Any]:
+    """What ``--json`` writes (``bench/publish.py`` renders the docs' latency table and plot
+    from it): the load, every run's percentiles and batch medians, and each writer's CDF over
+    its rounds at :data:`CDF_POINTS` quantiles."""
+    lines: dict[tuple[str, str, str], list[float]] = {}
+    for run in runs:
+        lines.setdefault((run.target, run.writer, run.trigger), []).extend(run.latencies_ms())
+    return {
+        "provenance": machine(), "events": runs[0].load.events, "rate": runs[0].load.rate,
+        "warmup_s": runs[0].load.warmup_s, "peers": peer_names,
+        "runs": [{"target": run.target, "writer": run.writer, "trigger": run.trigger,
+                  "round": run.round, "events": len(run.latencies_ms()),
+                  "repeated": run.repeated, "missing": run.missing,
+                  "ms": {f"p{share}": percentile(run.latencies_ms(), share)
+                         for share in (*PERCENTILES, 100)},
+                  "batches": len(run.batches()),
+                  "add_batch_ms": _median_or_none(
+                      p["durationMs"].get("addBatch") for p in run.batches())}
+                 for run in runs],
+        "cdf": [{"target": target, "writer": writer, "trigger": trigger,
+                 "ms": quantiles(values, CDF_POINTS)}
+                for (target, writer, trigger), values in lines.items()]}
+
+
+def quantiles(values: list[float], points: int) -> list[float]:
+    """``points`` evenly spaced quantiles of ``values``, from the least to the greatest."""
+    ordered = sorted(values)
+    return [ordered[round(n * (len(ordered) - 1) / (points - 1))] for n in range(points)]
+
+
+def _median_or_none(values: Iterable[float | None]) -> float | None:
+    found = [value for value in values if value is not None]
+    return statistics.median(found) if found else None
+
+
 def plot(runs: list[Run], peer_names: dict[str, str], path: Path) -> str:
     """A CDF of each target's latencies, one line per writer and trigger, next to ``path``."""
     try:
@@ -649,6 +700,10 @@ def main() -> None:
                         help=f"adds the writer '{PYTHON_FLOOR}' (at least once, no "
                              f"transaction) for {', '.join(PYTHON_FLOOR_TARGETS)}")
     parser.add_argument("--out", type=Path, default=Path(DEFAULT_OUT))
+    parser.add_argument("--json", type=Path,
+                        help="also write the run's summary here (provenance, every run's "
+                             "percentiles, each writer's CDF: the results file of "
+                             "bench/publish.py)")
     args = parser.parse_args()
     baseline = args.baseline.resolve() if args.baseline else None
     load = Load(args.events, args.rate, args.warmup)
@@ -658,6 +713,7 @@ def main() -> None:
             contextlib.ExitStack() as stack:
         workdir = Path(tmp)
         source = stack.enter_context(KafkaSetup.started(workdir / "kafka"))
+        source.broker.warm_up()
         setups = {name: stack.enter_context(TARGETS[name].start(workdir / name, source))
                   for name in args.targets}
         source_jars = spark_kafka_jars()
@@ -679,6 +735,9 @@ def main() -> None:
     if not runs:
         raise SystemExit("\n".join(failures))
     path = save(runs, args.out)
+    if args.json:
+        args.json.write_text(json.dumps(summary(runs, {name: TARGETS[name].peer_name
+                                                       for name in args.targets}), indent=1))
     peer_names = {name: TARGETS[name].peer_name for name in args.targets}
     print(report(runs, peer_names))
     print(f"\nraw: {path}; {plot(runs, peer_names, path)}")

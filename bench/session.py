@@ -13,8 +13,11 @@ from __future__ import annotations
 import os
 import platform
 import subprocess
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
+import pyspark
 from pyspark.sql import SparkSession
 
 from twophase.testing.driver import local_session
@@ -40,15 +43,47 @@ def bench_session(app_name: str, cores: int = 2, conf: dict[str, str] | None = N
 
 def provenance(spark: SparkSession) -> str:
     """The run's commit, machine, load and versions, printed before its numbers."""
-    commit = _git("rev-parse", "--short", "HEAD")
-    dirty = _git("status", "--porcelain", "--untracked-files=no")
-    load = Path("/proc/loadavg").read_text().split()[:3]
+    return describe(provenance_of(spark))
+
+
+def provenance_of(spark: SparkSession) -> dict[str, Any]:
+    """:func:`machine` and the session's Java and Spark versions and JIT, as a results file
+    keeps them."""
     java = spark.sparkContext._jvm.System.getProperty("java.version")  # type: ignore[union-attr]
-    options = spark.conf.get("spark.driver.extraJavaOptions", "")
-    jit = "C1 only" if C1_CAP in (options or "") else "full JIT"
-    return (f"commit {commit}{' (with local changes)' if dirty else ''}, "
-            f"{os.cpu_count()} CPUs, load {' '.join(load)} at the start, Python "
-            f"{platform.python_version()}, Java {java}, Spark {spark.version}, JVM at {jit}")
+    options = spark.conf.get("spark.driver.extraJavaOptions", "") or ""
+    return {**machine(), "java": java, "spark": spark.version,
+            "jit": "C1 only" if C1_CAP in options else "full JIT"}
+
+
+def machine() -> dict[str, Any]:
+    """The commit (and whether the tree has local changes), the CPUs, the load average now,
+    the Python, PySpark and Java versions: what a run whose sessions are other processes'
+    records (``bench/latency.py``; each of its sessions is a :func:`bench_session`)."""
+    return {"commit": _git("rev-parse", "--short", "HEAD"),
+            "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+            "cpus": os.cpu_count(), "load": Path("/proc/loadavg").read_text().split()[:3],
+            "python": platform.python_version(), "spark": pyspark.__version__,
+            "java": _java_version(), "at": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")}
+
+
+def describe(run: dict[str, Any]) -> str:
+    """One line of a run's provenance (:func:`provenance_of` or :func:`machine`)."""
+    versions = ", ".join(f"{label} {run[key]}" for key, label in
+                         (("java", "Java"), ("spark", "Spark")) if key in run)
+    return (f"commit {run['commit']}{' (with local changes)' if run['dirty'] else ''}, "
+            f"{run['at']}, {run['cpus']} CPUs, load {' '.join(run['load'])} at the start, "
+            f"Python {run['python']}{', ' + versions if versions else ''}"
+            f"{', JVM at ' + run['jit'] if 'jit' in run else ''}")
+
+
+def _java_version() -> str:
+    """The version of the ``java`` PySpark starts (``JAVA_HOME``'s, else the one on PATH)."""
+    home = os.environ.get("JAVA_HOME")
+    java = str(Path(home) / "bin" / "java") if home else "java"
+    found = subprocess.run([java, "-XshowSettings:properties", "-version"],
+                           capture_output=True, text=True, check=False).stderr
+    return next((line.split("=", 1)[1].strip() for line in found.splitlines()
+                 if line.strip().startswith("java.version =")), "unknown")
 
 
 def _git(*args: str) -> str:

@@ -5,7 +5,9 @@ Run from the repository root (never in CI; the peers' jars come from Maven Centr
 
     nice .venv/bin/python -m bench.spark_peers mysql s3 sqlite http \\
         [--files 4] [--rows-per-file 100000] [--rounds 3] [--foreach-batch]
-        [--pipelined-commits]
+        [--data-source | --commits-behind] [--json RESULTS]
+
+(``python -m bench.publish`` runs every contest, each in its environment, and publishes them.)
 
 The stream: ``--files`` Parquet files of order rows (``twophase.testing.driver.FEED_SCHEMA``:
 ``event_id`` unique, ``order_id``, ``status``, ``ts``), generated once before any clock starts,
@@ -20,7 +22,8 @@ exactly the rows of the stream.
 Printed per sink (markdown): median rows/s of each writer, every round's rate, CPU seconds per
 million rows of the Spark JVM, its Python workers (where the sinks' tasks run), the driver
 (this process) and the server process (from ``/proc``: user + system time over the run), and
-the paired ratio sink / peer (per round, then the median).
+the paired ratio sink / peer (per round, then the median). ``--json``: the same runs and the
+session's provenance as a results file (:func:`contest_record`).
 
 Plugging a sink in: a module ``bench/peer_<name>.py`` defines ``PEER = Peer(...)``:
 
@@ -56,6 +59,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import json
 import os
 import statistics
 import subprocess
@@ -68,7 +72,7 @@ from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 
-from bench.session import bench_session, provenance
+from bench.session import bench_session, provenance, provenance_of
 from setups import SETUPS
 from twophase.spark import write_stream
 from twophase.testing import Target
@@ -126,6 +130,7 @@ class Run:
     writer: str
     seconds: float
     cpu: dict[str, float] = field(default_factory=dict)
+    round: int = 0
 
 
 def bench_jars(*patterns: str) -> list[str]:
@@ -306,7 +311,7 @@ def contest_rounds(spark: SparkSession, contest: Contest, feed: DataFrame, workd
             if contest.discard is not None:
                 contest.discard(target)
             if number:
-                run.writer = name
+                run.writer, run.round = name, number
                 runs.append(run)
     return runs
 
@@ -366,6 +371,15 @@ def report(contest: Contest, runs: list[Run], rows: int) -> str:
     return "\n".join(lines)
 
 
+def contest_record(name: str, contest: Contest, runs: list[Run], rows: int) -> dict[str, Any]:
+    """One contest as the results file keeps it (``--json``; ``bench/publish.py`` renders the
+    docs' tables from it): who ran, every run's seconds and CPU by process."""
+    return {"name": name, "sink": contest.sink, "peer": contest.peer_name, "rows": rows,
+            "partitions": PARTITIONS, "options": dict(TWOPHASE_OPTIONS),
+            "runs": [{"writer": run.writer, "round": run.round, "seconds": run.seconds,
+                      "cpu": run.cpu} for run in runs]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("sinks", nargs="*", default=list(SETUPS),
@@ -384,6 +398,9 @@ def main() -> None:
     parser.add_argument("--commits-behind", action="store_true",
                         help="each batch commits behind the next (commits='behind': the "
                              "streams end by themselves, so through foreachBatch)")
+    parser.add_argument("--json", type=Path,
+                        help="also write the run's provenance and every contest's runs here "
+                             "(the results file of bench/publish.py)")
     args = parser.parse_args()
     if args.commits_behind and args.data_source:
         parser.error("--commits-behind runs through foreachBatch (the streams end by "
@@ -399,6 +416,7 @@ def main() -> None:
         conf["spark.jars"] = ",".join(jars)
     spark = bench_session("twophase-spark-peers", PARTITIONS, conf or None)
     print(provenance(spark), "\n", flush=True)
+    results: dict[str, Any] = {"provenance": provenance_of(spark), "contests": []}
     with tempfile.TemporaryDirectory(prefix="twophase-peers-") as tmp:
         workdir = Path(tmp)
         expected = make_parquet_feed(spark, workdir, args.files, args.rows_per_file)
@@ -412,7 +430,10 @@ def main() -> None:
                     runs = contest_rounds(spark, contest, feed, workdir, expected=expected,
                                           rounds=args.rounds)
                     table = report(contest, runs, expected)
+                    results["contests"].append(contest_record(name, contest, runs, expected))
             print(table, "\n", flush=True)
+            if args.json:
+                args.json.write_text(json.dumps(results, indent=1))
     spark.stop()
 
 

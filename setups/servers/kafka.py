@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import confluent_kafka
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 from kafka.admin import (
     ACL,
@@ -61,7 +62,7 @@ from kafka.admin import (
     TransactionState,
     UserScramCredentialUpsertion,
 )
-from kafka.errors import KafkaError
+from kafka.errors import KafkaError, TopicAlreadyExistsError
 from kafka.structs import TopicPartition
 
 from setups.servers.local import ServerMissingError, free_port, stop_process
@@ -95,6 +96,20 @@ OPEN_TRANSACTION_STATES = (TransactionState.ONGOING, TransactionState.PREPARE_CO
                            TransactionState.PREPARE_ABORT, TransactionState.PREPARE_EPOCH_FENCE)
 
 _topics = itertools.count()
+
+#: :func:`warm_up`'s topic: made by the first warm-up of a broker, it tells later ones that the
+#: broker is warm already.
+WARM_UP_TOPIC = "twophase-broker-warm-up"
+#: How long :func:`warm_up` keeps the broker busy: on 2 cores a fresh broker's first ~10 s of
+#: transactional load run slower than the rest (its JIT compiling, interpreted request paths).
+WARM_UP_S = 12.0
+#: Records in each of the warm-up's transactions: about a latency run's batch.
+WARM_UP_RECORDS = 400
+#: Transactional ids the warm-up turns through (a fresh producer and InitProducerId each time,
+#: as every task of a KafkaSink does).
+WARM_UP_IDS = 2
+#: How long one of the warm-up's inits, flushes or commits may take.
+WARM_UP_TIMEOUT_S = 60.0
 
 LOG4J2 = """\
 Configuration:
@@ -532,6 +547,11 @@ class KafkaBroker:
             self.stop()
         self.start()
 
+    def warm_up(self) -> bool:
+        """This broker warmed for a benchmark, once (:func:`warm_up`; a plain broker: the
+        warm-up's clients take no security options)."""
+        return warm_up(self.bootstrap_servers)
+
     def admin(self) -> KafkaAdminClient:
         return KafkaAdminClient(bootstrap_servers=self.bootstrap_servers,
                                 **self.client_configs())
@@ -655,6 +675,66 @@ class KafkaBroker:
         finally:
             admin.close()
         return name
+
+
+def warm_up(bootstrap_servers: str, seconds: float = WARM_UP_S, topic: str = WARM_UP_TOPIC
+            ) -> bool:
+    """Warm a fresh plain broker's transactional paths for ``seconds``, once; False if it was
+    warmed already (``topic`` exists).
+
+    A benchmark's, not a sink's, warm-up: a fresh broker's first transactional use creates
+    ``__transaction_state`` and loads its coordinator (``init_transactions`` waits ~1 s through
+    "not coordinator" answers), and for its first seconds of load its JVM interprets and
+    compiles the request paths (InitProducerId, AddPartitionsToTxn, Produce, EndTxn and its
+    markers, read_committed Fetch, ListTransactions, DescribeTransactions), slowing every
+    client and, on a small machine, every other process too. A long-running cluster is past
+    all of this; whichever writer a benchmark happens to run first on a fresh broker is not,
+    and would pay for it alone. So this drives that mix, as a KafkaSink's tasks and driver and
+    a read_committed reader do, into the throwaway ``topic``: a fresh transactional producer
+    per transaction (:data:`WARM_UP_IDS` ids in turn, named after ``topic``),
+    :data:`WARM_UP_RECORDS` records, commit, the transactions listed and described, the
+    committed records read. Every transaction it opens it commits."""
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap_servers)
+    try:
+        try:
+            admin.create_topics([NewTopic(topic, TOPIC_PARTITIONS, 1)])
+        except TopicAlreadyExistsError:
+            return False
+        consumer = confluent_kafka.Consumer({
+            "bootstrap.servers": bootstrap_servers, "group.id": topic,
+            "isolation.level": "read_committed", "enable.auto.commit": False})
+        consumer.assign([confluent_kafka.TopicPartition(topic, number,
+                                                        confluent_kafka.OFFSET_BEGINNING)
+                         for number in range(TOPIC_PARTITIONS)])
+        try:
+            _warm_transactions(bootstrap_servers, admin, consumer, seconds, topic)
+        finally:
+            consumer.close()
+        return True
+    finally:
+        admin.close()
+
+
+def _warm_transactions(bootstrap_servers: str, admin: KafkaAdminClient,
+                       consumer: confluent_kafka.Consumer, seconds: float, topic: str) -> None:
+    ids = [f"{topic}-{number}" for number in range(WARM_UP_IDS)]
+    value = b"x" * 100
+    deadline = time.monotonic() + seconds
+    for turn in itertools.count():
+        if time.monotonic() > deadline:
+            return
+        producer = confluent_kafka.Producer({"bootstrap.servers": bootstrap_servers,
+                                             "transactional.id": ids[turn % WARM_UP_IDS],
+                                             "linger.ms": 5})
+        producer.init_transactions(WARM_UP_TIMEOUT_S)
+        producer.begin_transaction()
+        for record in range(WARM_UP_RECORDS):
+            producer.produce(topic, value, key=str(record).encode())
+        producer.flush(WARM_UP_TIMEOUT_S)
+        admin.list_transactions(transactional_id_pattern=re.escape(topic) + ".*")
+        admin.describe_transactions(ids[:1 + min(turn, WARM_UP_IDS - 1)])
+        producer.commit_transaction(WARM_UP_TIMEOUT_S)
+        consumer.consume(num_messages=10 * WARM_UP_RECORDS, timeout=0.01)
 
 
 def _applied(admin: KafkaAdminClient, acl: ACL) -> bool:
