@@ -596,15 +596,17 @@ def save(runs: list[Run], out: Path) -> Path:
 CDF_POINTS = 101
 
 
-def summary(runs: list[Run], peer_names: dict[str, str]) -> dict[str, Any]:
+def summary(runs: list[Run], peer_names: dict[str, str], started: dict[str, Any]
+            ) -> dict[str, Any]:
     """What ``--json`` writes (``bench/publish.py`` renders the docs' latency table and plot
-    from it): the load, every run's percentiles and batch medians, and each writer's CDF over
-    its rounds at :data:`CDF_POINTS` quantiles."""
+    from it): the run's provenance as it ``started`` (:func:`bench.session.machine`), the load,
+    every run's percentiles and batch medians, and each writer's CDF over its rounds at
+    :data:`CDF_POINTS` quantiles."""
     lines: dict[tuple[str, str, str], list[float]] = {}
     for run in runs:
         lines.setdefault((run.target, run.writer, run.trigger), []).extend(run.latencies_ms())
     return {
-        "provenance": machine(), "events": runs[0].load.events, "rate": runs[0].load.rate,
+        "provenance": started, "events": runs[0].load.events, "rate": runs[0].load.rate,
         "warmup_s": runs[0].load.warmup_s, "peers": peer_names,
         "runs": [{"target": run.target, "writer": run.writer, "trigger": run.trigger,
                   "round": run.round, "events": len(run.latencies_ms()),
@@ -707,6 +709,7 @@ def main() -> None:
     args = parser.parse_args()
     baseline = args.baseline.resolve() if args.baseline else None
     load = Load(args.events, args.rate, args.warmup)
+    started = machine()
     runs: list[Run] = []
     failures: list[str] = []
     with tempfile.TemporaryDirectory(prefix="twophase-latency-") as tmp, \
@@ -737,7 +740,8 @@ def main() -> None:
     path = save(runs, args.out)
     if args.json:
         args.json.write_text(json.dumps(summary(runs, {name: TARGETS[name].peer_name
-                                                       for name in args.targets}), indent=1))
+                                                       for name in args.targets}, started),
+                                        indent=1))
     peer_names = {name: TARGETS[name].peer_name for name in args.targets}
     print(report(runs, peer_names))
     print(f"\nraw: {path}; {plot(runs, peer_names, path)}")

@@ -294,7 +294,9 @@ def run_writer(writer: Writer, feed: DataFrame, target: Target, checkpoint: str,
 
 def contest_rounds(spark: SparkSession, contest: Contest, feed: DataFrame, workdir: Path, *,
                    expected: int, rounds: int) -> list[Run]:
-    """Round 0 warms up; then ``rounds`` rounds, the writers' order turning every round."""
+    """Round 0 warms up; then ``rounds`` rounds, the writers' order turning every round; the
+    checkpoints in ``workdir``, the contest's own (two contests may run one sink: MySQL plain
+    and over TLS)."""
     writers: dict[str, Writer] = {TWOPHASE: twophase, PEER: contest.peer, NOOP: noop}
     order = list(writers)
     jvm = jvm_pid(spark)
@@ -303,7 +305,7 @@ def contest_rounds(spark: SparkSession, contest: Contest, feed: DataFrame, workd
         turn = number % len(order)
         for name in order[turn:] + order[:turn]:
             target = contest.setup.new_target(**contest.overrides)
-            checkpoint = str(workdir / f"ckpt-{contest.sink}-{name}-{number}")
+            checkpoint = str(workdir / f"ckpt-{name}-{number}")
             run = run_writer(writers[name], feed, target, checkpoint, jvm=jvm,
                              server_pid=contest.server_pid)
             if name != NOOP:
@@ -425,9 +427,11 @@ def main() -> None:
             with contextlib.ExitStack() as stack:
                 contest = peer.start(spark, workdir / name, stack)
                 if peer.rounds is not None:
-                    table = peer.rounds(spark, contest, feed, workdir, expected, args.rounds)
+                    table = peer.rounds(spark, contest, feed, workdir / name, expected,
+                                        args.rounds)
                 else:
-                    runs = contest_rounds(spark, contest, feed, workdir, expected=expected,
+                    runs = contest_rounds(spark, contest, feed, workdir / name,
+                                          expected=expected,
                                           rounds=args.rounds)
                     table = report(contest, runs, expected)
                     results["contests"].append(contest_record(name, contest, runs, expected))
