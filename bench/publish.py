@@ -134,10 +134,8 @@ def measure(only: set[str], rounds: int) -> list[str]:
             found, failure = run_peers(environment, contests, rounds)
             results = load_results()
             peers = results.setdefault("peers", {})
-            kept = [contest for contest in peers.get(environment.key, {}).get("contests", [])
-                    if contest["name"] not in contests]
             if found["contests"]:
-                peers[environment.key] = {**found, "contests": kept + found["contests"]}
+                peers[environment.key] = merged(peers.get(environment.key), found)
             save_results(results)
             failures += [failure] if failure else []
     if not only or LATENCY in only:
@@ -148,6 +146,19 @@ def measure(only: set[str], rounds: int) -> list[str]:
             save_results(results)
         failures += [failure] if failure else []
     return failures
+
+
+def merged(kept: dict[str, Any] | None, found: dict[str, Any]) -> dict[str, Any]:
+    """An environment's contests: those ``found`` by a new run, and those ``kept`` from an
+    earlier one that it did not rerun, each with the provenance of the run that measured it."""
+    def measured(part: dict[str, Any]) -> list[dict[str, Any]]:
+        return [{"provenance": part.get("provenance"), **contest} for contest in part["contests"]]
+
+    new = measured(found)
+    names = {contest["name"] for contest in new}
+    older = [contest for contest in (measured(kept) if kept else [])
+             if contest["name"] not in names]
+    return {"environment": found["environment"], "contests": older + new}
 
 
 # --- rendering --------------------------------------------------------------------------------
@@ -162,7 +173,8 @@ def describe(run: dict[str, Any]) -> str:
     versions = ", ".join(f"{label} {run[key]}" for key, label in
                          (("java", "Java"), ("spark", "Spark")) if key in run)
     return (f"commit `{run['commit']}`{' (with local changes)' if run['dirty'] else ''}, "
-            f"{run['at']}, {run['cpus']} CPUs, load {' '.join(run['load'])} at the start, "
+            f"{run['at']}, {run['cpus']} CPUs, load {' '.join(run['load'])} "
+            f"{run.get('load_at', 'at the start')}, "
             f"Python {run['python']}, {versions}"
             f"{', JVM at ' + run['jit'] if 'jit' in run else ''}")
 
@@ -231,12 +243,15 @@ def peers_section(results: dict[str, Any]) -> str:
             f"{' / '.join(f'{value:.1f}' for value in contest.cpu[TWOPHASE].values())} |")
     lines.append("")
     for part in results.get("peers", {}).values():
-        first = part["contests"][0] if part["contests"] else {}
-        names = ", ".join(contest["name"] for contest in part["contests"])
-        lines.append(f"- {part['environment']} ({names}; {first.get('rows', 0):,} rows, "
-                     f"{first.get('partitions', '?')} partitions, "
-                     f"{len(Contest.of(first).ratios) if first else 0} rounds after a "
-                     f"warm-up): {describe(part['provenance'])}.")
+        runs: dict[str, list[dict[str, Any]]] = {}
+        for record in part["contests"]:
+            runs.setdefault(json.dumps(record["provenance"], sort_keys=True), []).append(record)
+        for records in runs.values():
+            first = Contest.of(records[0])
+            lines.append(f"- {part['environment']}: {', '.join(r['name'] for r in records)} "
+                         f"({first.rows:,} rows, {records[0]['partitions']} partitions, "
+                         f"{len(first.ratios)} rounds after a warm-up): "
+                         f"{describe(records[0]['provenance'])}.")
     return "\n".join(lines)
 
 

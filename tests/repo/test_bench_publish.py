@@ -15,6 +15,7 @@ from bench.publish import (
     Contest,
     below_goal,
     load_results,
+    merged,
     rendered,
 )
 
@@ -24,7 +25,7 @@ MACHINE = {"commit": "abc1234", "dirty": False, "cpus": 2, "load": ["0.10", "0.2
 
 def contest(name: str, seconds: dict[str, list[float]], rows: int = 1_000) -> dict[str, Any]:
     return {"name": name, "sink": f"{name}Sink", "peer": f"{name} peer", "rows": rows,
-            "partitions": 2, "options": {},
+            "partitions": 2, "options": {}, "provenance": {**MACHINE, "jit": "full JIT"},
             "runs": [{"writer": writer, "round": number, "seconds": value,
                       "cpu": {"JVM": value, "Python workers": 0.5, "driver": 0.1, "server": 0.0}}
                      for writer, values in seconds.items()
@@ -40,7 +41,7 @@ def latency_run(target: str, number: int, p50: float, writer: str = "twophase"
 
 def results(first_p50: float) -> dict[str, Any]:
     return {"peers": {"spark43": {
-        "environment": "PySpark 4.3 (.venv)", "provenance": {**MACHINE, "jit": "full JIT"},
+        "environment": "PySpark 4.3 (.venv)",
         "contests": [contest("fast", {"twophase": [1.0, 2.0, 1.0], "peer": [2.0, 2.0, 2.0],
                                       "noop": [0.5, 0.5, 0.5]}),
                      contest("slow", {"twophase": [4.0, 4.0, 4.0], "peer": [2.0, 2.0, 2.0],
@@ -68,7 +69,8 @@ def test_the_checked_in_run_covers_every_contest_and_target() -> None:
     assert {"kafka", "mysql", "mysql_tls", "postgres", "s3", "sqlite", "http", "delta",
             "iceberg"} <= names
     assert {run["target"] for run in found[LATENCY]["runs"]} == set(LATENCY_TARGETS)
-    assert all(part["provenance"]["jit"] == "full JIT" for part in found["peers"].values())
+    assert all(record["provenance"]["jit"] == "full JIT" and not record["provenance"]["dirty"]
+               for part in found["peers"].values() for record in part["contests"])
 
 
 def test_ratios_are_paired_by_round_and_cpu_is_per_million_rows() -> None:
@@ -91,3 +93,13 @@ def test_a_first_round_slower_than_the_tolerance_is_reported() -> None:
     assert below_goal(results(100.0)) == ["slow: 0.50 x its peer, below the floor"]
     assert below_goal(results(121.0))[1:] == [
         "kafka: the first round's latency more than 20% over the second's"]
+
+
+def test_a_rerun_replaces_its_contests_and_keeps_the_others_with_their_own_run() -> None:
+    first = {"environment": "PySpark 4.3 (.venv)", "provenance": {**MACHINE, "commit": "old"},
+             "contests": [{"name": "kafka"}, {"name": "mysql"}]}
+    rerun = {"environment": "PySpark 4.3 (.venv)", "provenance": {**MACHINE, "commit": "new"},
+             "contests": [{"name": "mysql"}, {"name": "http"}]}
+    part = merged(merged(None, first), rerun)
+    assert [(c["name"], c["provenance"]["commit"]) for c in part["contests"]] == [
+        ("kafka", "old"), ("mysql", "new"), ("http", "new")]
