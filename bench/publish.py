@@ -109,9 +109,9 @@ def run_latency(targets: Iterable[str]) -> tuple[dict[str, Any] | None, str | No
                 parts.append(json.loads(out.read_text()))
         if done.returncode:
             failures.append(f"latency at trigger {trigger}: exit status {done.returncode}")
-    merged = ({**parts[0], "runs": [run for part in parts for run in part["runs"]],
-               "cdf": [line for part in parts for line in part["cdf"]]} if parts else None)
-    return merged, "; ".join(failures) or None
+    combined = ({**parts[0], "runs": [run for part in parts for run in part["runs"]],
+                 "cdf": [line for part in parts for line in part["cdf"]]} if parts else None)
+    return combined, "; ".join(failures) or None
 
 
 def load_results(path: Path = RESULTS) -> dict[str, Any]:
@@ -223,7 +223,14 @@ class Contest:
 def contests(results: dict[str, Any]) -> list[tuple[str, Contest]]:
     """Every contest of the results file, with its environment's label, in run order."""
     return [(part["environment"], Contest.of(record))
-            for part in results.get("peers", {}).values() for record in part["contests"]]
+            for part in environments(results) for record in part["contests"]]
+
+
+def environments(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """The results' environments in :data:`ENVIRONMENTS`' order."""
+    found = results.get("peers", {})
+    return [found[environment.key] for environment in ENVIRONMENTS
+            if environment.key in found]
 
 
 def peers_section(results: dict[str, Any]) -> str:
@@ -242,7 +249,7 @@ def peers_section(results: dict[str, Any]) -> str:
             f"{contest.cpu_total(PEER):.1f} | "
             f"{' / '.join(f'{value:.1f}' for value in contest.cpu[TWOPHASE].values())} |")
     lines.append("")
-    for part in results.get("peers", {}).values():
+    for part in environments(results):
         runs: dict[str, list[dict[str, Any]]] = {}
         for record in part["contests"]:
             runs.setdefault(json.dumps(record["provenance"], sort_keys=True), []).append(record)
