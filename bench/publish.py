@@ -37,6 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.session import describe
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "docs" / "results" / "benchmarks.json"
 DOC = ROOT / "docs" / "benchmarks.md"
@@ -168,17 +170,6 @@ def begin(section: str) -> str:
            f"{section} -->"
 
 
-def describe(run: dict[str, Any]) -> str:
-    """A run's provenance line (``bench.session.describe``, without importing PySpark)."""
-    versions = ", ".join(f"{label} {run[key]}" for key, label in
-                         (("java", "Java"), ("spark", "Spark")) if key in run)
-    return (f"commit `{run['commit']}`{' (with local changes)' if run['dirty'] else ''}, "
-            f"{run['at']}, {run['cpus']} CPUs, load {' '.join(run['load'])} "
-            f"{run.get('load_at', 'at the start')}, "
-            f"Python {run['python']}, {versions}"
-            f"{', JVM at ' + run['jit'] if 'jit' in run else ''}")
-
-
 @dataclass(frozen=True)
 class Contest:
     """One sink against its peer, from the results file: rates and CPU per writer, paired."""
@@ -258,7 +249,7 @@ def peers_section(results: dict[str, Any]) -> str:
             lines.append(f"- {part['environment']}: {', '.join(r['name'] for r in records)} "
                          f"({first.rows:,} rows, {records[0]['partitions']} partitions, "
                          f"{len(first.ratios)} rounds after a warm-up): "
-                         f"{describe(records[0]['provenance'])}.")
+                         f"{describe(records[0]['provenance'], markdown=True)}.")
     return "\n".join(lines)
 
 
@@ -306,7 +297,7 @@ def latency_section(results: dict[str, Any]) -> str:
               f"{', '.join(f'{n} round(s) at the {t} trigger' for t, n in LATENCY_ROUNDS.items())}"
               f", the writers' order turning; {len(latency['runs'])} runs, "
               f"{SEEN[once]}"
-              f"; {describe(latency['provenance'])}."]
+              f"; {describe(latency['provenance'], markdown=True)}."]
     return "\n".join(lines)
 
 

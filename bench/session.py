@@ -66,12 +66,15 @@ def machine() -> dict[str, Any]:
             "java": _java_version(), "at": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")}
 
 
-def describe(run: dict[str, Any]) -> str:
-    """One line of a run's provenance (:func:`provenance_of` or :func:`machine`)."""
+def describe(run: dict[str, Any], *, markdown: bool = False) -> str:
+    """One line of a run's provenance (:func:`provenance_of` or :func:`machine`; the commit as
+    code if ``markdown``)."""
     versions = ", ".join(f"{label} {run[key]}" for key, label in
                          (("java", "Java"), ("spark", "Spark")) if key in run)
-    return (f"commit {run['commit']}{' (with local changes)' if run['dirty'] else ''}, "
-            f"{run['at']}, {run['cpus']} CPUs, load {' '.join(run['load'])} at the start, "
+    commit = f"`{run['commit']}`" if markdown else run["commit"]
+    return (f"commit {commit}{' (with local changes)' if run['dirty'] else ''}, "
+            f"{run['at']}, {run['cpus']} CPUs, load {' '.join(run['load'])} "
+            f"{run.get('load_at', 'at the start')}, "
             f"Python {run['python']}{', ' + versions if versions else ''}"
             f"{', JVM at ' + run['jit'] if 'jit' in run else ''}")
 
