@@ -73,8 +73,7 @@ def describe(run: dict[str, Any], *, markdown: bool = False) -> str:
                          (("java", "Java"), ("spark", "Spark")) if key in run)
     commit = f"`{run['commit']}`" if markdown else run["commit"]
     return (f"commit {commit}{' (with local changes)' if run['dirty'] else ''}, "
-            f"{run['at']}, {run['cpus']} CPUs, load {' '.join(run['load'])} "
-            f"{run.get('load_at', 'at the start')}, "
+            f"{run['at']}, {run['cpus']} CPUs, load {' '.join(run['load'])} at the start, "
             f"Python {run['python']}{', ' + versions if versions else ''}"
             f"{', JVM at ' + run['jit'] if 'jit' in run else ''}")
 
