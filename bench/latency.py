@@ -603,20 +603,20 @@ def summary(runs: list[Run], peer_names: dict[str, str], started: dict[str, Any]
     every run's percentiles and batch medians, and each writer's CDF over its rounds at
     :data:`CDF_POINTS` quantiles."""
     lines: dict[tuple[str, str, str], list[float]] = {}
+    records = []
     for run in runs:
-        lines.setdefault((run.target, run.writer, run.trigger), []).extend(run.latencies_ms())
+        latencies, batches = run.latencies_ms(), run.batches()
+        lines.setdefault((run.target, run.writer, run.trigger), []).extend(latencies)
+        records.append({
+            "target": run.target, "writer": run.writer, "trigger": run.trigger,
+            "round": run.round, "events": len(latencies), "repeated": run.repeated,
+            "missing": run.missing,
+            "ms": {f"p{share}": percentile(latencies, share) for share in (*PERCENTILES, 100)},
+            "batches": len(batches),
+            "add_batch_ms": _median_or_none(p["durationMs"].get("addBatch") for p in batches)})
     return {
         "provenance": started, "events": runs[0].load.events, "rate": runs[0].load.rate,
-        "warmup_s": runs[0].load.warmup_s, "peers": peer_names,
-        "runs": [{"target": run.target, "writer": run.writer, "trigger": run.trigger,
-                  "round": run.round, "events": len(run.latencies_ms()),
-                  "repeated": run.repeated, "missing": run.missing,
-                  "ms": {f"p{share}": percentile(run.latencies_ms(), share)
-                         for share in (*PERCENTILES, 100)},
-                  "batches": len(run.batches()),
-                  "add_batch_ms": _median_or_none(
-                      p["durationMs"].get("addBatch") for p in run.batches())}
-                 for run in runs],
+        "warmup_s": runs[0].load.warmup_s, "peers": peer_names, "runs": records,
         "cdf": [{"target": target, "writer": writer, "trigger": trigger,
                  "ms": quantiles(values, CDF_POINTS)}
                 for (target, writer, trigger), values in lines.items()]}
@@ -738,11 +738,9 @@ def main() -> None:
     if not runs:
         raise SystemExit("\n".join(failures))
     path = save(runs, args.out)
-    if args.json:
-        args.json.write_text(json.dumps(summary(runs, {name: TARGETS[name].peer_name
-                                                       for name in args.targets}, started),
-                                        indent=1))
     peer_names = {name: TARGETS[name].peer_name for name in args.targets}
+    if args.json:
+        args.json.write_text(json.dumps(summary(runs, peer_names, started), indent=1))
     print(report(runs, peer_names))
     print(f"\nraw: {path}; {plot(runs, peer_names, path)}")
     if failures:

@@ -2,7 +2,7 @@
 its own environment, and the latency table; the docs' tables and plots regenerated from one
 results file, so a published number always names its run.
 
-Run from the repository root on a quiet machine (never in CI; about 45 minutes on 2 cores)::
+Run from the repository root on a quiet machine (never in CI; about 35 minutes on 2 cores)::
 
     python -m bench.publish [--rounds 3] [--only mysql delta latency ...] [--render]
 
@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.session import describe
+from bench.spark_peers import NOOP, PEER, TWOPHASE
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "docs" / "results" / "benchmarks.json"
@@ -55,7 +56,6 @@ FLOOR, GOAL = 1.0, 1.25
 #: How much worse than the second round the first may be at the default trigger.
 COLD_TOLERANCE = 1.20
 END = "<!-- end of generated -->"
-TWOPHASE, PEER, NOOP = "twophase", "peer", "noop"
 
 
 @dataclass(frozen=True)
@@ -211,10 +211,9 @@ class Contest:
         return sum(self.cpu[writer].values())
 
 
-def contests(results: dict[str, Any]) -> list[tuple[str, Contest]]:
-    """Every contest of the results file, with its environment's label, in run order."""
-    return [(part["environment"], Contest.of(record))
-            for part in environments(results) for record in part["contests"]]
+def contests(results: dict[str, Any]) -> list[Contest]:
+    """Every contest of the results file, in :data:`ENVIRONMENTS`' order."""
+    return [Contest.of(record) for part in environments(results) for record in part["contests"]]
 
 
 def environments(results: dict[str, Any]) -> list[dict[str, Any]]:
@@ -230,7 +229,7 @@ def peers_section(results: dict[str, Any]) -> str:
              "sink / peer / Spark `noop` | CPU s per 1M rows, all processes: sink / peer | "
              "the sink's by process: JVM / Python workers / driver / server |",
              "|---|---|---|---|---|"]
-    for _environment, contest in contests(results):
+    for contest in contests(results):
         mark = "" if contest.ratio >= FLOOR else " (below the floor)"
         lines.append(
             f"| `{contest.sink}` / {contest.peer} | **{contest.ratio:.2f}**{mark} "
@@ -325,7 +324,7 @@ def plot_peers(results: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
-    found = [contest for _environment, contest in contests(results)]
+    found = contests(results)
     figure, axes = plt.subplots(figsize=(9, 4.5))
     medians = [contest.ratio for contest in found]
     axes.bar([contest.name for contest in found], medians,
@@ -383,7 +382,7 @@ def render(results: dict[str, Any]) -> None:
 def below_goal(results: dict[str, Any]) -> list[str]:
     """What the run did not reach: ratios under the floor, first rounds over the tolerance."""
     found = [f"{contest.name}: {contest.ratio:.2f} x its peer, below the floor"
-             for _environment, contest in contests(results) if contest.ratio < FLOOR]
+             for contest in contests(results) if contest.ratio < FLOOR]
     latency = results.get(LATENCY)
     for target in LATENCY_TARGETS if latency else ():
         rounds = first_and_second(latency or {}, target, "default")

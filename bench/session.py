@@ -51,19 +51,20 @@ def provenance_of(spark: SparkSession) -> dict[str, Any]:
     keeps them."""
     java = spark.sparkContext._jvm.System.getProperty("java.version")  # type: ignore[union-attr]
     options = spark.conf.get("spark.driver.extraJavaOptions", "") or ""
-    return {**machine(), "java": java, "spark": spark.version,
+    return {**machine(java), "spark": spark.version,
             "jit": "C1 only" if C1_CAP in options else "full JIT"}
 
 
-def machine() -> dict[str, Any]:
+def machine(java: str | None = None) -> dict[str, Any]:
     """The commit (and whether the tree has local changes), the CPUs, the load average now,
-    the Python, PySpark and Java versions: what a run whose sessions are other processes'
-    records (``bench/latency.py``; each of its sessions is a :func:`bench_session`)."""
+    the Python, PySpark and Java versions (``java``, else asked of the ``java`` PySpark
+    starts): what a run whose sessions are other processes' records (``bench/latency.py``;
+    each of its sessions is a :func:`bench_session`)."""
     return {"commit": _git("rev-parse", "--short", "HEAD"),
             "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
             "cpus": os.cpu_count(), "load": Path("/proc/loadavg").read_text().split()[:3],
             "python": platform.python_version(), "spark": pyspark.__version__,
-            "java": _java_version(), "at": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")}
+            "java": java or _java_version(), "at": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")}
 
 
 def describe(run: dict[str, Any], *, markdown: bool = False) -> str:
