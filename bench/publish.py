@@ -72,7 +72,8 @@ class Environment:
 ENVIRONMENTS = (
     Environment("spark43", "PySpark 4.3 (.venv)",
                 ("nice", sys.executable, "-m", "bench.spark_peers"),
-                ("kafka", "mysql", "mysql_tls", "postgres", "s3", "sqlite", "http")),
+                ("kafka", "mysql", "mysql_tls", "postgres", "s3", "sqlite", "http", "redis",
+                 "nats")),
     Environment("spark42", "PySpark 4.2 (scripts/bench-spark42)",
                 (str(ROOT / "scripts" / "bench-spark42"),), ("delta",)),
     Environment("spark41", "PySpark 4.1 (scripts/bench-spark41)",

@@ -120,9 +120,10 @@ class GroupSystem(System):
 
 #: Groups the chaos suite names (any ``a+b`` of SETUPS is accepted too): a table before a topic
 #: (the outbox), a table before objects, a local table before a webhook, a table before a
-#: Delta table, or an Iceberg table, before a topic (the lake in the middle).
+#: Delta table, or an Iceberg table, before a topic (the lake in the middle), a table before
+#: its event in a Redis stream or a NATS JetStream subject.
 GROUPS = ("mysql+kafka", "postgres+s3", "sqlite+http", "mysql+delta+kafka",
-          "postgres+iceberg+kafka")
+          "postgres+iceberg+kafka", "mysql+redis", "mysql+nats")
 
 SYSTEMS: dict[str, Callable[[Path], System]] = {
     name: functools.partial(System, setup) for name, setup in SETUPS.items()}

@@ -21,7 +21,9 @@ from setups.http import HttpSetup
 from setups.iceberg import IcebergSetup
 from setups.kafka import KafkaSetup
 from setups.mysql import MySQLSetup
+from setups.nats import NatsSetup
 from setups.postgres import PostgresSetup
+from setups.redis import RedisSetup
 from setups.s3 import S3Setup
 from setups.sqlite import SQLiteSetup
 
@@ -29,8 +31,8 @@ from setups.sqlite import SQLiteSetup
 SETUPS: dict[str, type[SinkSetup]] = {
     setup.name: setup
     for setup in (SQLiteSetup, MySQLSetup, PostgresSetup, S3Setup, KafkaSetup, HttpSetup,
-                  DeltaSetup, IcebergSetup)}
+                  DeltaSetup, IcebergSetup, RedisSetup, NatsSetup)}
 
 __all__ = ["SETUPS", "DeltaSetup", "HttpSetup", "IcebergSetup", "KafkaSetup", "MySQLSetup",
-           "PostgresSetup", "Proxy", "ProxyFactory", "S3Setup", "SQLiteSetup", "SinkSetup",
-           "Target"]
+           "NatsSetup", "PostgresSetup", "Proxy", "ProxyFactory", "RedisSetup", "S3Setup",
+           "SQLiteSetup", "SinkSetup", "Target"]

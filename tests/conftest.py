@@ -29,12 +29,16 @@ from setups import (
 )
 from setups.kafka import SecuredKafkaSetup
 from setups.least_privilege import LeastPrivileged
+from setups.nats import SecuredNatsSetup
+from setups.redis import SecuredRedisSetup
 from setups.servers.http_receiver import ReceiverProcess
 from setups.servers.iceberg_rest import IcebergRestServer
 from setups.servers.kafka import KafkaBroker
 from setups.servers.mariadb import Db, MariaDBServer
 from setups.servers.moto import MotoServer
+from setups.servers.nats import NatsServer
 from setups.servers.postgres import PgView, PostgresServer
+from setups.servers.redis import RedisServer
 from setups.sqlite import orders_database
 from sinks.sqlite import SQLiteSink
 from tests import markers
@@ -44,7 +48,8 @@ from twophase.testing.contract import QUERY_ID, use_query_id
 pytest_plugins = ["tests.fixtures.tls", "tests.fixtures.mariadb", "tests.fixtures.moto",
                   "tests.fixtures.spark", "tests.fixtures.spark_cluster", "tests.fixtures.connect",
                   "tests.fixtures.http_receiver", "tests.fixtures.kafka", "tests.fixtures.postgres",
-                  "tests.fixtures.prometheus", "tests.fixtures.iceberg_rest", "tests.durations"]
+                  "tests.fixtures.prometheus", "tests.fixtures.iceberg_rest",
+                  "tests.fixtures.redis", "tests.fixtures.nats", "tests.durations"]
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -151,6 +156,20 @@ def kafka_secured_setup(kafka_secured_broker: KafkaBroker,
                         tmp_path: Path) -> Iterator[SecuredKafkaSetup]:
     with kafka_secured_broker.reader() as reader:
         yield SecuredKafkaSetup(tmp_path, kafka_secured_broker, reader)
+
+
+@pytest.fixture
+def redis_secured_setup(secured_redis: RedisServer, tmp_path: Path) -> SecuredRedisSetup:
+    """Redis over verified TLS only, each stream written by an ACL user holding exactly the
+    sink's rules, its password read from a file."""
+    return SecuredRedisSetup(tmp_path, secured_redis)
+
+
+@pytest.fixture
+def nats_secured_setup(secured_nats: NatsServer, tmp_path: Path) -> SecuredNatsSetup:
+    """NATS over verified TLS only, each target written by a user holding exactly the sink's
+    permissions, its password read from a file."""
+    return SecuredNatsSetup(tmp_path, secured_nats)
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """Where CI's time goes: the run's durations (setup + call + teardown of every test) summed by
 room (``unit``, ``repo``, ``spark``, ``sinks`` for the tests of several sinks, ``sinks/<name>``)
 and, within each, crash tests apart (``spark crash``: the ``crash`` marker), against the
-budgets below, which share out the CI budget of :data:`TOTAL_BUDGET_S` (36 minutes of test time
+budgets below, which share out the CI budget of :data:`TOTAL_BUDGET_S` (39 minutes of test time
 on an idle 2-core machine).
 
 ``scripts/test --durations-summary`` prints the table at the end of the run, a category over
@@ -31,9 +31,10 @@ SUMMARY = REPO / "tests" / "durations.json"
 OPTION = "--durations-summary"
 #: The selection of a CI run (``addopts`` in ``pyproject.toml``).
 CI_MARKEXPR = "not long"
-#: 36 minutes: the whole CI test run's target, on an idle 2-core machine (issue 48: 32 minutes
-#: and the keyed state's 4); an issue that lands with an allowance of CI time raises it by that.
-TOTAL_BUDGET_S = 2160.0
+#: 39 minutes: the whole CI test run's target, on an idle 2-core machine (issue 48: 32 minutes,
+#: the keyed state's 4, the Redis and NATS sinks' 3); an issue that lands with an allowance of
+#: CI time raises it by that.
+TOTAL_BUDGET_S = 2340.0
 #: 45 minutes: the ceiling of CI (static checks and tests) on the 2-core machine; the checked-in
 #: summary's tests must stay below it, so that growth fails a change before it fails CI.
 CI_CEILING_S = 2700.0
@@ -60,6 +61,12 @@ BUDGETS_S: dict[str, float] = {
     "sinks/delta": 35.0,
     "sinks/delta crash": 67.0,
     "sinks/iceberg": 33.0,
+    # issue 50's 180 s: the rooms below (its two groups' crash runs in "spark crash", whose
+    # share was set on a machine twice as slow)
+    "sinks/redis": 25.0,
+    "sinks/redis crash": 45.0,
+    "sinks/nats": 40.0,
+    "sinks/nats crash": 70.0,
 }
 
 

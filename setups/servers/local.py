@@ -5,14 +5,26 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol, TypeVar
 
 HOST = "127.0.0.1"
+
+
+class Startable(Protocol):
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+S = TypeVar("S", bound=Startable)
 
 
 class ServerMissingError(RuntimeError):
@@ -116,3 +128,17 @@ class ServerProcess:
             return self.log.read_text(errors="replace")[-3000:]
         except OSError:
             return "(no log)"
+
+
+@contextlib.contextmanager
+def in_scratch(prefix: str, make: Callable[[Path], S]) -> Iterator[S]:
+    """The server ``make`` builds in a fresh temporary directory (named from ``prefix``),
+    started; stopped and its directory deleted after."""
+    base_dir = Path(tempfile.mkdtemp(prefix=prefix))
+    server = make(base_dir)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(base_dir, ignore_errors=True)

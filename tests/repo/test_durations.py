@@ -1,6 +1,6 @@
 """CI's time stays within its target: the checked-in summary of a CI run's durations
 (``tests/durations.json``, written by ``.ci/run`` through :mod:`tests.durations`) is within the
-36-minute target (and so below the 45-minute ceiling), and every category of it has a budget,
+39-minute target (and so below the 45-minute ceiling), and every category of it has a budget,
 the budgets sharing out the target (a category over its own is flagged in the table every CI
 run prints, not failed: one room's noise is another's margin). Read from the file: nothing is
 timed here."""
@@ -36,7 +36,7 @@ def checked_in() -> dict[str, Any]:
 def test_the_checked_in_summary_is_within_the_ci_target() -> None:
     summary = checked_in()
     assert summary["source"], "the summary says nothing of where its numbers came from"
-    assert summary["total_budget_s"] == TOTAL_BUDGET_S == 36 * 60
+    assert summary["total_budget_s"] == TOTAL_BUDGET_S == 39 * 60
     rows = summary["categories"]
     assert summary["total_s"] == pytest.approx(sum(row["seconds"] for row in rows.values()),
                                                abs=0.1 * len(rows))

@@ -77,7 +77,8 @@ def rows_of(output: str) -> dict[str, str]:
     # CI time: Kafka's checks run in CI on the secured broker (kafka_secured_setup below)
     pytest.param("kafka_setup", marks=pytest.mark.long),
     # the secured servers: verified TLS, SASL_SSL with ACLs, IAM-checked keys
-    "secured_mysql_setup", "secured_postgres_setup", "kafka_secured_setup", "s3_secured_setup"])
+    "secured_mysql_setup", "secured_postgres_setup", "kafka_secured_setup", "s3_secured_setup",
+    "redis_secured_setup", "nats_secured_setup"])
 def test_every_check_passes_on_a_sound_target(setup_name: str, tmp_path: Path,
                                               request: pytest.FixtureRequest) -> None:
     setup: SinkSetup = request.getfixturevalue(setup_name)

@@ -1,7 +1,8 @@
 """Sink groups of real systems under the shared crash suite: a Spark driver SIGKILLed at every
 crash point in turn, between two members' commits too (``GROUP_CRASH_POINTS``), each member
 judged by its own reader (the setups' ``visible``: the table, a read_committed consumer, the
-S3 listing, the receiver's store) and every member's server checked for what it holds in doubt.
+S3 listing, the receiver's store, ``redis-cli``) and every member's server checked for what it
+holds in doubt.
 
 The groups: PostgreSQL, then an Iceberg table, then Kafka (a table, the lake read by DuckDB's
 Iceberg reader, a change feed; in CI before the decision and, after it, between two members'
@@ -12,7 +13,9 @@ the table commits before the topic, which takes some of the columns; in local mo
 standalone cluster; in CI the pair runs its chaos round, tests/spark/test_chaos.py), MySQL XA,
 then a Delta table, then Kafka (either side of the decision and between members, and every
 point), PostgreSQL then S3, SQLite then the HTTP receiver, two SQLite tables over Spark
-Connect, and MySQL XA then an Iceberg table whose SQL catalog is PostgreSQL's.
+Connect, and MySQL XA then an Iceberg table whose SQL catalog is PostgreSQL's; MySQL XA then a
+Redis stream, and MySQL XA then a NATS JetStream subject (each in CI either side of the
+decision, ``-m long`` every point).
 Each member keeps the options its setup gives; its namespace is the group's plus its name, so
 the members' are distinct. The group of SQLite and a directory of JSON-lines files:
 tests/unit/test_group.py.
@@ -28,7 +31,9 @@ from setups import (
     IcebergSetup,
     KafkaSetup,
     MySQLSetup,
+    NatsSetup,
     PostgresSetup,
+    RedisSetup,
     S3Setup,
     SQLiteSetup,
 )
@@ -185,3 +190,56 @@ class TestMySQLIcebergGroupCrashes(CrashSuite):
         return GroupTarget.of({"orders": mysql_setup.new_target(),
                                "lake": iceberg_pg_setup.new_target()},
                               commit_order=["orders", "lake"])
+
+
+class OnTableAndStream(CrashSuite):
+    """MySQL XA, then a Redis stream of the rows' events (``commit_order``: the row before its
+    event): the stream (read by ``redis-cli``) never holds an event whose row the table lacks;
+    at the end both hold every row once, no XA branch prepared, nothing staged in Redis."""
+
+    @pytest.fixture
+    def target(self, mysql_setup: MySQLSetup, redis_setup: RedisSetup) -> GroupTarget:
+        return GroupTarget.of({"orders": mysql_setup.new_target(),
+                               "events": redis_setup.new_target()},
+                              commit_order=["orders", "events"],
+                              columns={"events": EVENT_COLUMNS})
+
+
+class TestMySQLRedisGroupCrashes(OnTableAndStream):
+    """CI: either side of the decision: before it, and after it between the members' commits
+    (the table's committed, the stream's not)."""
+
+    crash_points = (BEFORE_DECISION, BETWEEN_MEMBERS)
+
+
+@pytest.mark.long
+class TestMySQLRedisGroupEveryPoint(OnTableAndStream):
+    """Every point of a group's driver, between members included."""
+
+    crash_points = GROUP_CRASH_POINTS
+
+
+class OnTableAndSubject(CrashSuite):
+    """MySQL XA, then a NATS JetStream subject of the rows' events (the row before its
+    event): the subject (read by a consumer of the setup's own) never holds an event whose row
+    the table lacks; at the end both hold every row once, nothing prepared, nothing staged."""
+
+    @pytest.fixture
+    def target(self, mysql_setup: MySQLSetup, nats_setup: NatsSetup) -> GroupTarget:
+        return GroupTarget.of({"orders": mysql_setup.new_target(),
+                               "events": nats_setup.new_target()},
+                              commit_order=["orders", "events"],
+                              columns={"events": EVENT_COLUMNS})
+
+
+class TestMySQLNatsGroupCrashes(OnTableAndSubject):
+    """CI: either side of the decision: before it, and after it between the members' commits."""
+
+    crash_points = (BEFORE_DECISION, BETWEEN_MEMBERS)
+
+
+@pytest.mark.long
+class TestMySQLNatsGroupEveryPoint(OnTableAndSubject):
+    """Every point of a group's driver, between members included."""
+
+    crash_points = GROUP_CRASH_POINTS

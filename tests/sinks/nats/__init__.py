@@ -1,0 +1,1 @@
+"""JetStreamSink's room: its contract and crash suites, and what only NATS needs."""
