@@ -163,10 +163,15 @@ class RedisCluster:
         subprocess.run(["redis-cli", "--cluster", "create", *addresses, "--cluster-replicas",
                         "0", "--cluster-yes"], capture_output=True, check=True, timeout=60)
         deadline = time.monotonic() + CLUSTER_READY_TIMEOUT_S
-        while "cluster_state:ok" not in self.nodes[0].cli("CLUSTER", "INFO"):
+        while not self.ready():
             if time.monotonic() > deadline:
-                raise RuntimeError("the private Redis cluster did not reach cluster_state:ok")
+                raise RuntimeError("the private Redis cluster did not reach cluster_state:ok "
+                                   "on every node")
             time.sleep(0.1)
+
+    def ready(self) -> bool:
+        """Every node says the cluster is ok (each learns it on its own, over the bus)."""
+        return all("cluster_state:ok" in node.cli("CLUSTER", "INFO") for node in self.nodes)
 
     def stop(self) -> None:
         for node in self.nodes:
