@@ -68,6 +68,8 @@ DEFAULT_PIPELINED_WINDOW = 2000
 #: How long a pipelined run's acks may take, all of them (then the chain stops, to be resumed
 #: from the subject's tip by the retry).
 RUN_ACKS_TIMEOUT_S = 30.0
+#: How often a run waiting for its acks looks whether its connection has closed.
+CLOSED_POLL_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -218,16 +220,27 @@ class PipelinedChain(Chain):
                            EXPECTED_LAST_SEQUENCE: str(stream_expected)}
                 await client.publish(self.target.subject, payload, reply=f"{inbox}.{offset}",
                                      headers=headers)
-            await asyncio.wait_for(arrived, RUN_ACKS_TIMEOUT_S)
-        except TimeoutError:
-            raise nats.errors.TimeoutError from None
+            await self._acks_of_run(arrived)
         finally:
-            await subscription.unsubscribe()
+            if not client.is_closed:
+                await subscription.unsubscribe()
         for offset, ack in enumerate(acks):
             assert ack is not None
             self.check_ack(pub_ack(ack), first_index + offset, self.stream_last + offset + 1)
         self.stream_last += len(run)
         return self.stream_last
+
+
+    async def _acks_of_run(self, arrived: asyncio.Future[None]) -> None:
+        """Wait for a run's acks; a connection that closed meanwhile (the server gone) fails
+        the run at once, not after :data:`RUN_ACKS_TIMEOUT_S`."""
+        deadline = asyncio.get_running_loop().time() + RUN_ACKS_TIMEOUT_S
+        while not arrived.done():
+            if self.connection.client.is_closed:
+                raise nats.errors.ConnectionClosedError
+            if asyncio.get_running_loop().time() > deadline:
+                raise nats.errors.TimeoutError
+            await asyncio.wait({arrived}, timeout=CLOSED_POLL_S)
 
 
 def pub_ack(reply: Msg) -> api.PubAck:

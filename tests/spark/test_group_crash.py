@@ -194,13 +194,16 @@ class TestMySQLIcebergGroupCrashes(CrashSuite):
 
 class OnTableAndStream(CrashSuite):
     """MySQL XA, then a Redis stream of the rows' events (``commit_order``: the row before its
-    event): the stream (read by ``redis-cli``) never holds an event whose row the table lacks;
-    at the end both hold every row once, no XA branch prepared, nothing staged in Redis."""
+    event) on the secured server (verified TLS, an ACL user holding exactly the sink's rules,
+    its password read from a file): the stream (read by ``redis-cli``) never holds an event
+    whose row the table lacks; at the end both hold every row once, no XA branch prepared,
+    nothing staged in Redis."""
 
     @pytest.fixture
-    def target(self, mysql_setup: MySQLSetup, redis_setup: RedisSetup) -> GroupTarget:
+    def target(self, mysql_setup: MySQLSetup, redis_secured_setup: RedisSetup
+               ) -> GroupTarget:
         return GroupTarget.of({"orders": mysql_setup.new_target(),
-                               "events": redis_setup.new_target()},
+                               "events": redis_secured_setup.new_target()},
                               commit_order=["orders", "events"],
                               columns={"events": EVENT_COLUMNS})
 
@@ -221,13 +224,16 @@ class TestMySQLRedisGroupEveryPoint(OnTableAndStream):
 
 class OnTableAndSubject(CrashSuite):
     """MySQL XA, then a NATS JetStream subject of the rows' events (the row before its
-    event): the subject (read by a consumer of the setup's own) never holds an event whose row
-    the table lacks; at the end both hold every row once, nothing prepared, nothing staged."""
+    event) on the secured server (verified TLS, a user holding exactly the sink's
+    permissions, its password read from a file): the subject (read by a consumer of the
+    setup's own) never holds an event whose row the table lacks; at the end both hold every
+    row once, nothing prepared, nothing staged."""
 
     @pytest.fixture
-    def target(self, mysql_setup: MySQLSetup, nats_setup: NatsSetup) -> GroupTarget:
+    def target(self, mysql_setup: MySQLSetup, nats_secured_setup: NatsSetup
+               ) -> GroupTarget:
         return GroupTarget.of({"orders": mysql_setup.new_target(),
-                               "events": nats_setup.new_target()},
+                               "events": nats_secured_setup.new_target()},
                               commit_order=["orders", "events"],
                               columns={"events": EVENT_COLUMNS})
 

@@ -14,10 +14,11 @@ from twophase.testing.crash import DECISION_POINTS, CrashSuite
 pytestmark = [pytest.mark.spark, pytest.mark.crash]
 
 
-class TestNatsCrashes(CrashSuite):
-    """Either side of the decision in CI (every point under -m long: below), over verified
-    TLS as a user holding exactly the sink's permissions (sinks.nats.access), its password
-    read from a file by the driver and every executor."""
+@pytest.mark.long  # CI time: crashed in CI either side of the decision over the same secured
+class TestNatsCrashes(CrashSuite):  # server in the MySQL + NATS group (test_group_crash.py)
+    """Either side of the decision (every point: below), over verified TLS as a user holding
+    exactly the sink's permissions (sinks.nats.access), its password read from a file by the
+    driver and every executor."""
 
     setup_fixture = "nats_secured_setup"
     crash_points: tuple[str, ...] = DECISION_POINTS

@@ -486,7 +486,7 @@ def test_subject_patterns_match_as_nats_server_does(pattern: str, subject: str,
 
 # -- the server killed mid-chain ----------------------------------------------------------------
 
-KILLED_PARTITIONS, KILLED_ROWS = 3, 20_000
+KILLED_PARTITIONS, KILLED_ROWS = 3, 5_000
 #: How long the test waits for the chain to begin before it gives up.
 CHAIN_START_TIMEOUT_S = 60.0
 

@@ -18,10 +18,12 @@ from twophase.testing.driver import DriverSpec, RunResult
 
 pytestmark = [pytest.mark.spark, pytest.mark.crash]
 
-class TestRedisCrashes(CrashSuite):
-    """Either side of the decision in CI (every point under -m long: TestRedisEveryPoint),
-    over verified TLS as an ACL user holding exactly the sink's rules, its password read from a
-    file by the driver and every executor."""
+@pytest.mark.long  # CI time: crashed in CI either side of the decision over the same secured
+class TestRedisCrashes(CrashSuite):  # server in the MySQL + Redis group (test_group_crash.py);
+    # a polling reader of a committing stream in CI in test_redis_sink.py
+    """Either side of the decision (every point: TestRedisEveryPoint), over verified TLS as
+    an ACL user holding exactly the sink's rules, its password read from a file by the driver
+    and every executor."""
 
     setup_fixture = "redis_secured_setup"
     crash_points: tuple[str, ...] = DECISION_POINTS
