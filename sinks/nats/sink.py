@@ -39,8 +39,7 @@ What readers see, plainly:
   after a crash in its commit the subject holds a prefix of it until recovery finishes it (the
   rest is published once, never a message twice). NATS 2.9 has no atomic publish of several
   messages; readers that need whole batches group by the ``Twophase-Txn`` and
-  ``Twophase-Count`` headers every committed message carries (with ``Twophase-Index`` and
-  ``Nats-Msg-Id: <txn>/<index>``).
+  ``Twophase-Count`` headers every committed message carries (with ``Twophase-Index``).
 * **Durability is the server's.** nats-server 2.9 acknowledges a publish before it fsyncs (it
   syncs every 2 minutes, and has no ``sync_interval: always``): a pre-commit survives a crash
   of the server's process, not of its machine (an OS crash or power cut may lose acknowledged
