@@ -31,6 +31,7 @@ from redis.cluster import RedisCluster
 from redis.retry import Retry
 
 from sinks.redis.errors import ERRORS_CAUGHT, classify, is_refused_login
+from twophase import TwoPhaseError
 from twophase.kit import ClientCache, SecretOption, Tls, classified, reveal, scrubbed
 
 log = logging.getLogger(__name__)
@@ -88,10 +89,14 @@ class RedisSettings:
     def run(self, step: Callable[[Client], T], what: str) -> T:
         """``step(client)`` with this process's client, the server's errors classified."""
         def attempt() -> T:
-            classify_here = scrubbed(classify, reveal(self.password))
-            with classified(classify_here, what, ERRORS_CAUGHT):
+            with classified(self.classify, what, ERRORS_CAUGHT):
                 return step(_CLIENTS.get(self))
         return _CLIENTS.retried_if_rotated(self, attempt, is_refused_login, what=what)
+
+    def classify(self, exc: BaseException, what: str) -> TwoPhaseError:
+        """The sink's classifier, its errors scrubbed of the password (read only when an
+        error is classified, not at every step: a step is as small as one staged chunk)."""
+        return scrubbed(classify, reveal(self.password))(exc, what)
 
 
 def text(value: bytes | str) -> str:
