@@ -19,11 +19,10 @@ import importlib
 import os
 import secrets
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from setups.base import SinkSetup, Target
-from setups.servers.tls import OWNER_ONLY
+from setups.servers.local import write_owner_only
 from twophase import Secret, TwoPhaseCommitSink
 
 #: The factory a least-privileged target names (see :func:`sink_with_password_file`).
@@ -74,7 +73,7 @@ def least_privileged_target(setup: SinkSetup, *, without: tuple[str, str] | None
     name = f"{USER_PREFIX}{os.getpid()}_{setup.number()}"
     password = secrets.token_hex(12)
     password_file = setup.scratch / f"{name}.password"
-    _write_owner_only(password_file, password)
+    write_owner_only(password_file, password + "\n")
     grants = setup.sink_grants(options)
     if without is not None:
         role, privilege = without
@@ -105,8 +104,3 @@ def sink_with_password_file(*, sink: str, password_file: str,
     built: TwoPhaseCommitSink[Any] = factory(password=Secret(file=password_file), **options)
     return built
 
-
-def _write_owner_only(path: Path, text: str) -> None:
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, OWNER_ONLY)
-    with os.fdopen(descriptor, "w") as out:
-        out.write(text + "\n")

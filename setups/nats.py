@@ -3,7 +3,7 @@ private nats-server (:mod:`setups.servers.nats`), read back by the test's own co
 
 :class:`SecuredNatsSetup` is the same over a server that takes verified TLS only, each target
 written by a user of its own holding exactly :func:`sinks.nats.access.permissions` for it, its
-password read by reference (:func:`sink_with_password_file`)."""
+password read by reference (:func:`setups.least_privilege.sink_with_password_file`)."""
 
 from __future__ import annotations
 
@@ -15,27 +15,19 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from setups import least_privilege
 from setups.base import Proxy, ProxyFactory, SinkSetup, Target, relayed
-from setups.servers.local import HOST
+from setups.servers.local import HOST, write_owner_only
 from setups.servers.nats import NatsServer, NatsUser, private_server
 from setups.servers.tls import CertificateAuthority
-from sinks.nats import JetStreamSink
 from sinks.nats.access import Permissions, permissions
 from sinks.nats.subjects import Layout
-from twophase import Secret
 
 #: Where the sink's staged messages and proofs go: ``<prefix><stream>`` (named in the options,
 #: so that this setup reads the staging without the sink's code).
 STAGING_PREFIX = "STAGE_"
 #: Stream numbers of this process: a fresh name per target, whichever setup makes it.
 _stream_numbers = itertools.count()
-OWNER_ONLY = 0o600
-
-
-def sink_with_password_file(*, password_file: str, **options: Any) -> JetStreamSink:
-    """A JetStreamSink whose password is ``Secret(file=password_file)`` (a driver spec is
-    JSON: it names the file, and the sink reveals it where it connects)."""
-    return JetStreamSink(**options, password=Secret(file=password_file))
 
 
 class NatsSetup(SinkSetup):
@@ -100,7 +92,7 @@ class SecuredNatsSetup(NatsSetup):
     holding exactly the sink's permissions for it, its password read from a 0600 file."""
 
     name = "nats-secured"
-    factory = "setups.nats:sink_with_password_file"
+    factory = least_privilege.FACTORY
     servers = ("secured_nats",)
 
     @classmethod
@@ -128,12 +120,11 @@ class SecuredNatsSetup(NatsSetup):
                                              permissions))
         self.scratch.mkdir(parents=True, exist_ok=True)
         password_file = self.scratch / f"{user.name}.password"
-        descriptor = os.open(password_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, OWNER_ONLY)
-        with os.fdopen(descriptor, "w") as out:
-            out.write(user.password)
+        write_owner_only(password_file, user.password)
         return user, password_file
 
     def target_options(self, **overrides: Any) -> dict[str, Any]:
         options = super().target_options(**overrides)
         user, password_file = self.new_user(self.sink_permissions(options))
-        return {**options, "user": user.name, "password_file": str(password_file)}
+        return {**options, "sink": NatsSetup.factory, "user": user.name,
+                "password_file": str(password_file)}

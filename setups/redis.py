@@ -4,7 +4,7 @@ staging keys beside the stream, listed by ``redis-cli`` too.
 
 :class:`SecuredRedisSetup` is the same over a server that takes verified TLS only, the sink
 logging in as an ACL user holding exactly :func:`sinks.redis.acl_rules` for its stream, its
-password read by reference (:func:`sink_with_password_file`)."""
+password read by reference (:func:`setups.least_privilege.sink_with_password_file`)."""
 
 from __future__ import annotations
 
@@ -16,19 +16,14 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from setups import least_privilege
 from setups.base import Proxy, ProxyFactory, SinkSetup, Target, relayed
+from setups.servers.local import write_owner_only
 from setups.servers.redis import RedisServer, RedisUser, private_server
-from sinks.redis import RedisStreamSink, acl_rules
+from sinks.redis import acl_rules
 from sinks.redis.keys import StreamKeys
-from twophase import Secret
 
 READ_TIMEOUT_S = 60.0
-
-
-def sink_with_password_file(*, password_file: str, **options: Any) -> RedisStreamSink:
-    """A RedisStreamSink whose password is ``Secret(file=password_file)`` (a driver spec is
-    JSON: it names the file, and the sink reveals it where it connects)."""
-    return RedisStreamSink(**options, password=Secret(file=password_file))
 
 
 def entries(server: RedisServer, stream: str, user: RedisUser | None = None
@@ -100,7 +95,7 @@ class SecuredRedisSetup(RedisSetup):
     user of its own holding exactly the sink's rules for it, its password read from a file."""
 
     name = "redis-secured"
-    factory = "setups.redis:sink_with_password_file"
+    factory = least_privilege.FACTORY
 
     def target_options(self, **overrides: Any) -> dict[str, Any]:
         options = super().target_options(**overrides)
@@ -109,6 +104,6 @@ class SecuredRedisSetup(RedisSetup):
                                        self.sink_rules(options["stream"]))
         password_file = self.scratch / f"{user.name}.password"
         self.scratch.mkdir(parents=True, exist_ok=True)
-        password_file.write_text(password)
-        password_file.chmod(0o600)
-        return {**options, "username": user.name, "password_file": str(password_file)}
+        write_owner_only(password_file, password)
+        return {**options, "sink": RedisSetup.factory, "username": user.name,
+                "password_file": str(password_file)}

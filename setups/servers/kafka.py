@@ -65,7 +65,7 @@ from kafka.admin import (
 from kafka.errors import KafkaError, TopicAlreadyExistsError
 from kafka.structs import TopicPartition
 
-from setups.servers.local import ServerMissingError, free_port, stop_process
+from setups.servers.local import ServerMissingError, free_port, stop_process, write_owner_only
 from setups.servers.tls import WRONG_HOST, CertificateAuthority, Issued
 
 HOST = "127.0.0.1"
@@ -187,7 +187,6 @@ SCRAM_LOGIN = "org.apache.kafka.common.security.scram.ScramLoginModule"
 PLAIN_LOGIN = "org.apache.kafka.common.security.plain.PlainLoginModule"
 #: Kafka's config provider that reads a value from a file (the file's name is the key).
 DIRECTORY_PROVIDER = "org.apache.kafka.common.config.provider.DirectoryConfigProvider"
-OWNER_ONLY = 0o600
 
 
 class KafkaJarsMissingError(ServerMissingError):
@@ -272,7 +271,7 @@ class BrokerSecurity:
 
     def write_password(self, user: str, path: Path) -> Path:
         """``user``'s password into a new file at ``path`` only its owner can read."""
-        _write_owner_only(path, self.passwords[user])
+        write_owner_only(path, self.passwords[user])
         return path
 
     def spark_source_options(self, user: str, password_file: Path) -> dict[str, str]:
@@ -337,13 +336,6 @@ class BrokerSecurity:
 def _inline(pem: Path) -> str:
     """A PEM file as one ``server.properties`` value (Java's properties read ``\\n``)."""
     return pem.read_text().strip().replace("\n", "\\n")
-
-
-def _write_owner_only(path: Path, text: str) -> None:
-    """``text`` into a new file only its owner can read (it may hold keys and passwords)."""
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, OWNER_ONLY)
-    with os.fdopen(descriptor, "w") as out:
-        out.write(text)
 
 
 def _properties(port: int, controller_port: int, data: Path, overrides: dict[str, str]) -> str:
@@ -786,7 +778,7 @@ def private_broker(home: Path, settings: dict[str, str] | None = None, *,
                      **overrides}
         log4j2 = AUTHORIZER_LOG4J2.format(log=broker.log, authorizer_log=broker.authorizer_log)
     (home / "log4j2.yaml").write_text(log4j2)
-    _write_owner_only(home / "server.properties",
+    write_owner_only(home / "server.properties",
                       _properties(broker.port, controller_port, home / "data", overrides))
     broker.format()
     try:

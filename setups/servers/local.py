@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any, ClassVar, Protocol, TypeVar
 
 HOST = "127.0.0.1"
+#: The mode of a file holding keys or passwords (a server's configuration, a sink's password).
+OWNER_ONLY = 0o600
 
 
 class Startable(Protocol):
@@ -30,6 +32,14 @@ S = TypeVar("S", bound=Startable)
 class ServerMissingError(RuntimeError):
     """A server's program, jars or library is not installed; the message names the fix. The
     test fixtures that start the server turn it into a failure (never a skip)."""
+
+
+def write_owner_only(path: Path, content: str | bytes) -> None:
+    """``content`` into the file ``path``, created readable by its owner only (never for a
+    moment by anyone else)."""
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, OWNER_ONLY)
+    with os.fdopen(descriptor, "wb") as out:
+        out.write(content.encode() if isinstance(content, str) else content)
 
 
 def free_port(host: str = HOST) -> int:

@@ -40,7 +40,14 @@ import nats
 from nats.js import JetStreamContext, api
 from nats.js.errors import NotFoundError
 
-from setups.servers.local import HOST, ServerMissingError, ServerProcess, free_port, in_scratch
+from setups.servers.local import (
+    HOST,
+    ServerMissingError,
+    ServerProcess,
+    free_port,
+    in_scratch,
+    write_owner_only,
+)
 from setups.servers.tls import CertificateAuthority, Issued
 from sinks.nats.access import Permissions
 
@@ -59,7 +66,6 @@ RELOAD_POLL_S = 0.01
 TLS_TIMEOUT_S = 2.0
 #: The secured server's user of the test's view (every permission).
 ADMIN = "admin"
-OWNER_ONLY = 0o600
 
 
 class NatsMissingError(ServerMissingError):
@@ -131,9 +137,7 @@ class NatsServer(ServerProcess):
     def _write_config(self) -> None:
         """The configuration file, readable by the owner only (it holds passwords)."""
         self.base_dir.mkdir(parents=True, exist_ok=True)
-        descriptor = os.open(self.config_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, OWNER_ONLY)
-        with os.fdopen(descriptor, "w") as out:
-            json.dump(self.config(), out, indent=1)
+        write_owner_only(self.config_file, json.dumps(self.config(), indent=1))
 
     def start(self) -> None:
         """Start the server on its store directory and wait until JetStream is ready."""

@@ -67,8 +67,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from setups.servers.local import HOST, ServerMissingError, ServerProcess, free_port
-from setups.servers.tls import OWNER_ONLY, CertificateAuthority, Issued
+from setups.servers.local import HOST, OWNER_ONLY, ServerMissingError, ServerProcess, free_port
+from setups.servers.tls import CertificateAuthority, Issued
 from sinks.postgres.connection import TLS_OF_SSLMODE, SslMode
 
 BIN_DIRS = tuple(sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True))

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,12 +23,13 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from setups.servers.local import write_owner_only
+
 #: The names every server certificate is valid for (the servers listen on loopback).
 SERVER_NAMES = ("localhost", "127.0.0.1")
 #: A name no server of the setups has: a certificate for it fails host-name verification.
 WRONG_HOST = "not-this-host.invalid"
 VALIDITY = datetime.timedelta(days=2)
-OWNER_ONLY = 0o600
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ class CertificateAuthority:
                 key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
             .sign(self._key, hashes.SHA256()))
         self.cafile = folder / "ca.pem"
-        _write(self.cafile, self._certificate.public_bytes(serialization.Encoding.PEM))
+        write_owner_only(self.cafile, self._certificate.public_bytes(serialization.Encoding.PEM))
 
     def issue(self, name: str, hosts: tuple[str, ...] = SERVER_NAMES) -> Issued:
         """A certificate for ``hosts`` (DNS names or IP addresses): ``<name>.pem``, ``.key``."""
@@ -96,9 +96,9 @@ class CertificateAuthority:
             builder = builder.add_extension(extension, critical=False)
         certificate = builder.sign(self._key, hashes.SHA256())
         issued = Issued(self.folder / f"{name}.pem", self.folder / f"{name}.key")
-        _write(issued.certfile, certificate.public_bytes(serialization.Encoding.PEM)
+        write_owner_only(issued.certfile, certificate.public_bytes(serialization.Encoding.PEM)
                + self._certificate.public_bytes(serialization.Encoding.PEM))
-        _write(issued.keyfile, key.private_bytes(
+        write_owner_only(issued.keyfile, key.private_bytes(
             serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
             serialization.NoEncryption()))
         return issued
@@ -113,10 +113,3 @@ def _general_name(host: str) -> x509.GeneralName:
         return x509.IPAddress(ipaddress.ip_address(host))
     except ValueError:
         return x509.DNSName(host)
-
-
-def _write(path: Path, data: bytes) -> None:
-    """Writes ``data`` to a new file readable by its owner only."""
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, OWNER_ONLY)
-    with os.fdopen(descriptor, "wb") as out:
-        out.write(data)

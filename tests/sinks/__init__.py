@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import pickle
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
 
-from twophase import CommitOutcome, TwoPhaseCommitSink
+from twophase import CommitOutcome, Handle, RetryableError, TwoPhaseCommitSink
+from twophase.kit import WholeBatchCommitter
 from twophase.testing.contract import commit, prepare
 
 #: The separate options a connection URL holds (with the password and the CA bundle).
@@ -46,3 +48,30 @@ def committed_through_its_pickled_copy(sink: TwoPhaseCommitSink[Any], secret: st
     assert all(secret not in repr(thing) for thing in (sink, *shown))
     handle = prepare(pickle.loads(pickle.dumps(sink)), rows)
     assert commit(sink, handle) is CommitOutcome.COMMITTED
+
+
+def settle(sink: TwoPhaseCommitSink[Any], handles: Sequence[Handle]) -> list[CommitOutcome]:
+    """A batch's ``handles`` settled at once, as the driver commits a stage of a sink whose
+    committer makes a batch visible in one commit (:class:`twophase.kit.WholeBatchCommitter`):
+    each one's outcome, in order."""
+    with sink.committer() as committer:
+        assert isinstance(committer, WholeBatchCommitter)
+        outcomes = committer.settle(tuple(handles))
+    return [outcomes[handle.txn_id] for handle in handles]
+
+
+class SettlingInAThread:
+    """A batch settled (:func:`settle`) in a thread of its own, for a test that kills the
+    server under it: the :class:`RetryableError` its dying connection raises is kept in
+    :attr:`failed`."""
+
+    def __init__(self, sink: TwoPhaseCommitSink[Any], handles: Sequence[Handle]) -> None:
+        self.failed: list[RetryableError] = []
+        self.thread = threading.Thread(target=self._settle, args=(sink, handles))
+        self.thread.start()
+
+    def _settle(self, sink: TwoPhaseCommitSink[Any], handles: Sequence[Handle]) -> None:
+        try:
+            settle(sink, handles)
+        except RetryableError as exc:
+            self.failed.append(exc)

@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 
 from setups import NatsSetup, Target
+from setups.least_privilege import sink_with_password_file
 from setups.nats import SecuredNatsSetup
 from setups.servers.local import HOST
 from setups.servers.nats import NatsServer
@@ -33,7 +34,7 @@ from setups.servers.tls import CertificateAuthority
 from sinks.nats import JetStreamSink
 from sinks.nats.access import matches
 from sinks.nats.errors import classify
-from tests.sinks import committed_through_its_pickled_copy
+from tests.sinks import SettlingInAThread, committed_through_its_pickled_copy, settle
 from twophase import (
     AbortOutcome,
     Column,
@@ -117,12 +118,6 @@ def sink_of(target: Target, **options: Any) -> JetStreamSink:
 def batch(sink: JetStreamSink, partitions: int, rows: int) -> list[Handle]:
     """One batch of ``partitions`` pre-committed transactions of ``rows`` orders each."""
     return [prepare(sink, orders(rows * p, rows), partition=p) for p in range(partitions)]
-
-
-def settle(sink: JetStreamSink, handles: Sequence[Handle]) -> list[CommitOutcome]:
-    with sink.committer() as committer:
-        outcomes = committer.settle(tuple(handles))
-    return [outcomes[handle.txn_id] for handle in handles]
 
 
 def staged(nats_setup: NatsSetup, target: Target) -> dict[str, int]:
@@ -402,9 +397,8 @@ def test_over_verified_tls_as_a_least_privileged_user_with_a_rotated_password(
     password_file = Path(target.options["password_file"])
     assert password_file.stat().st_mode & 0o777 == 0o600
     first = password_file.read_text()
-    sink = JetStreamSink(**{name: value for name, value in target.options.items()
-                            if name != "password_file"},
-                         password=Secret(file=str(password_file)))
+    sink = sink_with_password_file(**target.options)
+    assert isinstance(sink, JetStreamSink)
     sink.check_schema(ORDER_COLUMNS)
     assert "tls" not in target.options  # verified, the default, with the run's CA
     committed_through_its_pickled_copy(sink, first, orders(0, 2), sink.settings)
@@ -422,9 +416,7 @@ def test_a_certificate_of_another_ca_is_refused_naming_ca_bundle(
         nats_secured_setup: SecuredNatsSetup, tmp_path: Path) -> None:
     target = nats_secured_setup.new_target()
     stranger = CertificateAuthority(tmp_path / "other-ca", name="another CA")
-    sink = JetStreamSink(**{**{name: value for name, value in target.options.items()
-                               if name != "password_file"}, "ca_bundle": str(stranger.cafile)},
-                         password=Secret(file=target.options["password_file"]))
+    sink = sink_with_password_file(**{**target.options, "ca_bundle": str(stranger.cafile)})
     with pytest.raises(ConfigurationError, match=r"certificate.*Fix: check tls=, ca_bundle="):
         sink.check_schema(ORDER_COLUMNS)
     assert nats_secured_setup.view.subjects(target.options["staging_stream"], ">") == {}
@@ -434,9 +426,8 @@ def test_a_wrong_password_is_refused_naming_user_and_password(
         nats_secured_setup: SecuredNatsSetup, tmp_path: Path) -> None:
     target = nats_secured_setup.new_target()
     (tmp_path / "wrong").write_text("not-" + uuid.uuid4().hex)
-    sink = JetStreamSink(**{name: value for name, value in target.options.items()
-                            if name != "password_file"},
-                         password=Secret(file=str(tmp_path / "wrong")))
+    sink = sink_with_password_file(**{**target.options,
+                                      "password_file": str(tmp_path / "wrong")})
     with pytest.raises(ConfigurationError, match=r"Authorization Violation.*Fix: check user= "
                                                  r"and password="):
         sink.check_schema(ORDER_COLUMNS)
@@ -452,9 +443,8 @@ def test_a_missing_permission_is_refused_at_once_naming_the_permission_to_grant(
     needed = SecuredNatsSetup.sink_permissions(target.options)
     stage_filter = f"twophase.stage.{stream}.*"
     user, password_file = nats_secured_setup.new_user(needed.without(stage_filter))
-    sink = JetStreamSink(**{name: value for name, value in target.options.items()
-                            if name not in ("user", "password_file")},
-                         user=user.name, password=Secret(file=str(password_file)))
+    sink = sink_with_password_file(**{**target.options, "user": user.name,
+                                      "password_file": str(password_file)})
     sink.check_schema(ORDER_COLUMNS)  # the preflight needs no publish to twophase.>
     started = time.monotonic()
     refused = (rf"refused the sink's user to publish to twophase\.stage\.{stream.lower()}\..*"
@@ -500,31 +490,19 @@ def test_the_server_killed_mid_chain_then_restarted_commits_every_row_once_in_or
     sink.check_schema(ORDER_COLUMNS)
     handles = tuple(prepare(sink, orders(KILLED_ROWS * part, KILLED_ROWS), partition=part)
                     for part in range(KILLED_PARTITIONS))
-    failed: list[BaseException] = []
-
-    def committing() -> None:
-        try:
-            with sink.committer() as committer:
-                committer.settle(handles)
-        except RetryableError as exc:  # its connection dies with the server
-            failed.append(exc)
-
     stream, subject = target.options["stream"], target.options["subject"]
-    commit = threading.Thread(target=committing)
-    commit.start()
+    commit = SettlingInAThread(sink, handles)
     deadline = time.monotonic() + CHAIN_START_TIMEOUT_S
     while not nats_setup.view.subjects(stream, subject) and time.monotonic() < deadline:
         time.sleep(POLL_S)
     nats_setup.kill_server()
-    commit.join()
+    commit.thread.join()
     nats_setup.start_server()
     prefix = nats_setup.view.event_ids(stream, subject)
     total = KILLED_PARTITIONS * KILLED_ROWS
-    assert failed and 0 < len(prefix) < total, (len(failed), len(prefix))
+    assert commit.failed and 0 < len(prefix) < total, (len(commit.failed), len(prefix))
     assert prefix == list(range(len(prefix)))  # a prefix, in order
-    with sink.committer() as committer:
-        outcomes = committer.settle(handles)
-    assert CommitOutcome.COMMITTED in outcomes.values()
+    assert CommitOutcome.COMMITTED in settle(sink, handles)
     assert nats_setup.view.event_ids(stream, subject) == list(range(total))
     assert list_in_doubt(sink, NAMESPACE) == []
     assert nats_setup.in_doubt(target) == []

@@ -26,7 +26,7 @@ from setups.servers.tls import CertificateAuthority
 from sinks.redis import RedisStreamSink
 from sinks.redis.errors import classify
 from sinks.redis.keys import StreamKeys, hash_tag
-from tests.sinks import committed_through_its_pickled_copy
+from tests.sinks import SettlingInAThread, committed_through_its_pickled_copy, settle
 from tests.sinks.redis import LengthReader
 from twophase import (
     AbortOutcome,
@@ -34,7 +34,6 @@ from twophase import (
     CommitOutcome,
     ConfigurationError,
     FatalError,
-    Handle,
     RetryableError,
     Secret,
     TransactionLostError,
@@ -85,13 +84,6 @@ def event_ids(server: RedisServer, stream: str) -> list[int]:
     return [int(entry["event_id"]) for entry in entries(server, stream)]
 
 
-def settle(sink: RedisStreamSink, *handles: Handle) -> list[CommitOutcome]:
-    """Commit a batch's handles at once, as the driver commits a stage."""
-    with sink.committer() as committer:
-        outcomes = committer.settle(handles)
-    return [outcomes[handle.txn_id] for handle in handles]
-
-
 # -- a batch is one script: whole to readers, exactly once through crashes of the server ----------
 
 def test_a_batch_of_several_partitions_commits_in_one_script(
@@ -99,9 +91,9 @@ def test_a_batch_of_several_partitions_commits_in_one_script(
     sink = sink_of(target, chunk_size=3)
     handles = [prepare(sink, orders(10 * part, 7), partition=part) for part in range(3)]
     assert event_ids(redis_node, sink.stream) == []
-    assert settle(sink, *handles) == [CommitOutcome.COMMITTED] * 3
+    assert settle(sink, handles) == [CommitOutcome.COMMITTED] * 3
     assert event_ids(redis_node, sink.stream) == [*range(7), *range(10, 17), *range(20, 27)]
-    assert settle(sink, *handles) == [CommitOutcome.ALREADY_COMMITTED] * 3
+    assert settle(sink, handles) == [CommitOutcome.ALREADY_COMMITTED] * 3
     assert target.in_doubt() == []
 
 
@@ -114,7 +106,7 @@ def test_the_server_killed_while_batches_are_staged_loses_nothing(
     redis_node.kill()
     redis_node.start()
     assert [h.txn_id for h in list_in_doubt(sink, NAMESPACE)] == [second.txn_id]
-    assert settle(sink, first, second) == [CommitOutcome.ALREADY_COMMITTED,
+    assert settle(sink, [first, second]) == [CommitOutcome.ALREADY_COMMITTED,
                                            CommitOutcome.COMMITTED]
     assert event_ids(redis_node, sink.stream) == [0, 1, 2, 3, 4]
     assert target.in_doubt() == []
@@ -126,25 +118,16 @@ def test_the_server_killed_while_a_commit_script_runs_leaves_none_of_the_batch(
     no block of it, so none of the batch is there after the restart; the recommit adds it."""
     sink = sink_of(target)
     handles = [prepare(sink, orders(BIG * part, BIG), partition=part) for part in range(2)]
-    failed: list[BaseException] = []
-
-    def committing() -> None:
-        try:
-            settle(sink, *handles)
-        except RetryableError as exc:  # its connection dies with the server
-            failed.append(exc)
-
     probe = redis.Redis(host=redis_node.sink_options()["host"], port=redis_node.port,
                         socket_timeout=PROBE_TIMEOUT_S, retry=Retry(NoBackoff(), 0))
-    committer = threading.Thread(target=committing)
-    committer.start()
-    busy_while_committing(probe, committer)
+    commit = SettlingInAThread(sink, handles)
+    busy_while_committing(probe, commit.thread)
     redis_node.kill()
-    committer.join()
+    commit.thread.join()
     redis_node.start()
-    assert failed, "the commit ended before the server was killed"
+    assert commit.failed, "the commit ended before the server was killed"
     assert int(redis_node.cli("XLEN", sink.stream)) == 0
-    assert settle(sink, *handles) == [CommitOutcome.COMMITTED] * 2
+    assert settle(sink, handles) == [CommitOutcome.COMMITTED] * 2
     assert event_ids(redis_node, sink.stream) == list(range(2 * BIG))
 
 
@@ -173,7 +156,7 @@ def test_a_batch_larger_than_a_script_resumes_after_the_server_is_killed_between
         abort(sink, handles[1])
     redis_node.kill()
     redis_node.start()
-    assert settle(sink, *handles) == [CommitOutcome.ALREADY_COMMITTED,
+    assert settle(sink, handles) == [CommitOutcome.ALREADY_COMMITTED,
                                       CommitOutcome.COMMITTED, CommitOutcome.COMMITTED]
     assert event_ids(redis_node, sink.stream) == [*range(40), *range(100, 140),
                                                   *range(200, 240)]
@@ -190,9 +173,9 @@ def test_a_lost_staged_chunk_is_a_lost_transaction_and_nothing_of_the_batch_is_w
     redis_node.cli("XDEL", stage, first_chunk)
     with pytest.raises(TransactionLostError, match="staging holds 1 chunks where its handle "
                        "names 2"):
-        settle(sink, whole, cut)
+        settle(sink, [whole, cut])
     assert event_ids(redis_node, sink.stream) == []
-    assert settle(sink, whole) == [CommitOutcome.COMMITTED]
+    assert settle(sink, [whole]) == [CommitOutcome.COMMITTED]
     assert abort(sink, cut) is AbortOutcome.ABORTED
 
 
@@ -207,7 +190,7 @@ def test_readers_see_each_batch_whole(target: Target, redis_node: RedisServer) -
     reader = LengthReader(redis_node, sink.stream)
     with reader.polling():
         for handles in batches:
-            settle(sink, *handles)
+            settle(sink, handles)
     boundaries = {0}
     for size in sizes:
         boundaries.add(max(boundaries) + size)
@@ -338,11 +321,11 @@ def test_on_a_cluster_the_sinks_keys_share_the_streams_slot_and_a_batch_commits_
         handles = [prepare(sink, orders(10 * part, 3), partition=part) for part in range(2)]
         assert [h.txn_id for h in list_in_doubt(sink, NAMESPACE)] == [h.txn_id
                                                                         for h in handles]
-        assert settle(sink, *handles) == [CommitOutcome.COMMITTED] * 2
+        assert settle(sink, handles) == [CommitOutcome.COMMITTED] * 2
         node = cluster.node_of(stream)
         assert event_ids(node, stream) == [0, 1, 2, 10, 11, 12]
         assert node.cli("KEYS", "{eu}:twophase:*").split() == [StreamKeys(stream).proofs]
-        assert settle(sink, *handles) == [CommitOutcome.ALREADY_COMMITTED] * 2
+        assert settle(sink, handles) == [CommitOutcome.ALREADY_COMMITTED] * 2
 
 
 @pytest.mark.parametrize(("stream", "tag"), [("orders", "orders"), ("events{eu}", "eu"),
