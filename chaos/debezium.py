@@ -4,8 +4,9 @@
 The pipeline of ``tests/spark/test_debezium_pipeline.py``, its parts from
 :mod:`setups.debezium`: PostgreSQL (``wal_level=logical``) -> Debezium's PostgreSQL connector on
 a Kafka Connect worker -> a Kafka broker -> ``examples/debezium_pipeline.py`` (the Spark driver,
-run as a user runs it) -> twophase into a sink group of a keyed MariaDB table and a keyed
-PostgreSQL table, committed in that order.
+run as a user runs it) -> twophase into a sink group of a keyed MariaDB table, a keyed
+PostgreSQL table, a keyed Delta table, a keyed Iceberg table and a compacted changelog topic,
+committed in that order.
 
 The servers are started once, privately (nothing of the machine's is used): the source
 PostgreSQL (logical decoding), the targets' PostgreSQL, MariaDB, the Kafka broker and a Connect
@@ -36,9 +37,10 @@ worker kill                  the same without the freeze: SIGKILL, down for a fe
 A driver whose armed batch does not come (the workload done, the topic drained) is SIGKILLed
 after a while, at no named point: ``driver kill, no point``. Once the workload is done, the
 topic must hold every change; a last run (``availableNow``) drains it; then each target table
-must equal the source table row for row (all three read whole by query and compared key by key,
-not counted), every row's ``version`` must be its key's newest LSN on the topic, nothing may be
-in doubt (``XA RECOVER``, ``pg_prepared_xacts``) and the state file must have nothing pending.
+must equal the source table row for row (each read whole, the lake tables by DuckDB and the
+topic folded by key, and compared key by key, not counted), every row's ``version`` must be its
+key's newest LSN on the topic, nothing may be in doubt (``XA RECOVER``, ``pg_prepared_xacts``)
+and the state file must have nothing pending.
 
 Prints a line per run and per round, then a table (a row per round, and the total): runs, fault
 runs by kind, runs that failed by themselves, source changes, events and duplicates on the
@@ -68,6 +70,7 @@ from setups.debezium import (
     DELIVERY_TIMEOUT_S,
     CdcSource,
     Event,
+    LakeMirror,
     Mirror,
     NothingUnsentError,
     PipelineRun,
@@ -170,6 +173,8 @@ class RoundResult:
     rows: int = 0
     mysql_differing: int = 0
     pg_differing: int = 0
+    #: Rows differing in the Delta table, the Iceberg table and the compacted topic.
+    lake_differing: int = 0
     versions_differing: int = 0
     in_doubt: int = 0
     pending: int = 0
@@ -182,7 +187,8 @@ class RoundResult:
     @property
     def exactly_once(self) -> bool:
         return (self.finished and self.error is None and self.failed_runs == 0
-                and self.mysql_differing == self.pg_differing == self.versions_differing == 0
+                and self.mysql_differing == self.pg_differing == self.lake_differing == 0
+                and self.versions_differing == 0
                 and self.in_doubt == self.pending == 0)
 
 
@@ -212,7 +218,9 @@ class Round:
         try:
             with fresh_source(servers.source, servers.broker, servers.worker) as source:
                 try:
-                    mirror = Mirror.create(Db(servers.mariadb), PgView(servers.target))
+                    mirror = Mirror.create(Db(servers.mariadb), PgView(servers.target),
+                                           LakeMirror.create(self.workdir / "lake",
+                                                             servers.broker))
                     log.info("round %d: %s into `%s` and %s", self.number, source.topic,
                              mirror.mysql_table, mirror.pg_table)
                     self._stream(source, mirror)
@@ -316,15 +324,22 @@ class Round:
         result = self.result
         expected = source.rows()
         result.rows = len(expected)
-        mysql_keys = differing_keys(expected, mirror.mysql_rows())
-        pg_keys = differing_keys(expected, mirror.pg_rows())
-        result.mysql_differing, result.pg_differing = len(mysql_keys), len(pg_keys)
-        for name, keys in (("MariaDB", mysql_keys), ("PostgreSQL", pg_keys)):
+        assert mirror.lake is not None
+        differing = {name: differing_keys(expected, rows) for name, rows in (
+            ("MariaDB", mirror.mysql_rows()), ("PostgreSQL", mirror.pg_rows()),
+            ("Delta", mirror.lake.delta_rows()), ("Iceberg", mirror.lake.iceberg_rows()),
+            ("the changelog topic", mirror.lake.changelog_rows()))}
+        result.mysql_differing = len(differing["MariaDB"])
+        result.pg_differing = len(differing["PostgreSQL"])
+        result.lake_differing = sum(len(keys) for name, keys in differing.items()
+                                    if name not in ("MariaDB", "PostgreSQL"))
+        for name, keys in differing.items():
             if keys:
                 log.error("  %s: %d rows differ from the source, keys %s", name, len(keys),
                           keys[:SHOWN_KEYS])
         newest = newest_versions(events)
-        for name, versions in zip(("MariaDB", "PostgreSQL"), mirror.versions(), strict=True):
+        for name, versions in zip(("MariaDB", "PostgreSQL", "Delta", "Iceberg", "the changelog"),
+                                  [*mirror.versions(), *mirror.lake.versions()], strict=True):
             keys = sorted(key for key in newest.keys() | versions.keys()
                           if newest.get(key) != versions.get(key))
             if keys:
@@ -460,7 +475,8 @@ def _line(result: RoundResult) -> str:
     return (f"{sum(result.changes.values())} changes {dict(result.changes)}, {result.events} "
             f"events ({result.duplicates} sent again), {result.runs} runs "
             f"({result.fault_runs} with a fault), {result.rows} rows, "
-            f"{result.mysql_differing} + {result.pg_differing} differing -> {verdict} "
+            f"{result.mysql_differing} + {result.pg_differing} + {result.lake_differing} "
+            f"differing -> {verdict} "
             f"({result.seconds:.0f} s)")
 
 
@@ -470,7 +486,8 @@ FAULT_COLUMNS = {DRIVER_KILL: "driver kills at a point", WORKER_KILL_UNSENT:
                  DRIVER_KILL_NO_POINT: "driver kills, no point"}
 HEADER = ("round", "runs", "fault runs", *FAULT_COLUMNS.values(), "failed runs",
           "source changes", "events on the topic", "duplicates on the topic", "rows",
-          "rows differing (MariaDB / PostgreSQL)", "versions differing", "in doubt", "pending",
+          "rows differing (MariaDB / PostgreSQL / lake and topic)", "versions differing",
+          "in doubt", "pending",
           "verdict")
 
 
@@ -487,7 +504,8 @@ def summary(results: list[RoundResult]) -> str:
                  sum(sum(r.changes.values()) for r in rounds), sum(r.events for r in rounds),
                  sum(r.duplicates for r in rounds), sum(r.rows for r in rounds),
                  f"{sum(r.mysql_differing for r in rounds)} / "
-                 f"{sum(r.pg_differing for r in rounds)}",
+                 f"{sum(r.pg_differing for r in rounds)} / "
+                 f"{sum(r.lake_differing for r in rounds)}",
                  sum(r.versions_differing for r in rounds), sum(r.in_doubt for r in rounds),
                  sum(r.pending for r in rounds), verdict]
         return "| " + " | ".join(map(str, cells)) + " |"

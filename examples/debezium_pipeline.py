@@ -1,18 +1,22 @@
-"""A PostgreSQL table mirrored exactly once into MySQL and PostgreSQL, from Debezium's changes.
+"""A PostgreSQL table mirrored exactly once into MySQL, PostgreSQL and the lake, from Debezium's
+changes.
 
 Debezium's PostgreSQL connector (on a Kafka Connect worker) turns every insert, update and
 delete of a source table into a change event on a Kafka topic, at least once: after a crash of
 the worker it sends again what it sent since its last offset commit. This job reads that topic
 with Spark's Kafka source, turns the events into changes
 (:func:`twophase.debezium.debezium_changes`: a row per change, its version the event's log
-sequence number, deletes marked) and keeps the latest state of each key in one or two target
-tables, exactly once, whatever crashes: into MySQL / MariaDB by XA transactions
-(:class:`sinks.mysql.MySQLXASink`) and into PostgreSQL by prepared transactions
-(:class:`sinks.postgres.PostgresSink`), both in the keyed mode (``mode="keyed"``: a change
-applies only if its version is newer than the target's for its key, a delete keeps a
-tombstone). With both targets they form one sink group: each batch is decided once for both
-and committed MySQL first, then PostgreSQL. A change delivered twice, late, or again after a
-restart of the worker or of this job is a no-op.
+sequence number, deletes marked) and keeps the latest state of each key in its targets,
+exactly once, whatever crashes: into MySQL / MariaDB by XA transactions
+(:class:`sinks.mysql.MySQLXASink`), into PostgreSQL by prepared transactions
+(:class:`sinks.postgres.PostgresSink`), into a Delta table (:class:`sinks.delta.DeltaSink`)
+and an Iceberg table (:class:`sinks.iceberg.IcebergSink`), each batch one MERGE or one
+snapshot, and into a compacted Kafka topic (:class:`sinks.kafka.KafkaSink`: a record per key
+and batch, a delete as a tombstone), all in the keyed mode (``mode="keyed"``: a change applies
+only if its version is newer than the target's for its key, a delete keeps a tombstone).
+Several targets form one sink group: each batch is decided once for all and committed in
+:data:`COMMIT_ORDER` (the databases first, then the lake, then the topic). A change delivered
+twice, late, or again after a restart of the worker or of this job is a no-op.
 
 The connector settings this job expects (the Connect worker's JSON converters may differ: the
 connector's own win)::
@@ -48,6 +52,15 @@ Passwords come from the environment, never the command line: ``MYSQL_PASSWORD`` 
         --mysql-host mysql --mysql-user etl --mysql-database shop --mysql-table orders_mirror \\
         --pg-host pg --pg-user etl --pg-database shop --pg-table orders_mirror
 
+The lake targets are created from the changes' columns at the first start: ``--delta-table``
+a Delta table's URI (a path, ``s3://...``), ``--iceberg-table`` ``namespace.table`` of the
+catalog ``--iceberg-catalog`` (pyiceberg's properties as JSON, say ``{"type": "sql", "uri":
+"postgresql+psycopg://...", "warehouse": "s3://lake/wh"}``; a password in it is better in
+``PYICEBERG_CATALOG__<NAME>__URI``) named ``--iceberg-catalog-name``. ``--changelog-topic``
+names a topic of the same brokers, created with ``cleanup.policy=compact``: the changelog of
+each key's state (its key the table's one key column, its value the row as JSON, the version
+in the header ``twophase.version``).
+
 Stop it and start it again with the same ``--checkpoint``: it goes on where it stopped. Keep a
 checkpoint's targets: adding or dropping one takes a new ``--checkpoint``.
 """
@@ -55,11 +68,15 @@ checkpoint's targets: adding or dropping one takes a new ``--checkpoint``.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 from typing import Any, Final
 
 from pyspark.sql import DataFrame, SparkSession
 
+from sinks.delta import DeltaSink
+from sinks.iceberg import IcebergSink
+from sinks.kafka import KafkaSink
 from sinks.mysql import MySQLXASink
 from sinks.postgres import PostgresSink
 from twophase import Secret, SinkGroup
@@ -79,7 +96,7 @@ VERSION_COLUMN = "version"
 DELETED_COLUMN = "deleted"
 TRIGGER_INTERVAL = "10 seconds"
 #: The group's members, in the order they commit.
-COMMIT_ORDER = ["mysql", "postgres"]
+COMMIT_ORDER = ["mysql", "postgres", "delta", "iceberg", "changelog"]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -108,6 +125,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--pg-tls", choices=("verify", "require", "off"), default="verify",
                         help="verify (the default): the server's certificate and host name")
     parser.add_argument("--pg-ca-bundle", help="the CA of the PostgreSQL server's certificate")
+    parser.add_argument("--delta-table", help="the Delta table's URI (none: no Delta target)")
+    parser.add_argument("--iceberg-table", help="the Iceberg table, namespace.table (none: no "
+                                                "Iceberg target)")
+    parser.add_argument("--iceberg-catalog", default="{}",
+                        help="pyiceberg's catalog properties, as JSON")
+    parser.add_argument("--iceberg-catalog-name", default="default",
+                        help="the catalog's name (as its readers load it)")
+    parser.add_argument("--changelog-topic", help="a compacted topic of the same brokers (none: "
+                                                  "no changelog target)")
     parser.add_argument("--jars", help="comma-separated jars for spark.jars (the Kafka source)")
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                         help="a Spark setting (repeatable)")
@@ -118,8 +144,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--available-now", action="store_true",
                         help="stop once the topic is drained (else run on)")
     args = parser.parse_args(argv)
-    if not (args.mysql_table or args.pg_table):
-        parser.error("name a target: --mysql-table, --pg-table, or both")
+    if not (args.mysql_table or args.pg_table or args.delta_table or args.iceberg_table
+            or args.changelog_topic):
+        parser.error("name a target: --mysql-table, --pg-table, --delta-table, "
+                     "--iceberg-table, --changelog-topic, or several")
+    if args.changelog_topic and len(key_of(args)) != 1:
+        parser.error("--changelog-topic takes a table of one key column (the record key)")
     return args
 
 
@@ -159,6 +189,17 @@ def build_sinks(args: argparse.Namespace) -> dict[str, TwoPhaseCommitSink[Any]]:
             password=Secret(env=PG_PASSWORD_ENV), database=args.pg_database,
             table=args.pg_table, tls=args.pg_tls, ca_bundle=args.pg_ca_bundle,
             **keyed(args))
+    if args.delta_table:
+        sinks["delta"] = DeltaSink(args.delta_table, create=True, **keyed(args))
+    if args.iceberg_table:
+        sinks["iceberg"] = IcebergSink(args.iceberg_table,
+                                       catalog=json.loads(args.iceberg_catalog),
+                                       catalog_name=args.iceberg_catalog_name, create=True,
+                                       **keyed(args))
+    if args.changelog_topic:
+        options = keyed(args)
+        sinks["changelog"] = KafkaSink(args.bootstrap, args.changelog_topic,
+                                       key=options.pop("key")[0], **options)
     return sinks
 
 
@@ -181,7 +222,8 @@ def main(argv: list[str] | None = None) -> None:
         query = write_stream(changes, next(iter(sinks.values())),
                              checkpoint_location=args.checkpoint, trigger=trigger)
     else:
-        query = write_stream(changes, SinkGroup(sinks, commit_order=COMMIT_ORDER),
+        order = [name for name in COMMIT_ORDER if name in sinks]
+        query = write_stream(changes, SinkGroup(sinks, commit_order=order),
                              checkpoint_location=args.checkpoint, trigger=trigger)
     query.awaitTermination()
     spark.stop()

@@ -53,10 +53,15 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from setups.delta import delta_scan
+from setups.delta import reader as delta_reader
+from setups.iceberg import IcebergSetup, iceberg_scan
+from setups.iceberg import reader as iceberg_reader
 from setups.servers.kafka import KafkaBroker, spark_kafka_jars
 from setups.servers.kafka_connect import ConnectWorker, debezium_postgres_config
 from setups.servers.mariadb import Db, MariaDBServer
 from setups.servers.postgres import PgView, PostgresServer
+from sinks.kafka.changelog import CLEANUP_POLICY, COMPACT, VERSION_HEADER
 from sinks.postgres.connection import TLS_OF_SSLMODE
 from twophase.testing.crash_points import CRASH_ENV, kill_session
 from twophase.testing.driver import SPARK_CONF, driver_environment
@@ -359,12 +364,15 @@ class Mirror:
     mysql_table: str
     pg: PgView
     pg_table: str
+    #: The lake targets (None: the databases only).
+    lake: LakeMirror | None = None
 
     @classmethod
-    def create(cls, db: Db, pg: PgView) -> Mirror:
-        """Fresh target tables (:data:`MYSQL_DDL`, :data:`PG_DDL`) on both servers."""
+    def create(cls, db: Db, pg: PgView, lake: LakeMirror | None = None) -> Mirror:
+        """Fresh target tables (:data:`MYSQL_DDL`, :data:`PG_DDL`) on both servers, and the
+        lake's if given."""
         return cls(db, db.server, db.new_table(MYSQL_DDL, prefix="mirror_"), pg,
-                   pg.new_table(PG_DDL, prefix="mirror_"))
+                   pg.new_table(PG_DDL, prefix="mirror_"), lake)
 
     def mysql_rows(self) -> list[Row]:
         """MariaDB's table, sorted by key."""
@@ -384,6 +392,86 @@ class Mirror:
             sql.Identifier(self.pg_table))))
         return ({int(k): int(v) for k, v in mysql.items()},
                 {int(k): int(v) for k, v in pg.items()})
+
+
+@dataclass(frozen=True)
+class LakeMirror:
+    """The pipeline's lake targets, created by the driver's first start, a Delta table and an
+    Iceberg table (the SQL catalog on SQLite), both read by DuckDB; and a compacted topic of
+    the broker, read by a consumer."""
+
+    delta_uri: str
+    iceberg: IcebergSetup
+    iceberg_options: dict[str, Any]
+    broker: KafkaBroker
+    changelog_topic: str
+
+    @classmethod
+    def create(cls, scratch: Path, broker: KafkaBroker) -> LakeMirror:
+        iceberg = IcebergSetup(scratch / "iceberg")
+        topic = broker.new_topic("changelog", TOPIC_PARTITIONS, {CLEANUP_POLICY: COMPACT})
+        return cls(str(scratch / "delta" / "mirror"), iceberg, iceberg.target_options(),
+                   broker, topic)
+
+    def arguments(self) -> list[str]:
+        """The driver's options that name the lake targets and the changelog."""
+        options = self.iceberg_options
+        return ["--delta-table", self.delta_uri, "--iceberg-table", options["table"],
+                "--iceberg-catalog", json.dumps(options["catalog"]),
+                "--iceberg-catalog-name", options["catalog_name"],
+                "--changelog-topic", self.changelog_topic]
+
+    def changelog(self) -> dict[int, tuple[Row, int]]:
+        """The topic as compaction leaves it (each key's last record; a tombstone drops the
+        key): each key's row and version (its header)."""
+        state: dict[int, tuple[Row, int]] = {}
+        for record in self.broker.read(self.changelog_topic):
+            key = int(record.key)
+            if record.value is None:
+                state.pop(key, None)
+                continue
+            row = json.loads(record.value)
+            amount = None if row["amount"] is None else Decimal(row["amount"])
+            state[key] = ((int(row["id"]), str(row["status"]), amount),
+                          int(dict(record.headers)[VERSION_HEADER]))
+        return state
+
+    def changelog_rows(self) -> list[Row]:
+        """The changelog's rows, sorted by key."""
+        return [row for _, (row, _) in sorted(self.changelog().items())]
+
+    def delta_rows(self) -> list[Row]:
+        """The Delta table, sorted by key (none: not created yet)."""
+        return [(int(i), str(st), a) for i, st, a in self._delta("id, status, amount")]
+
+    def iceberg_rows(self) -> list[Row]:
+        """The Iceberg table, sorted by key (none: not created yet)."""
+        return [(int(i), str(st), a) for i, st, a in self._iceberg("id, status, amount")]
+
+    def versions(self) -> tuple[dict[int, int], dict[int, int], dict[int, int]]:
+        """Each row's ``version``: in the Delta table, in the Iceberg table, in the changelog."""
+        return ({int(i): int(v) for i, v in self._delta("id, version")},
+                {int(i): int(v) for i, v in self._iceberg("id, version")},
+                {key: version for key, (_, version) in self.changelog().items()})
+
+    def _delta(self, columns: str) -> list[Any]:
+        if not (Path(self.delta_uri) / "_delta_log").is_dir():
+            return []
+        with contextlib.closing(delta_reader()) as duck:
+            return duck.execute(f"SELECT {columns} FROM {delta_scan(self.delta_uri)} "
+                                "ORDER BY id").fetchall()
+
+    def _iceberg(self, columns: str) -> list[Any]:
+        catalog = self.iceberg.catalog()
+        identifier = self.iceberg_options["table"]
+        if not catalog.table_exists(identifier):
+            return []
+        table = catalog.load_table(identifier)
+        if table.current_snapshot() is None:
+            return []
+        with contextlib.closing(iceberg_reader()) as duck:
+            return duck.execute(f"SELECT {columns} FROM {iceberg_scan(table)} "
+                                "ORDER BY id").fetchall()
 
 
 def differing_keys(expected: Sequence[Row], actual: Sequence[Row]) -> list[int]:
@@ -439,7 +527,9 @@ def run_pipeline(source: CdcSource, mirror: Mirror, workdir: Path, *,
                "--mysql-table", mirror.mysql_table, "--mysql-tls", mysql.tls,
                "--pg-host", pg.host, "--pg-port", str(pg.port), "--pg-user", pg.user,
                "--pg-database", pg.database, "--pg-table", mirror.pg_table,
-               "--pg-tls", TLS_OF_SSLMODE[pg.sslmode], "--jars", ",".join(spark_kafka_jars()),
+               "--pg-tls", TLS_OF_SSLMODE[pg.sslmode],
+               *(mirror.lake.arguments() if mirror.lake is not None else []),
+               "--jars", ",".join(spark_kafka_jars()),
                "--max-offsets-per-trigger", str(max_offsets_per_trigger),
                *(["--available-now"] if available_now else ["--trigger-interval", "1 second"]),
                *[f"--conf={key}={value}" for key, value in conf.items()]]

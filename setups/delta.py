@@ -18,6 +18,7 @@ import duckdb_extension_delta
 
 from setups.base import Proxy, ProxyFactory, SinkSetup, Target
 from setups.servers.moto import REGION, MotoServer
+from sinks.delta.keyed import TOMBSTONES_PATH
 from twophase.kit.lake import INTENTS_DIRECTORY
 
 #: Where the extension package keeps its binary: ``extensions/v<duckdb>/delta.duckdb_extension``.
@@ -48,9 +49,11 @@ def data_files(root: Path) -> set[str]:
 
 
 def intents_left(root: Path) -> set[str]:
-    """The intents left in the table (a settled transaction leaves none)."""
-    return {path.relative_to(root).as_posix()
-            for path in (root / INTENTS_DIRECTORY).rglob("*.json")}
+    """The intents and keyed staged changes left in the table (a settled transaction leaves
+    none; the keyed mode's tombstone table is not one)."""
+    return {path.relative_to(root).as_posix() for path in (root / INTENTS_DIRECTORY).rglob("*")
+            if path.is_file()
+            and not path.relative_to(root).as_posix().startswith(f"{TOMBSTONES_PATH}/")}
 
 
 def s3_storage_options(server: MotoServer) -> dict[str, str]:

@@ -1,7 +1,7 @@
 """Where CI's time goes: the run's durations (setup + call + teardown of every test) summed by
 room (``unit``, ``repo``, ``spark``, ``sinks`` for the tests of several sinks, ``sinks/<name>``)
 and, within each, crash tests apart (``spark crash``: the ``crash`` marker), against the
-budgets below, which share out the CI budget of :data:`TOTAL_BUDGET_S` (39 minutes of test time
+budgets below, which share out the CI budget of :data:`TOTAL_BUDGET_S` (42 minutes of test time
 on an idle 2-core machine).
 
 ``scripts/test --durations-summary`` prints the table at the end of the run, a category over
@@ -31,10 +31,10 @@ SUMMARY = REPO / "tests" / "durations.json"
 OPTION = "--durations-summary"
 #: The selection of a CI run (``addopts`` in ``pyproject.toml``).
 CI_MARKEXPR = "not long"
-#: 39 minutes: the whole CI test run's target, on an idle 2-core machine (issue 48: 32 minutes,
-#: the keyed state's 4, the Redis and NATS sinks' 3); an issue that lands with an allowance of
-#: CI time raises it by that.
-TOTAL_BUDGET_S = 2340.0
+#: 42 minutes: the whole CI test run's target, on an idle 2-core machine (issue 48: 32 minutes,
+#: the keyed state's 4, the Redis and NATS sinks' 3, the keyed lake's 3); an issue that lands
+#: with an allowance of CI time raises it by that.
+TOTAL_BUDGET_S = 2520.0
 #: 45 minutes: the ceiling of CI (static checks and tests) on the 2-core machine; the checked-in
 #: summary's tests must stay below it, so that growth fails a change before it fails CI.
 CI_CEILING_S = 2700.0
@@ -45,7 +45,7 @@ BUDGETS_S: dict[str, float] = {
     "unit": 168.0,
     "repo": 32.0,
     "spark": 279.0,
-    "spark crash": 951.0,
+    "spark crash": 996.0,
     "sinks": 25.0,
     "sinks/sqlite": 14.0,
     "sinks/sqlite crash": 183.0,
@@ -54,13 +54,16 @@ BUDGETS_S: dict[str, float] = {
     "sinks/postgres": 30.0,
     "sinks/postgres crash": 71.0,
     "sinks/s3": 35.0,
-    "sinks/kafka": 73.0,
+    "sinks/kafka": 78.0,
     "sinks/kafka crash": 5.0,
     "sinks/http": 32.0,
     "sinks/http crash": 61.0,
-    "sinks/delta": 35.0,
-    "sinks/delta crash": 67.0,
-    "sinks/iceberg": 33.0,
+    # issue 49's 180 s: the lake's keyed suites and crash suites, the changelog's tests, and
+    # the Debezium pipeline into MySQL, PostgreSQL, Delta, Iceberg and a topic (spark crash: +45)
+    "sinks/delta": 55.0,
+    "sinks/delta crash": 100.0,
+    "sinks/iceberg": 55.0,
+    "sinks/iceberg crash": 55.0,
     # issue 50's 180 s: the rooms below, and its two groups' crash runs (spark crash: +90)
     "sinks/redis": 25.0,
     "sinks/nats": 30.0,

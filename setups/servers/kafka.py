@@ -651,13 +651,16 @@ class KafkaBroker:
         return {tid: {partition.topic for partition in description.topic_partitions}
                 for tid, description in described.items()}
 
-    def new_topic(self, prefix: str = "twophase", partitions: int = TOPIC_PARTITIONS) -> str:
-        """A new topic, once the broker lists it (its metadata lags the controller's commit:
-        a sink checking the topic right after ``create_topics`` could miss it)."""
+    def new_topic(self, prefix: str = "twophase", partitions: int = TOPIC_PARTITIONS,
+                  configs: Mapping[str, str] | None = None) -> str:
+        """A new topic (with the topic ``configs`` given), once the broker lists it (its
+        metadata lags the controller's commit: a sink checking the topic right after
+        ``create_topics`` could miss it)."""
         name = f"{prefix}-{os.getpid()}-{next(_topics)}"
         admin = self.admin()
         try:
-            admin.create_topics([NewTopic(name, partitions, 1)])
+            admin.create_topics([NewTopic(name, partitions, 1,
+                                          topic_configs=dict(configs or {}))])
             deadline = time.monotonic() + READY_TIMEOUT_S
             while name not in admin.list_topics():
                 if time.monotonic() > deadline:

@@ -48,9 +48,13 @@ import threading
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from deltalake.transaction import Transaction
+
 from sinks.delta.errors import classify
 from sinks.delta.files import DataFile
-from sinks.delta.snapshot import Snapshot
+from sinks.delta.keyed import merge_batch, row_versions
+from sinks.delta.schema import Layout
+from sinks.delta.snapshot import META_APP, META_BATCH, META_TRANSACTIONS, Snapshot
 from twophase import (
     CommitOutcome,
     ConfigurationError,
@@ -58,7 +62,7 @@ from twophase import (
     TxnId,
 )
 from twophase.kit import classified
-from twophase.kit.lake import LakeCleanup, LakeCommitter, lake_deadline
+from twophase.kit.lake import LakeCleanup, LakeCommitter, lake_deadline, plan_batch, proof_key
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable
@@ -113,6 +117,8 @@ class DeltaCommitter(LakeCommitter):
 
     def settle(self, handles: tuple[Handle, ...]) -> dict[TxnId, CommitOutcome]:
         """Prove or commit ``handles`` (one query's batch) in one commit on one snapshot."""
+        if self.sink.keyed is not None:
+            return self._settle_keyed(handles)
         app_id, batch = self.batch_key(handles[0].txn_id)
         with classified(classify, f"commit of batch {batch} ({len(handles)} transactions) "
                         f"to {self.sink.where}", self.sink.errors_caught), \
@@ -127,6 +133,32 @@ class DeltaCommitter(LakeCommitter):
                 snapshot.commit(files, app_id=app_id, batch=max(last, batch),
                                 transactions=[handle.txn_id for handle in pending])
         outcomes = {handle.txn_id: CommitOutcome.ALREADY_COMMITTED for handle in proven}
+        outcomes.update({handle.txn_id: CommitOutcome.COMMITTED for handle in pending})
+        return outcomes
+
+    def _settle_keyed(self, handles: tuple[Handle, ...]) -> dict[TxnId, CommitOutcome]:
+        """Keyed: prove each handle by its partition's app transaction, or apply the others'
+        staged changes in one MERGE carrying their proofs (:mod:`~sinks.delta.keyed`)."""
+        keyed = self.sink.keyed
+        assert keyed is not None
+        app_id, batch = self.batch_key(handles[0].txn_id)
+        with classified(classify, f"keyed commit of batch {batch} ({len(handles)} "
+                        f"transactions) to {self.sink.where}", self.sink.errors_caught), \
+                self._latest() as snapshot:
+            pending = [handle for handle in handles if self.sink.staged_in(handle)
+                       and snapshot.batch_of(proof_key(app_id, handle.txn_id)) < batch]
+            if pending:
+                changes = self.staged_changes(pending, Layout.of(snapshot.table).table_schema)
+                plan = plan_batch(keyed, changes, row_versions(snapshot.table, keyed, changes),
+                                  self.sink.tombstone_table.versions(changes))
+                self.sink.tombstone_table.write(plan)
+                merge_batch(snapshot.table, keyed, plan, proofs=[
+                    Transaction(proof_key(app_id, handle.txn_id), batch) for handle in pending],
+                    metadata={META_APP: app_id, META_BATCH: batch, META_TRANSACTIONS: [
+                        str(handle.txn_id) for handle in pending]})
+                log.debug("applied batch %d of %s: %d of %d changes newer", batch, app_id,
+                          plan.applied.num_rows, changes.num_rows)
+        outcomes = {handle.txn_id: CommitOutcome.ALREADY_COMMITTED for handle in handles}
         outcomes.update({handle.txn_id: CommitOutcome.COMMITTED for handle in pending})
         return outcomes
 
@@ -152,7 +184,8 @@ class DeltaCommitter(LakeCommitter):
     def check_committable(self, handles: Sequence[Handle]) -> None:
         """With an explicit app id, once: refuse a table that holds it at or above the first
         batch without the batch's files (module docstring)."""
-        if self.sink.app_id is None or self._app_id_checked or not handles:
+        if (self.sink.app_id is None or self.sink.keyed is not None or self._app_id_checked
+                or not handles):
             return
         with classified(classify, f"checking app id {self.sink.app_id!r} in {self.sink.where}",
                         self.sink.errors_caught), self._latest() as snapshot:
@@ -175,6 +208,9 @@ class DeltaCommitter(LakeCommitter):
         """Those of ``found`` whose app id's transaction version reached their batch and whose
         files the snapshot references (live or tombstoned), on one snapshot."""
         with self._latest() as snapshot:
+            if self.sink.keyed is not None:
+                return {txn_id for txn_id in found if snapshot.batch_of(
+                    proof_key(self.sink.app_id_of(txn_id), txn_id)) >= txn_id.batch}
             last = {app_id: snapshot.batch_of(app_id)
                     for app_id in {self.sink.app_id_of(txn_id) for txn_id in found}}
             return {txn_id for txn_id, paths in found.items()
@@ -183,7 +219,10 @@ class DeltaCommitter(LakeCommitter):
 
     def commit_deadline(self, handle: Handle) -> float | None:
         """When VACUUM may delete the handle's oldest file (its creation + the table's
-        ``delta.deletedFileRetentionDuration``); None for an empty partition."""
+        ``delta.deletedFileRetentionDuration``); None for an empty partition, and for the
+        keyed mode's staged files (VACUUM skips ``_`` folders)."""
+        if self.sink.keyed is not None:
+            return None
         created = (data_file.modification_time for data_file in self.sink.files_in(handle))
         return lake_deadline(created, self.retention_s())
 

@@ -50,6 +50,11 @@ abort        delete the files,     some files deleted,   repeat it: no file is  
              references them
 ===========  ====================  ====================  =====================  ===================
 
+**Keyed** (``mode="keyed"``, :mod:`~sinks.delta.keyed`): the phases are the same, but a
+transaction's files are its reduced changes, staged under ``_twophase/staged/`` (never
+referenced by the table), and the commit is one MERGE of the batch's changes carrying each
+transaction's proof, after the tombstones' own commit.
+
 The "already committed?" proof, and why the commit happens at a batch's first ``commit`` and
 not in ``finish_batch``: :mod:`~sinks.delta.committer`. ``commit_deadline``: the oldest file's
 creation + ``delta.deletedFileRetentionDuration`` (7 days by default), so the driver never
@@ -78,6 +83,7 @@ from sinks.delta import schema
 from sinks.delta.committer import DeltaCommitter
 from sinks.delta.errors import ERRORS_CAUGHT, SYSTEM, classify
 from sinks.delta.files import DataFile, PartitionKey, transaction_files
+from sinks.delta.keyed import DeltaTombstones
 from sinks.delta.schema import Layout
 from sinks.delta.snapshot import Snapshot, app_id_of
 from sinks.delta.storage import storage_for
@@ -90,15 +96,18 @@ from twophase import (
 )
 from twophase.kit import (
     DEFAULT_CHUNK_SIZE,
+    DEFAULT_TOMBSTONE_RETENTION_S,
     NamespaceOfTarget,
     classified,
     validate_chunk_size,
 )
 from twophase.kit.lake import (
+    APPEND,
     DEFAULT_MAX_FILE_BYTES,
     LakeFiles,
     LakeSink,
     LakeStorage,
+    validate_lake_mode,
     validate_max_file_bytes,
 )
 
@@ -121,6 +130,10 @@ class DeltaSink(NamespaceOfTarget, LakeSink[DataFile]):
     its credentials, region and endpoint from them too (:mod:`~sinks.delta.storage`).
     ``app_id``: the Delta app id the batches commit under (default: derived from the query, a
     new one per checkpoint; see :mod:`~sinks.delta.committer`).
+    ``mode``: ``"append"`` (rows added) or ``"keyed"`` (the latest state of each key, by
+    ``version``, deletes marked by ``deleted`` kept as tombstones for
+    ``tombstone_retention_s``; ``key``: the columns that name a row): changes staged by the
+    executors, applied by the driver in one MERGE per batch (:mod:`~sinks.delta.keyed`).
     """
 
     kind: ClassVar[str] = "delta"
@@ -137,6 +150,11 @@ class DeltaSink(NamespaceOfTarget, LakeSink[DataFile]):
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
         app_id: str | None = None,
+        mode: str = APPEND,
+        key: Sequence[str] = (),
+        version: str | None = None,
+        deleted: str | None = None,
+        tombstone_retention_s: float = DEFAULT_TOMBSTONE_RETENTION_S,
     ) -> None:
         self.table_uri = str(table_uri)
         self.storage_options = dict(storage_options or {})
@@ -145,6 +163,14 @@ class DeltaSink(NamespaceOfTarget, LakeSink[DataFile]):
             raise ConfigurationError(f"{SYSTEM}: app_id={app_id!r} must be a non-empty string.",
                                      fix="drop app_id= (derived from the query) or name one")
         self.app_id = app_id
+        self.mode = mode
+        self.keyed = validate_lake_mode(SYSTEM, mode, key, version, deleted,
+                                        tombstone_retention_s=tombstone_retention_s)
+        if self.keyed is not None and app_id is not None:
+            raise ConfigurationError(
+                f"{SYSTEM}: app_id= is for mode='append'; mode='keyed' proves each "
+                "transaction by app ids derived from the query (a new one per checkpoint).",
+                fix="drop app_id=")
         self.partition_by = tuple(partition_by)
         self.create = create
         self.configuration = dict(configuration or {})
@@ -156,7 +182,14 @@ class DeltaSink(NamespaceOfTarget, LakeSink[DataFile]):
         self.layout: Layout | None = None
 
     def __repr__(self) -> str:
-        return f"DeltaSink({self.table_uri!r}, partition_by={list(self.partition_by)!r})"
+        return (f"DeltaSink({self.table_uri!r}, partition_by={list(self.partition_by)!r}, "
+                f"mode={self.mode!r})")
+
+    @property
+    def tombstone_table(self) -> DeltaTombstones:
+        """Keyed: the table of the deleted keys (:mod:`~sinks.delta.keyed`)."""
+        assert self.keyed is not None
+        return DeltaTombstones(self.table_uri, self.storage_options, self.keyed)
 
     @property
     def storage(self) -> LakeStorage:
@@ -188,12 +221,17 @@ class DeltaSink(NamespaceOfTarget, LakeSink[DataFile]):
 
     def check_schema(self, columns: Sequence[Column]) -> None:
         """The table (created if asked), its features, its columns; then its layout."""
+        if self.keyed is not None:
+            self.keyed.check_columns(self.where, columns)
+            columns = [column for column in columns if column.name != self.keyed.deleted]
         with classified(classify, f"checking {self.where}", self.errors_caught):
             table = self._table_for(columns)
             schema.check_features(table, self.where)
             schema.check_partitioning(table, self.where)
             schema.check_columns(table, columns, self.where)
             self.layout = Layout.of(table)
+            if self.keyed is not None:
+                self.tombstone_table.create_missing(table)
         if self.partition_by and self.partition_by != self.layout.partition_by:
             raise ConfigurationError(
                 f"{self.where} is partitioned by {list(self.layout.partition_by)}, not by "

@@ -41,13 +41,14 @@ from typing import TYPE_CHECKING
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
 
+from sinks.iceberg import keyed as keyed_lake
 from sinks.iceberg import snapshots
 from sinks.iceberg.errors import classify
 from sinks.iceberg.files import IcebergFile
 from sinks.iceberg.local_commit import IcebergLocalCommit, offer
 from twophase import CommitOutcome, Handle, TxnId
 from twophase.kit import classified
-from twophase.kit.lake import LakeCleanup, LakeCommitter, lake_deadline
+from twophase.kit.lake import LakeCleanup, LakeCommitter, lake_deadline, plan_batch, proof_key
 
 if TYPE_CHECKING:
     from sinks.iceberg.sink import IcebergSink
@@ -102,6 +103,8 @@ class IcebergCommitter(LakeCommitter):
         proof holds are ALREADY_COMMITTED, the others COMMITTED by ONE snapshot built on the
         same version (through ``table``'s catalog: its own, or a group's local transaction,
         :mod:`~sinks.iceberg.local_commit`). Errors: the caller classifies them."""
+        if self.sink.keyed is not None:
+            return self._settle_keyed_on(table, handles)
         app_id, batch = self.batch_key(handles[0].txn_id)
         proof = snapshots.proof(table, app_id, batch)
         proven = [handle for handle in handles
@@ -115,6 +118,33 @@ class IcebergCommitter(LakeCommitter):
             log.debug("committed batch %d of %s: %d files in one snapshot", batch, app_id,
                       len(files))
         outcomes = {handle.txn_id: CommitOutcome.ALREADY_COMMITTED for handle in proven}
+        outcomes.update({handle.txn_id: CommitOutcome.COMMITTED for handle in pending})
+        return outcomes
+
+    def _settle_keyed_on(self, table: Table, handles: Sequence[Handle]
+                         ) -> dict[TxnId, CommitOutcome]:
+        """Keyed: prove each handle by its partition's property, or apply the others' staged
+        changes in one catalog commit raising their properties (:mod:`~sinks.iceberg.keyed`)."""
+        keyed = self.sink.keyed
+        assert keyed is not None
+        app_id, batch = self.batch_key(handles[0].txn_id)
+        pending = [handle for handle in handles if self.sink.staged_in(handle)
+                   and keyed_lake.proven_batch(table, proof_key(app_id, handle.txn_id)) < batch]
+        if pending:
+            schema = table.schema().as_arrow()
+            changes = self.staged_changes(pending, schema)
+            tombstones = self.sink.tombstone_table
+            plan = plan_batch(keyed, changes, keyed_lake.row_versions(table, keyed, changes),
+                              tombstones.versions(changes))
+            tombstones.write(plan)
+            keyed_lake.apply_batch(
+                table, keyed, plan, schema,
+                proofs={proof_key(app_id, handle.txn_id): batch for handle in pending},
+                summary={keyed_lake.SUMMARY_KEYED_APP: app_id,
+                         keyed_lake.SUMMARY_KEYED_BATCH: str(batch)}, where=self.sink.where)
+            log.debug("applied batch %d of %s: %d of %d changes newer", batch, app_id,
+                      plan.applied.num_rows, changes.num_rows)
+        outcomes = {handle.txn_id: CommitOutcome.ALREADY_COMMITTED for handle in handles}
         outcomes.update({handle.txn_id: CommitOutcome.COMMITTED for handle in pending})
         return outcomes
 
@@ -137,6 +167,10 @@ class IcebergCommitter(LakeCommitter):
     def committed_among(self, found: Mapping[TxnId, Sequence[str]]) -> set[TxnId]:
         """Those of ``found`` whose files the snapshots of their batch added: one table load,
         one walk per app id (from its oldest batch among them)."""
+        if self.sink.keyed is not None:
+            with self._latest() as table:
+                return {txn_id for txn_id in found if keyed_lake.proven_batch(
+                    table, proof_key(snapshots.app_id_of(txn_id), txn_id)) >= txn_id.batch}
         storage = self.sink.storage
         oldest: dict[str, int] = {}
         for txn_id in found:
@@ -151,6 +185,9 @@ class IcebergCommitter(LakeCommitter):
 
     def commit_deadline(self, handle: Handle) -> float | None:
         """When an orphan-file cleanup may delete the handle's oldest file (its creation +
-        ``orphan_age``); None for an empty partition."""
+        ``orphan_age``); None for an empty partition, and for the keyed mode's staged files
+        (orphan removal skips ``_`` folders)."""
+        if self.sink.keyed is not None:
+            return None
         return lake_deadline((data_file.created for data_file in self.sink.files_in(handle)),
                              self.sink.orphan_age_s)

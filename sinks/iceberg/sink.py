@@ -48,6 +48,11 @@ abort        delete the files,     some files deleted,   repeat it: no file is  
              holds
 ===========  ====================  ====================  =====================  ===================
 
+**Keyed** (``mode="keyed"``, :mod:`~sinks.iceberg.keyed`): the phases are the same, but a
+transaction's files are its reduced changes, staged under ``<location>/_twophase/staged/``
+(no snapshot adds them), and the commit deletes the applied keys' rows, appends the upserts and
+raises each transaction's proof property in one catalog commit, after the tombstones' own.
+
 ``commit_deadline``: the oldest file's creation + ``orphan_age_s`` (Iceberg's
 ``remove_orphan_files`` deletes unreferenced files older than its ``older_than``, 3 days by
 default: give the sink the age your cleanup uses). Snapshot expiry: the proof walks snapshots
@@ -83,16 +88,19 @@ from twophase import (
 )
 from twophase.kit import (
     DEFAULT_CHUNK_SIZE,
+    DEFAULT_TOMBSTONE_RETENTION_S,
     NamespaceOfTarget,
     classified,
     validate_chunk_size,
 )
 from twophase.kit.lake import (
+    APPEND,
     DEFAULT_MAX_FILE_BYTES,
     LakeFiles,
     LakeSink,
     LakeStorage,
     lake_storage,
+    validate_lake_mode,
     validate_max_file_bytes,
 )
 from twophase.kit.s3 import S3Settings
@@ -101,6 +109,7 @@ if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
     from pyiceberg.table import Table
 
+    from sinks.iceberg.keyed import IcebergTombstones
     from twophase import Committer
 
 log = logging.getLogger(__name__)
@@ -134,7 +143,11 @@ class IcebergSink(NamespaceOfTarget, LakeSink[IcebergFile]):
     group on the rows path; ``max_file_bytes``: a file is closed, and the next begun, at this
     size. ``orphan_age_s``: seconds after which your orphan-file cleanup deletes
     unreferenced files (its ``older_than``): the deadline of a decided batch (``orphan_age=``,
-    0.4.0's name, is deprecated: it works with a warning until 0.6.0).
+    0.4.0's name, is deprecated: it works with a warning until 0.6.0). ``mode``:
+    ``"append"`` (rows added) or ``"keyed"`` (the latest state of each key, by ``version``,
+    deletes marked by ``deleted`` kept as tombstones for ``tombstone_retention_s``; ``key``:
+    the columns that name a row): changes staged by the executors, applied by the driver in
+    one catalog commit per batch (:mod:`~sinks.iceberg.keyed`).
     """
 
     kind: ClassVar[str] = "iceberg"
@@ -153,6 +166,11 @@ class IcebergSink(NamespaceOfTarget, LakeSink[IcebergFile]):
         max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
         orphan_age_s: float = DEFAULT_ORPHAN_AGE_S,
         orphan_age: float | None = None,
+        mode: str = APPEND,
+        key: Sequence[str] = (),
+        version: str | None = None,
+        deleted: str | None = None,
+        tombstone_retention_s: float = DEFAULT_TOMBSTONE_RETENTION_S,
     ) -> None:
         if not isinstance(table, str) or "." not in table.strip("."):
             raise ConfigurationError(f"{SYSTEM}: table={table!r} must name a namespace and a "
@@ -183,12 +201,24 @@ class IcebergSink(NamespaceOfTarget, LakeSink[IcebergFile]):
                 fix=f"leave it at {DEFAULT_ORPHAN_AGE_S:.0f} (3 days, Iceberg's default) or "
                     "give your orphan-file cleanup's older_than in seconds")
         self.orphan_age_s = float(orphan_age_s)
+        self.mode = mode
+        self.keyed = validate_lake_mode(SYSTEM, mode, key, version, deleted,
+                                        tombstone_retention_s=tombstone_retention_s)
         #: The table's metadata, read by ``check_schema`` on the driver and pickled with the
         #: sink to the executors (a writer without it reads it itself).
         self.layout: Layout | None = None
 
     def __repr__(self) -> str:
-        return f"IcebergSink({self.table!r}, catalog_name={self.catalog_name!r})"
+        return (f"IcebergSink({self.table!r}, catalog_name={self.catalog_name!r}, "
+                f"mode={self.mode!r})")
+
+    @property
+    def tombstone_table(self) -> IcebergTombstones:
+        """Keyed: the table of the deleted keys (:mod:`~sinks.iceberg.keyed`)."""
+        from sinks.iceberg.keyed import IcebergTombstones  # noqa: PLC0415 - the driver's only
+
+        assert self.keyed is not None
+        return IcebergTombstones(self.catalog(), self.table, self.keyed)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -247,6 +277,9 @@ class IcebergSink(NamespaceOfTarget, LakeSink[IcebergFile]):
         """The table (created if asked), its settings, its columns; then its layout."""
         from sinks.iceberg import catalog, schema  # noqa: PLC0415 - the driver's only
 
+        if self.keyed is not None:
+            self.keyed.check_columns(self.where, columns)
+            columns = [column for column in columns if column.name != self.keyed.deleted]
         with classified(classify, f"checking {self.where}", (*ERRORS_CAUGHT, *catalog_errors())):
             table = catalog.table_for(self.catalog(), self.table, columns, create=self.create,
                                       partition_by=self.partition_by,
@@ -255,6 +288,8 @@ class IcebergSink(NamespaceOfTarget, LakeSink[IcebergFile]):
             schema.check_columns(table.schema(), columns, self.where)
             schema.check_partition_by(table, self.partition_by, self.where)
             self.layout = schema.layout_of(table)
+            if self.keyed is not None:
+                self.tombstone_table.create_missing(table)
 
     # -- executor: begin (the rest is the kit's LakeSink) ----------------------------------------
 

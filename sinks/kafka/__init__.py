@@ -21,6 +21,8 @@ module          role
 ``producer``    the executors' librdkafka transactional producer (never ``close()``: it aborts)
 ``records``     rows to records: topic, key, value (JSON by default), headers
 ``arrow``       Arrow record batches to the same records, column-wise (no Python per row)
+``changelog``   ``mode="keyed"``: the newest change per key, its version in a header, deletes
+                as tombstones, on a topic whose ``cleanup.policy`` includes ``compact``
 ``adapter``     every use of kafka-python's private parts (and nothing else)
 ``errors``      every Kafka error and how it is classified: the one place
 ``connection``  settings (passwords by reference, hidden), TLS verified first, one admin

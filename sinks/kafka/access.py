@@ -20,6 +20,10 @@ TransactionalId    ``transactional_id_prefix``     WRITE               FindCoord
 Cluster            ``kafka-cluster``               DESCRIBE_CONFIGS    ``check_schema`` reads the
                                                                        brokers' ``transaction.
                                                                        max.timeout.ms``
+Topic              the target topic (literal),     DESCRIBE_CONFIGS    ``check_schema`` reads its
+                   ``mode="keyed"`` only                               ``cleanup.policy``
+                                                                       (:mod:`~sinks.kafka.
+                                                                       changelog`)
 =================  ==============================  ==================  =========================
 
 DESCRIBE need not be granted: Kafka implies it from READ and WRITE (a principal without it
@@ -55,6 +59,8 @@ TOPIC_OPERATIONS = (ACLOperation.WRITE,)
 REGISTRY_OPERATIONS = (ACLOperation.READ, ACLOperation.WRITE)
 TRANSACTIONAL_ID_OPERATIONS = (ACLOperation.WRITE,)
 CLUSTER_OPERATIONS = (ACLOperation.DESCRIBE_CONFIGS,)
+#: What the keyed mode needs on its topic besides :data:`TOPIC_OPERATIONS`.
+KEYED_TOPIC_OPERATIONS = (ACLOperation.DESCRIBE_CONFIGS,)
 
 
 @dataclass(frozen=True)
@@ -84,10 +90,12 @@ class Grant:
 
 
 def grants(topics: Iterable[str], transactional_id_prefix: str, registry_topic: str, *,
-           create_registry: bool = False) -> list[Grant]:
-    """Every ACL a sink writing ``topics`` needs (see the module docstring)."""
+           create_registry: bool = False, keyed: bool = False) -> list[Grant]:
+    """Every ACL a sink writing ``topics`` needs (see the module docstring; ``keyed``: in
+    ``mode="keyed"``)."""
+    operations = TOPIC_OPERATIONS + (KEYED_TOPIC_OPERATIONS if keyed else ())
     needed = [Grant(ResourceType.TOPIC, topic, operation)
-              for topic in topics for operation in TOPIC_OPERATIONS]
+              for topic in topics for operation in operations]
     needed += [Grant(ResourceType.TOPIC, registry_topic, operation)
                for operation in REGISTRY_OPERATIONS]
     if create_registry:

@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sinks.kafka.records import Record, RecordShape, encode_json
+from twophase.kit import DELETED_FLAG
 
 #: Decimals whose ``str`` is never in exponent notation (what Arrow's cast to string gives).
 MAX_PLAIN_DECIMAL_SCALE = 6
@@ -57,6 +58,22 @@ def columns_of(shape: RecordShape, batch: pa.RecordBatch) -> RecordColumns:
     values = (_json_objects(batch) if shape.value is None
               else _bytes_of(batch.column(shape.value)))
     return RecordColumns(topics, keys, values, _headers_of(shape, batch))
+
+
+def changelog_columns(shape: RecordShape, batch: pa.RecordBatch, version: str,
+                      version_header: str) -> RecordColumns:
+    """A keyed batch (the written columns and :data:`~twophase.kit.DELETED_FLAG`, one change
+    per key) as records: a flagged row's value null (a tombstone), every record with the
+    version header (:mod:`~sinks.kafka.changelog`)."""
+    flags: list[bool] = batch.column(DELETED_FLAG).to_pylist()
+    body = batch.select([name for name in batch.schema.names if name != DELETED_FLAG])
+    records = columns_of(shape, body)
+    values = [None if deleted else value
+              for deleted, value in zip(flags, records.values, strict=True)]
+    named = records.headers or [[] for _ in range(batch.num_rows)]
+    headers = [[*row, (version_header, stamp)] for row, stamp in zip(
+        named, _bytes_of(batch.column(version)), strict=True)]
+    return RecordColumns(records.topics, records.keys, values, headers)
 
 
 def _headers_of(shape: RecordShape,

@@ -73,6 +73,13 @@ An empty partition still opens a transaction (holding its registry record) and c
 There are no proofs of commit to purge: the coordinator's state is the proof
 (``transactional.id.expiration.ms``, 7 days by default, bounds how late a recommit can prove
 anything).
+
+**Keyed** (``mode="keyed"``, :mod:`~sinks.kafka.changelog`): the topic, compacted, as the
+changelog of each key's latest state. The phases are the same; a task produces one record per
+key (its newest change, the version in a header, a delete as a tombstone), and rows reach the
+tasks routed by key, so that a key's newest change of a batch is its last record in its
+partition. A late older change in a later batch is not suppressed (the topic keeps no version
+per key): it becomes the key's last record.
 """
 
 from __future__ import annotations
@@ -81,7 +88,7 @@ import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal
 
 from kafka.admin import (
     ConfigResource,
@@ -90,6 +97,7 @@ from kafka.admin import (
 
 from sinks.kafka import registry
 from sinks.kafka.adapter import ProducerIdentity
+from sinks.kafka.changelog import Produced, validate_changelog
 from sinks.kafka.committer import KafkaCommitter
 from sinks.kafka.connection import kafka_settings
 from sinks.kafka.errors import (
@@ -122,7 +130,7 @@ from twophase import (
     TwoPhaseCommitSink,
     TxnId,
 )
-from twophase.kit import TlsMode, classified, namespace_from
+from twophase.kit import KEYED, TlsMode, classified, namespace_from, validate_keyed
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -139,6 +147,11 @@ MAX_REPLICATION = 3
 BROKER_MAX_TIMEOUT = "transaction.max.timeout.ms"
 #: librdkafka properties that only the sink's security options may set (both clients get those).
 SECURITY_PROPERTY_PREFIXES = ("security.", "sasl.", "ssl.")
+#: ``mode=``: every row a record (the default), or the newest change per key on a compacted
+#: topic (:mod:`~sinks.kafka.changelog`).
+INSERT: Final = "insert"
+KafkaMode = Literal["insert", "keyed"]
+MODES: Final = (INSERT, KEYED)
 
 
 @dataclass
@@ -151,6 +164,8 @@ class KafkaTransaction:
     deadline_ms: int
     rows: int = 0
     shape: RecordShape = field(default_factory=RecordShape)
+    #: The keyed mode's versions produced per key (:mod:`~sinks.kafka.changelog`).
+    produced: Produced = field(default_factory=Produced)
 
 
 class KafkaSink(TwoPhaseCommitSink[KafkaTransaction]):
@@ -179,6 +194,16 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTransaction]):
     (:class:`twophase.kit.SecretField`), read from the Secret at every connection. An option
     given there and as a keyword too is refused.
     The ACLs the principal needs: :mod:`~sinks.kafka.access`.
+
+    ``mode="keyed"`` (with ``key=``, ``version=``, optionally ``deleted=`` and
+    ``version_header=``) makes the topic a changelog of each key's latest state
+    (:mod:`~sinks.kafka.changelog`): each task produces one record per key, its newest change
+    of the batch, the version in the header ``twophase.version``, a delete as a tombstone (null
+    value); rows are routed by key (:meth:`route_key`), so a key's changes of a batch are
+    reduced in one task and the newest record of a key is its last in the partition; the
+    topic's ``cleanup.policy`` must include ``compact`` (checked at start). A late older change
+    in a later batch is **not** suppressed: a topic keeps no version per key to compare it
+    with, so it becomes the key's last record (a table sink's keyed mode drops it).
     """
 
     kind: ClassVar[str] = "kafka"
@@ -193,6 +218,10 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTransaction]):
         key: str | None = None,
         value: str | None = None,
         headers: Sequence[str] = (),
+        mode: KafkaMode = "insert",
+        version: str | None = None,
+        deleted: str | None = None,
+        version_header: str | None = None,
         transaction_timeout_ms: int = DEFAULT_TRANSACTION_TIMEOUT_MS,
         min_commit_window_ms: int = DEFAULT_MIN_COMMIT_WINDOW_MS,
         transactional_id_prefix: str = "twophase-",
@@ -220,6 +249,10 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTransaction]):
             "bootstrap_servers": bootstrap_servers, "tls": tls, "ca_bundle": ca_bundle,
             "client_cert": client_cert, "client_key": client_key, **options})
         self.shape = RecordShape(topic, topic_column, key, value, tuple(headers))
+        self.mode = _checked_mode(mode, key)
+        self.changelog = validate_changelog(
+            validate_keyed(SYSTEM, mode, () if key is None else (key,), version, deleted),
+            self.shape, version_header)
         self.transaction_timeout_ms = transaction_timeout_ms
         self.min_commit_window_ms = min_commit_window_ms
         self.transactional_id_prefix = transactional_id_prefix
@@ -242,6 +275,8 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTransaction]):
     def check_schema(self, columns: Sequence[Column]) -> None:
         """Columns fit; the topic exists; the timeout fits the brokers; the registry exists."""
         self.shape.check(columns)
+        if self.changelog is not None:
+            self.changelog.check_columns(self.where, columns)
         what = f"checking {self.where}"
         self.settings.with_admin(lambda admin: self._check_cluster(admin, what), what)
 
@@ -249,6 +284,8 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTransaction]):
         with classified(classify, what, KAFKA_ERRORS):
             if self.shape.topic is not None:
                 self._check_topic(admin, self.shape.topic)
+                if self.changelog is not None:
+                    self.changelog.check_topic(admin, self.shape.topic, self.settings.where)
             self._check_timeout(admin)
             brokers = len(admin.describe_cluster()["brokers"])
             replication = self.registry_replication or min(MAX_REPLICATION, brokers)
@@ -290,9 +327,17 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTransaction]):
         described = admin.describe_configs(resources, config_filter="all")
         return min(_config_values(described, BROKER_MAX_TIMEOUT))
 
+    def route_key(self) -> tuple[str, ...] | None:
+        """Keyed, the record key: two tasks' records of one key would reach its partition in
+        the order their producers appended them, not by version, so each key's changes of a
+        batch must be reduced in one task (else None: any partitioning will do)."""
+        return None if self.changelog is None else self.changelog.keyed.key
+
     # -- executor ------------------------------------------------------------------------------
 
     def begin_transaction(self, ctx: TransactionContext) -> KafkaTransaction:
+        if self.changelog is not None:
+            self.changelog.keyed.check_rows(self.where, ctx.column_names)
         what = f"opening transaction {ctx.txn_id}"
         return self.settings.with_admin(lambda admin: self._begin(ctx, admin, what), what)
 
@@ -356,8 +401,15 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTransaction]):
         return KafkaTransaction(ctx, producer, identity, deadline_ms, shape=self.shape)
 
     def write(self, txn: KafkaTransaction, rows: Iterable[Sequence[Any]]) -> None:
-        names, encode = txn.ctx.column_names, txn.shape.encoder()
+        """Each row a record; keyed, the newest change of each key
+        (:meth:`~sinks.kafka.changelog.Changelog.records`)."""
+        names = txn.ctx.column_names
         with classified(classify, f"writing transaction {txn.ctx.txn_id}", KAFKA_ERRORS):
+            if self.changelog is not None:
+                txn.rows += txn.producer.send(
+                    self.changelog.records(rows, names, txn.produced))
+                return
+            encode = txn.shape.encoder()
             txn.rows += txn.producer.send(
                 encode(dict(zip(names, row, strict=True))) for row in rows)
 
@@ -366,6 +418,10 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTransaction]):
         from sinks.kafka.arrow import columns_of  # noqa: PLC0415 - only this path needs pyarrow
 
         with classified(classify, f"writing transaction {txn.ctx.txn_id}", KAFKA_ERRORS):
+            if self.changelog is not None:
+                txn.rows += txn.producer.send(
+                    self.changelog.arrow_records(batches, txn.produced))
+                return
             for batch in batches:
                 txn.rows += txn.producer.send(columns_of(txn.shape, batch).records())
 
@@ -401,6 +457,20 @@ def _identity(admin: Any, tid: str) -> ProducerIdentity:
         raise RetryableError(f"KafkaSink: the coordinator does not describe {tid} right after "
                              "its InitProducerId.", fix="retried automatically")
     return ProducerIdentity(tid, description.producer_id, description.producer_epoch)
+
+
+def _checked_mode(mode: str, key: str | None) -> KafkaMode:
+    """``mode`` if the sink has it (keyed: with the key= it reads)."""
+    if mode not in MODES:
+        raise ConfigurationError(
+            f"{SYSTEM}: unknown mode {mode!r}.",
+            fix="pass mode='insert' (every row a record, the default) or mode='keyed' (the "
+                "newest change of each key on a compacted topic, deletes as tombstones)")
+    if mode == KEYED and key is None:
+        raise ConfigurationError(
+            f"{SYSTEM}: mode='keyed' needs key=, the column whose value is each record's key.",
+            fix="pass key='order_id' (the column naming the state a change belongs to)")
+    return INSERT if mode == INSERT else KEYED
 
 
 def _checked_producer_configs(configs: Mapping[str, Any]) -> dict[str, Any]:

@@ -36,7 +36,7 @@ def checked_in() -> dict[str, Any]:
 def test_the_checked_in_summary_is_within_the_ci_target() -> None:
     summary = checked_in()
     assert summary["source"], "the summary says nothing of where its numbers came from"
-    assert summary["total_budget_s"] == TOTAL_BUDGET_S == 39 * 60
+    assert summary["total_budget_s"] == TOTAL_BUDGET_S == 42 * 60
     rows = summary["categories"]
     assert summary["total_s"] == pytest.approx(sum(row["seconds"] for row in rows.values()),
                                                abs=0.1 * len(rows))

@@ -4,8 +4,11 @@ PostgreSQL (a private cluster with ``wal_level=logical``) -> Debezium's PostgreS
 (``pgoutput``, a least-privileged replication role) on a Kafka Connect worker (Apache Kafka's
 own runtime, the broker's version, distributed: its connector and offsets in the broker) -> the
 session's Kafka broker -> Spark's Kafka source -> :func:`twophase.debezium.debezium_changes` ->
-a sink group of a keyed :class:`~sinks.mysql.MySQLXASink` (MariaDB) and a keyed
-:class:`~sinks.postgres.PostgresSink` (the session's PostgreSQL), committed in that order.
+a sink group of a keyed :class:`~sinks.mysql.MySQLXASink` (MariaDB), a keyed
+:class:`~sinks.postgres.PostgresSink` (the session's PostgreSQL), a keyed
+:class:`~sinks.delta.DeltaSink` and a keyed :class:`~sinks.iceberg.IcebergSink` (the SQL
+catalog on SQLite) and a keyed :class:`~sinks.kafka.KafkaSink` (a compacted topic),
+committed in that order.
 The Spark driver is ``examples/debezium_pipeline.py`` run as a user runs it, in a process
 session of its own.
 
@@ -18,10 +21,11 @@ session of its own.
   so that this is certain) and started again: Debezium sends them again (at least once; the
   test checks that the topic holds duplicates). Once the topic holds every change, a last run
   (``availableNow``) drains it. Each target table then equals the source table row for row
-  (both read as sorted lists of tuples), every row's ``version`` is its key's newest LSN on
-  the topic, nothing is in doubt (``XA RECOVER``, ``pg_prepared_xacts``) and the state file
-  has nothing pending. In CI one driver kill (between the members' commits) and one worker
-  kill; ``-m long``: a driver kill at each of the group's six points and two worker kills.
+  (both read as sorted lists of tuples; the lake tables by DuckDB), every row's ``version``
+  is its key's newest LSN on the topic, nothing is in doubt (``XA RECOVER``,
+  ``pg_prepared_xacts``) and the state file has nothing pending. In CI three driver kills
+  (either side of the decision, and between the members' commits) and one worker kill;
+  ``-m long``: a driver kill at each of the group's six points and two worker kills.
 
 The pipeline's parts (the source and its connector, the workload, the mirror, a driver run,
 a worker kill) are in :mod:`setups.debezium`, which ``scripts/chaos-debezium``
@@ -43,6 +47,7 @@ from psycopg import sql
 from setups.debezium import (
     DELIVERY_TIMEOUT_S,
     CdcSource,
+    LakeMirror,
     Mirror,
     Workload,
     duplicates,
@@ -58,7 +63,12 @@ from setups.servers.mariadb import Db
 from setups.servers.postgres import PgView, PostgresServer, logical_server
 from tests.fixtures import starts_server
 from twophase._state import StateStore
-from twophase.testing.crash_points import BETWEEN_MEMBERS, GROUP_CRASH_POINTS
+from twophase.testing.crash_points import (
+    AFTER_DECISION,
+    BEFORE_DECISION,
+    BETWEEN_MEMBERS,
+    GROUP_CRASH_POINTS,
+)
 
 pytestmark = [pytest.mark.spark]
 
@@ -130,9 +140,10 @@ def test_a_row_inserted_updated_and_deleted_arrives_as_debezium_events(
 
 
 @pytest.fixture
-def mirror(db: Db, pg: PgView) -> Mirror:
-    """Fresh target tables on the session's MariaDB and PostgreSQL."""
-    return Mirror.create(db, pg)
+def mirror(db: Db, pg: PgView, kafka_broker: KafkaBroker, tmp_path: Path) -> Mirror:
+    """Fresh target tables on the session's MariaDB and PostgreSQL, a Delta and an Iceberg
+    table (created by the driver's first start) and a compacted topic."""
+    return Mirror.create(db, pg, LakeMirror.create(tmp_path / "lake", kafka_broker))
 
 
 def mirror_through_crashes(source: CdcSource, mirror: Mirror, workdir: Path, *,
@@ -172,6 +183,14 @@ def mirror_through_crashes(source: CdcSource, mirror: Mirror, workdir: Path, *,
     assert mirror.pg_rows() == expected, "PostgreSQL's table differs from the source"
     newest = newest_versions(events)
     assert mirror.versions() == (newest, newest), "a row's version is not its newest LSN"
+    if mirror.lake is not None:
+        assert mirror.lake.delta_rows() == expected, "the Delta table differs from the source"
+        assert mirror.lake.iceberg_rows() == expected, \
+            "the Iceberg table differs from the source"
+        assert mirror.lake.changelog_rows() == expected, \
+            "the compacted topic differs from the source"
+        assert mirror.lake.versions() == (newest, newest, newest), \
+            "a lake row's or record's version is not its newest LSN"
     assert mirror.db.xa_recover() == [], "XA branches left prepared in MariaDB"
     assert mirror.pg.prepared() == [], "transactions left prepared in PostgreSQL"
     state = StateStore.for_checkpoint(str(workdir / "ckpt")).read()
@@ -185,7 +204,8 @@ def mirror_through_crashes(source: CdcSource, mirror: Mirror, workdir: Path, *,
 def test_the_mirror_equals_the_source_after_a_driver_and_a_worker_kill(
     source: CdcSource, mirror: Mirror, tmp_path: Path
 ) -> None:
-    mirror_through_crashes(source, mirror, tmp_path, driver_kills=[BETWEEN_MEMBERS],
+    mirror_through_crashes(source, mirror, tmp_path,
+                           driver_kills=[BEFORE_DECISION, AFTER_DECISION, BETWEEN_MEMBERS],
                            worker_kills_after=[1], keys=20)
 
 

@@ -49,7 +49,11 @@ MOVED = {name: family for family, module in FAMILIES.items() for name in module.
          if name in FLAT_KIT}
 #: What a family gained since the split: never in the flat kit, so never taken from it.
 GAINED = {"twophase.kit.sql": {"ConnectionOption", "ConnectionSettings", "ConnectionUrl",
-                               "UrlPassword"}}
+                               "UrlPassword"},
+          # issue 49: a lake table's keyed mode
+          "twophase.kit.lake": {"APPEND", "LAKE_MODES", "STAGED_DIRECTORY", "BatchPlan",
+                                "LakeTombstones", "StagedFile", "keys_of", "plan_batch",
+                                "proof_key", "validate_lake_mode"}}
 #: A name a docstring table mentions (``:class:`~twophase.kit.LakeSink``` counts as ``LakeSink``
 #: only if undotted: ``:meth:`Keyed.reduce``` and ``:mod:`twophase._keyed``` do not).
 ROLE = re.compile(r":(?:func|class|data|meth|mod|attr):`~?([\w.]+)`")

@@ -1,16 +1,23 @@
 """DeltaSink under the shared crash suite: a real Spark driver SIGKILLed at crash points and
 restarted, into a Delta table (local, and on S3) read back by DuckDB (every row exactly once,
 nothing unreferenced and no intent left: the setup's ``in_doubt``), each batch one commit.
-In CI the local table either side of the decision; on S3 and every point under ``-m long``."""
+In CI the local table after the decision; on S3 and every point under ``-m long``. The keyed
+mode's change stream either side of the decision in CI, every point under ``-m long``."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import pytest
 from deltalake import DeltaTable
 
+from setups.delta import DeltaSetup, data_files, delta_scan, intents_left
+from sinks.delta.snapshot import Snapshot
 from twophase._crash import AFTER_DECISION
 from twophase.testing import Target
-from twophase.testing.crash import CrashSuite
+from twophase.testing.crash import CrashSuite, KeyedCrashSuite, KeyedFeedTarget
 
 pytestmark = [pytest.mark.spark, pytest.mark.crash]
 
@@ -47,4 +54,48 @@ class TestDeltaOnS3Crashes(TestDeltaCrashes):
 
 @pytest.mark.long
 class TestDeltaOnS3EveryPointCrashes(TestDeltaOnS3Crashes):
+    crash_points = CrashSuite.crash_points
+
+
+@dataclass(eq=False)
+class DeltaKeyedFeedTarget(KeyedFeedTarget):
+    """A keyed Delta table read by DuckDB; in doubt: data files the log references neither
+    live nor removed (a MERGE's rewritten files stay referenced until VACUUM), intents and
+    staged changes left."""
+
+    setup: DeltaSetup | None = None
+
+    @property
+    def root(self) -> Path:
+        return Path(self.options["table_uri"])
+
+    def state(self) -> dict[int, int]:
+        assert self.setup is not None
+        if not (self.root / "_delta_log").is_dir():
+            return {}
+        rows = self.setup.query(f"SELECT order_id, event_id FROM {delta_scan(self.root)}")
+        assert len(rows) == len(dict(rows)), "a key is there twice"
+        return dict(rows)
+
+    def in_doubt(self) -> list[Any]:
+        if not (self.root / "_delta_log").is_dir():
+            return sorted(intents_left(self.root)) if self.root.is_dir() else []
+        referenced = Snapshot.load(str(self.root), None).referenced()
+        return sorted((data_files(self.root) - referenced) | intents_left(self.root))
+
+
+class TestDeltaKeyedCrashes(KeyedCrashSuite):
+    """A change stream (late, repeated, deleting changes) in the keyed mode, the driver killed
+    either side of the decision (every point under ``-m long``): the table equals the feed's
+    newest changes, nothing staged left."""
+
+    @pytest.fixture
+    def target(self, delta_setup: DeltaSetup) -> DeltaKeyedFeedTarget:
+        return DeltaKeyedFeedTarget("sinks.delta:DeltaSink", delta_setup.target_options(
+            mode="keyed", key=["order_id"], version="event_id", deleted="status"),
+            setup=delta_setup)
+
+
+@pytest.mark.long
+class TestDeltaKeyedEveryPointCrashes(TestDeltaKeyedCrashes):
     crash_points = CrashSuite.crash_points

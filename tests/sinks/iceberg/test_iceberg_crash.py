@@ -8,16 +8,22 @@ CI: none here (CI time): the embedded catalog is crashed in CI as a member of th
 -> Iceberg -> Kafka group (``tests/spark/test_group_crash.py``: either side of the decision and
 between members), and the PostgreSQL catalog's commits race in CI
 (``tests/sinks/iceberg/test_iceberg_sink.py``); ``-m long``: the PostgreSQL catalog either side
-of the decision, and every point on every catalog and on S3."""
+of the decision, and every point on every catalog and on S3. The keyed mode's change stream:
+either side of the decision in CI, every point under ``-m long``."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
 
 import pytest
 from pyiceberg.catalog import load_catalog
 
+from setups.base import Target as SetupTarget
+from setups.iceberg import IcebergSetup, iceberg_scan
 from sinks.iceberg.snapshots import SUMMARY_APP, SUMMARY_BATCH
 from twophase.testing import Target
-from twophase.testing.crash import DECISION_POINTS, CrashSuite
+from twophase.testing.crash import DECISION_POINTS, CrashSuite, KeyedCrashSuite, KeyedFeedTarget
 
 pytestmark = [pytest.mark.spark, pytest.mark.crash]
 
@@ -72,3 +78,45 @@ class TestIcebergOnS3EveryPointCrashes(IcebergCrashes):
     """The table's files on the S3 lab's bucket (moto), the embedded catalog, every point."""
 
     setup_fixture = "iceberg_s3_setup"
+
+
+@dataclass(eq=False)
+class IcebergKeyedFeedTarget(KeyedFeedTarget):
+    """A keyed Iceberg table read by DuckDB; in doubt: the setup's (data files no snapshot
+    added, intents and staged changes left)."""
+
+    setup: IcebergSetup | None = None
+
+    def read_by_setup(self) -> SetupTarget:
+        assert self.setup is not None
+        return SetupTarget(self.factory, self.options, setup=self.setup)
+
+    def state(self) -> dict[int, int]:
+        assert self.setup is not None
+        table = self.setup.table(self.read_by_setup())
+        if table is None or table.current_snapshot() is None:
+            return {}
+        rows = self.setup.query(f"SELECT order_id, event_id FROM {iceberg_scan(table)}")
+        assert len(rows) == len(dict(rows)), "a key is there twice"
+        return dict(rows)
+
+    def in_doubt(self) -> list[Any]:
+        assert self.setup is not None
+        return self.setup.in_doubt(self.read_by_setup())
+
+
+class TestIcebergKeyedCrashes(KeyedCrashSuite):
+    """A change stream (late, repeated, deleting changes) in the keyed mode, the embedded
+    catalog, the driver killed either side of the decision (every point under ``-m long``):
+    the table equals the feed's newest changes, nothing staged left."""
+
+    @pytest.fixture
+    def target(self, iceberg_setup: IcebergSetup) -> IcebergKeyedFeedTarget:
+        return IcebergKeyedFeedTarget("sinks.iceberg:IcebergSink", iceberg_setup.target_options(
+            mode="keyed", key=["order_id"], version="event_id", deleted="status"),
+            setup=iceberg_setup)
+
+
+@pytest.mark.long
+class TestIcebergKeyedEveryPointCrashes(TestIcebergKeyedCrashes):
+    crash_points = CrashSuite.crash_points

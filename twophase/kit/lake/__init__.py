@@ -30,10 +30,18 @@ piece                          what it does
 :func:`lake_iam_policy`        the least-privilege S3 policy of a lake table's prefix
                                (:data:`LAKE_S3_PERMISSIONS`)
 :func:`lake_deadline`          the oldest file's creation + the table cleanup's retention
+:func:`validate_lake_mode`     a lake sink's mode, :data:`APPEND` or keyed (:data:`LAKE_MODES`)
+:func:`plan_batch`             the keyed mode: a batch's changes against the versions its keys
+                               hold (:class:`BatchPlan`: what applies, the tombstones to
+                               write and to clear; :func:`keys_of`); the changes staged as
+                               :class:`StagedFile` under :data:`STAGED_DIRECTORY`, each
+                               transaction proven by :func:`proof_key`; the format's
+                               tombstone table a :class:`LakeTombstones`
 =============================  ================================================================
 
 The code lives in private modules under this package (``_files``: storage, intents, files;
-``_sink``: the sink and its committer; ``_errors``: the shared verdicts). ``__all__`` is this
+``_sink``: the sink and its committer; ``_errors``: the shared verdicts; ``_keyed``: the keyed
+mode). ``__all__`` is this
 family's public API. Until 0.6.0 each name also imports from :mod:`twophase.kit` (where the
 flat kit had it), with a :class:`DeprecationWarning` naming this module.
 """
@@ -63,16 +71,29 @@ from twophase.kit.lake._files import (
     lake_iam_policy,
     lake_storage,
 )
+from twophase.kit.lake._keyed import (
+    APPEND,
+    LAKE_MODES,
+    STAGED_DIRECTORY,
+    BatchPlan,
+    StagedFile,
+    keys_of,
+    plan_batch,
+    proof_key,
+    validate_lake_mode,
+)
 from twophase.kit.lake._sink import (
     LakeCleanup,
     LakeCommitter,
     LakeFileRecord,
     LakeSink,
+    LakeTombstones,
     LakeTransaction,
     validate_max_file_bytes,
 )
 
 __all__ = [
+    "APPEND",
     "DEFAULT_MAX_FILE_BYTES",
     "FIX_LAKE_DISK",
     "FIX_LAKE_RETRY",
@@ -80,7 +101,10 @@ __all__ = [
     "INTENTS_DIRECTORY",
     "LAKE_FILE_CONDITIONS",
     "LAKE_FILE_RULES",
+    "LAKE_MODES",
     "LAKE_S3_PERMISSIONS",
+    "STAGED_DIRECTORY",
+    "BatchPlan",
     "LakeCleanup",
     "LakeCommitter",
     "LakeFileRecord",
@@ -91,11 +115,17 @@ __all__ = [
     "LakeOutput",
     "LakeSink",
     "LakeStorage",
+    "LakeTombstones",
     "LakeTransaction",
+    "StagedFile",
     "conform_table",
+    "keys_of",
     "lake_classifier",
     "lake_deadline",
     "lake_iam_policy",
     "lake_storage",
+    "plan_batch",
+    "proof_key",
+    "validate_lake_mode",
     "validate_max_file_bytes",
 ]

@@ -23,13 +23,16 @@ import time
 from abc import abstractmethod
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, Self, TypeVar
 
 from twophase._classify import classified, transaction_id_reused, transaction_lost
 from twophase._handle import Handle, TxnId
+from twophase._keyed import Keyed
 from twophase._rows import chunks
 from twophase._whole_batch import WholeBatchCommitter
 from twophase.errors import ConfigurationError, FatalError, SchemaMismatchError, TwoPhaseError
+from twophase.kit import as_utc
 from twophase.kit.lake._files import (
     MS_PER_S,
     LakeFiles,
@@ -37,12 +40,36 @@ from twophase.kit.lake._files import (
     LakeStorage,
     conform_table,
 )
+from twophase.kit.lake._keyed import (
+    HeldChanges,
+    StagedFile,
+    check_upserts,
+    read_staged,
+    staged_files,
+    staged_schema,
+)
 from twophase.sink import AbortOutcome, TransactionContext, TwoPhaseCommitSink
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
 log = logging.getLogger(__name__)
+
+
+def _marker_types() -> dict[str, Any]:
+    import pyarrow as pa  # noqa: PLC0415 - the framework itself never needs pyarrow
+
+    return {"boolean": pa.bool_(), "string": pa.string()}
+
+
+class LakeTombstones(Protocol):
+    """A keyed lake table's tombstone table, as cleanup and status use it."""
+
+    def count(self) -> tuple[int, datetime | None]:
+        """How many tombstones, and the oldest one's ``deleted_at``."""
+
+    def purge(self, older_than: datetime) -> int:
+        """Delete the tombstones of deletes applied before ``older_than``: how many."""
 
 
 class LakeFileRecord(Protocol):
@@ -70,9 +97,13 @@ class LakeTransaction:
     """One partition's files (live on the executor between begin and pre-commit)."""
 
     ctx: TransactionContext
-    #: The table's columns as Arrow: what every chunk is conformed to.
+    #: The table's columns as Arrow: what every chunk is conformed to (keyed: the staged
+    #: changes' columns).
     schema: pa.Schema
     files: LakeFiles[Any, Any]
+    #: Keyed: the table's own columns (NOT NULL checked on upserts), and the changes held.
+    table_schema: pa.Schema | None = None
+    held: HeldChanges | None = None
 
 
 def validate_max_file_bytes(sink: str, max_file_bytes: int, default: int) -> int:
@@ -89,6 +120,15 @@ class LakeSink(TwoPhaseCommitSink[LakeTransaction], Generic[Record]):
     #: The format's file record (its ``to_json`` goes into the handle).
     file_record: ClassVar[type[LakeFileRecord]]
     chunk_size: int
+    max_file_bytes: int
+    #: The keyed mode (:mod:`~twophase.kit.lake._keyed`): changes staged, applied by the
+    #: driver; None: rows appended.
+    keyed: Keyed | None = None
+
+    @property
+    def record_type(self) -> type[LakeFileRecord]:
+        """What a handle lists: the format's data files, or (keyed) staged files."""
+        return StagedFile if self.keyed is not None else self.file_record
 
     @property
     @abstractmethod
@@ -114,12 +154,31 @@ class LakeSink(TwoPhaseCommitSink[LakeTransaction], Generic[Record]):
         """The table's Arrow schema and the transaction's files (nothing created yet)."""
 
     def files_in(self, handle: Handle) -> list[Record]:
-        """The files a handle lists."""
-        return [self.file_record.from_json(data)  # type: ignore[misc]
+        """The files a handle lists (keyed: its staged files)."""
+        return [self.record_type.from_json(data)  # type: ignore[misc]
                 for data in handle.data.get("files", ())]
 
+    @property
+    def tombstone_table(self) -> LakeTombstones:
+        """Keyed: the table of the deleted keys (the format's; a sink without a keyed mode
+        has none)."""
+        raise ConfigurationError(f"{self.where}: this sink has no keyed mode.",
+                                 fix="leave mode= out (rows appended)")
+
+    def staged_in(self, handle: Handle) -> list[StagedFile]:
+        """A keyed handle's staged files."""
+        return [StagedFile.from_json(data) for data in handle.data.get("files", ())]
+
     def begin_transaction(self, ctx: TransactionContext) -> LakeTransaction:
-        return LakeTransaction(ctx, *self.open_files(ctx))
+        schema, files = self.open_files(ctx)
+        if self.keyed is None:
+            return LakeTransaction(ctx, schema, files)
+        self.keyed.check_rows(self.where, ctx.column_names)
+        staged = staged_schema(self.keyed, schema)
+        return LakeTransaction(ctx, staged, staged_files(self.storage, ctx.txn_id, staged,
+                                                         self.max_file_bytes),
+                               table_schema=schema,
+                               held=HeldChanges.of(self.keyed, self.chunk_size))
 
     def write(self, txn: LakeTransaction, rows: Iterable[Sequence[Any]]) -> None:
         import pyarrow as pa  # noqa: PLC0415 - the framework itself never needs pyarrow
@@ -147,6 +206,8 @@ class LakeSink(TwoPhaseCommitSink[LakeTransaction], Generic[Record]):
 
     def pre_commit(self, txn: LakeTransaction) -> Handle:
         with self._writing(txn, f"closing the files of {txn.ctx.txn_id}"):
+            if txn.held is not None and (rest := txn.held.rest()) is not None:
+                self._stage(txn, rest)
             files = txn.files.close()
         log.debug("pre-committed %s: %d rows in %d files", txn.ctx.txn_id, txn.files.rows,
                   len(files))
@@ -169,17 +230,31 @@ class LakeSink(TwoPhaseCommitSink[LakeTransaction], Generic[Record]):
                 raise transaction_id_reused(txn.ctx.txn_id, where=self.where) from exc
 
     def _append(self, txn: LakeTransaction, table: pa.Table) -> None:
-        txn.files.write(conform_table(table, txn.schema, self.where))
+        if txn.held is None:
+            txn.files.write(conform_table(table, txn.schema, self.where))
+        elif (reduced := txn.held.add(table)) is not None:
+            self._stage(txn, reduced)
+
+    def _stage(self, txn: LakeTransaction, flagged: pa.Table) -> None:
+        """Keyed: a task's reduced changes (flagged) into its staged files."""
+        assert txn.table_schema is not None
+        staged = conform_table(flagged, txn.schema, self.where)
+        check_upserts(staged, txn.table_schema, self.where)
+        txn.files.write(staged)
 
     def _row_schema(self, txn: LakeTransaction) -> pa.Schema:
         import pyarrow as pa  # noqa: PLC0415 - the framework itself never needs pyarrow
 
-        unknown = [name for name in txn.ctx.column_names if name not in txn.schema.names]
+        marker = self.keyed.deleted if self.keyed is not None else None
+        unknown = [name for name in txn.ctx.column_names
+                   if name not in txn.schema.names and name != marker]
         if unknown:
             raise FatalError(f"{self.where} has no column {unknown}.",
                              fix="run check_schema (the driver does) before writing")
-        return pa.schema([txn.schema.field(name).with_nullable(True)
-                          for name in txn.ctx.column_names])
+        return pa.schema([pa.field(name, _marker_types().get(column.type, pa.string()))
+                          if name == marker else txn.schema.field(name).with_nullable(True)
+                          for name, column in zip(txn.ctx.column_names, txn.ctx.columns,
+                                                  strict=True)])
 
     #: Deprecated on the sink (removed in 0.6.0): :meth:`LakeCommitter.list_in_doubt`, on
     #: ``sink.committer()``.
@@ -205,6 +280,25 @@ class LakeCommitter(WholeBatchCommitter):
 
     sink: LakeSink[Any]
 
+    def tombstones(self) -> tuple[int, datetime | None]:
+        """Keyed: how many tombstones, and when the oldest one's delete was applied."""
+        if self.sink.keyed is None:
+            return 0, None
+        with classified(self.sink.classify, f"counting the tombstones of {self.sink.where}",
+                        self.sink.errors_caught):
+            return self.sink.tombstone_table.count()
+
+    def purge_tombstones(self, older_than: datetime) -> int:
+        """Keyed: delete the tombstones of deletes applied before ``older_than``."""
+        if self.sink.keyed is None:
+            return 0
+        with classified(self.sink.classify, f"purging the tombstones of {self.sink.where}",
+                        self.sink.errors_caught):
+            purged = self.sink.tombstone_table.purge(as_utc(older_than))
+        log.info("purged %d tombstones of %s older than %s", purged, self.sink.where,
+                 older_than)
+        return purged
+
     @abstractmethod
     def committed_among(self, found: Mapping[TxnId, Sequence[str]]) -> set[TxnId]:
         """Those of ``found`` (transactions, with the files each created; none empty) whose
@@ -226,12 +320,38 @@ class LakeCommitter(WholeBatchCommitter):
                 f"its file {path} is older than {cleanup.age_setting}: {cleanup.name} may "
                 f"delete it at any moment{cleanup.risk}; nothing of batch {batch} was added"))
 
+    def staged_changes(self, handles: Sequence[Handle], table_schema: pa.Schema) -> pa.Table:
+        """Keyed: the staged changes of ``handles``, reduced to the newest per key across them
+        (a staged file gone: :class:`~twophase.errors.TransactionLostError`, nothing applied)."""
+        keyed, storage = self.sink.keyed, self.sink.storage
+        assert keyed is not None
+        files = []
+        for handle in handles:
+            for staged in self.sink.staged_in(handle):
+                if storage.stat(staged.path) is None:
+                    raise transaction_lost(handle, where=self.sink.where, why=(
+                        f"its staged changes {staged.path} are gone (deleted by hand, or by a "
+                        f"cleanup of the table's _twophase folder); nothing of batch "
+                        f"{handle.txn_id.batch} was applied"))
+                files.append(staged)
+        return keyed.reduce_arrow(read_staged(storage, files,
+                                              staged_schema(keyed, table_schema)))
+
     def forget_settled(self, batch: int, handles: Sequence[Handle]) -> None:
         """Delete the intents of the batch's transactions (committed)."""
         with classified(self.sink.classify, f"deleting the intents of batch {batch} in "
                         f"{self.sink.where}", self.sink.errors_caught):
-            LakeIntents(self.sink.storage).forget([handle.txn_id for handle in handles
-                                                   if self.sink.files_in(handle)])
+            self._forget_committed({handle.txn_id: [data_file.path for data_file in
+                                                    self.sink.files_in(handle)]
+                                    for handle in handles if self.sink.files_in(handle)})
+
+    def _forget_committed(self, found: Mapping[TxnId, Sequence[str]]) -> None:
+        """Forget committed transactions: their intents; keyed, first their staged files,
+        which no commit references (a crash between the two: the intent is found again)."""
+        if self.sink.keyed is not None:
+            self.sink.storage.delete([path for paths in found.values() for path in paths
+                                      if self.sink.storage.stat(path) is not None])
+        LakeIntents(self.sink.storage).forget(found)
 
     def abort(self, handle: Handle) -> AbortOutcome:
         """Delete the transaction's files (those its handle lists and those its intent
@@ -244,7 +364,7 @@ class LakeCommitter(WholeBatchCommitter):
             if paths and self.committed_among({handle.txn_id: sorted(paths)}):
                 log.warning("abort of %s: it is committed already, nothing to delete",
                             handle.txn_id)
-                intents.forget([handle.txn_id])
+                self._forget_committed({handle.txn_id: sorted(paths)})
                 return AbortOutcome.NOT_FOUND
             existing = [path for path in sorted(paths) if storage.stat(path) is not None]
             storage.delete(existing)
@@ -264,7 +384,7 @@ class LakeCommitter(WholeBatchCommitter):
             if committed:
                 log.info("forgetting the intents of %d committed transactions",
                          len(committed))
-                intents.forget(committed)
+                self._forget_committed({txn_id: found[txn_id] for txn_id in committed})
         return [self.sink.handle(txn_id, rows=0, files=[
-                    self.sink.file_record.unsealed(path).to_json() for path in paths])
+                    self.sink.record_type.unsealed(path).to_json() for path in paths])
                 for txn_id, paths in sorted(found.items()) if txn_id not in committed]
