@@ -429,7 +429,9 @@ class TwoPhaseCommitSink(ABC, Generic[TxnT]):
         by one task, or None (the default) where any partitioning will do. A sink that writes
         keyed changes under locks held until the decision (``mode="keyed"`` into MySQL XA or
         PostgreSQL prepared transactions) returns its key: a key written by two tasks of one
-        batch would wait on a lock that only the decision, which waits for both, releases."""
+        batch would wait on a lock that only the decision, which waits for both, releases. So
+        does a sink whose order of writes decides which change wins (a Kafka changelog: two
+        tasks' records of one key would land in its partition in no version order)."""
         return None
 
     @abstractmethod

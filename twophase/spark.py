@@ -155,7 +155,8 @@ def write_stream(
         metrics_port: serve Prometheus metrics of the query on this port (or ``"HOST:PORT"``)
             from this process (see :mod:`twophase.metrics`; needs ``twophase[metrics]``).
         route_by_key: for a sink that needs every key of a batch in one task (``mode="keyed"``
-            into MySQL XA or PostgreSQL prepared transactions: see ``route_key``), how rows are
+            into MySQL XA or PostgreSQL prepared transactions, or a Kafka changelog: see
+            ``route_key``), how rows are
             routed by key before the writer: ``True`` (the default) into as many partitions as
             ``spark.default.parallelism`` (classic Spark: the cores), a number into that many
             (never ``spark.sql.shuffle.partitions``, which the checkpoint pins), ``False`` for
