@@ -57,6 +57,7 @@ from bench.keyed_lake import (
     KEYED_OPTIONS,
     UNIFORM,
     DeltaLake,
+    Lake,
     Row,
     changes,
     check,
@@ -66,6 +67,7 @@ from bench.peer_delta import DELTA_CONF, jars
 from bench.session import bench_session, provenance, provenance_of
 from bench.spark_peers import cpu_snapshot, jvm_pid
 from sinks.delta import DeltaSink
+from twophase import TwoPhaseCommitSink
 from twophase.spark import write_stream
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -73,15 +75,18 @@ RESULTS = ROOT / "docs" / "results" / "keyed_lake_peer.json"
 PARTITIONS = 2
 FEED_SCHEMA = "id BIGINT, status STRING, amount DOUBLE, version BIGINT, op STRING"
 TWOPHASE, PEER = "twophase", "peer"
+#: The peer's MERGE, shared with the Iceberg peer (:mod:`bench.keyed_lake_iceberg_peer`):
+#: ``target`` is the table as Spark SQL names it, ``source`` the reduced batch's view.
 MERGE = """
-MERGE INTO delta.`{uri}` AS t USING {source} AS s ON t.id = s.id
+MERGE INTO {target} AS t USING {source} AS s ON t.id = s.id
 WHEN MATCHED AND s.op = 'd' AND t.version < s.version THEN DELETE
 WHEN MATCHED AND s.op <> 'd' AND t.version < s.version THEN
   UPDATE SET t.status = s.status, t.amount = s.amount, t.version = s.version
 WHEN NOT MATCHED AND s.op <> 'd' THEN
   INSERT (id, status, amount, version) VALUES (s.id, s.status, s.amount, s.version)
 """
-Writer = Callable[[SparkSession, Path, str, str], list[float]]
+#: A writer of one run: (session, the feed's folder, a checkpoint) -> its MERGEs' seconds.
+Writer = Callable[[SparkSession, Path, str], list[float]]
 
 
 def write_feed(folder: Path, batch: Sequence[Row]) -> None:
@@ -97,102 +102,136 @@ def read_feed(spark: SparkSession, folder: Path) -> DataFrame:
     return spark.readStream.schema(FEED_SCHEMA).parquet(str(folder))
 
 
-def twophase_writer(spark: SparkSession, feed: Path, uri: str, checkpoint: str) -> list[float]:
-    sink = DeltaSink(uri, **KEYED_OPTIONS)
-    write_stream(read_feed(spark, feed), sink, checkpoint_location=checkpoint,
-                 route_by_key=PARTITIONS, trigger={"availableNow": True}).awaitTermination()
-    return []
+def twophase_writer(sink: TwoPhaseCommitSink[Any]) -> Writer:
+    """``write_stream`` of the feed into the keyed ``sink``, routed by key."""
+    def write(spark: SparkSession, feed: Path, checkpoint: str) -> list[float]:
+        write_stream(read_feed(spark, feed), sink, checkpoint_location=checkpoint,
+                     route_by_key=PARTITIONS, trigger={"availableNow": True}).awaitTermination()
+        return []
+    return write
 
 
-def peer_writer(spark: SparkSession, feed: Path, uri: str, checkpoint: str) -> list[float]:
-    """foreachBatch: reduce, then one idempotent MERGE (module docstring); the MERGEs' times."""
-    app_id, merges = str(uuid.uuid4()), []
-    newest = Window.partitionBy("id").orderBy(F.col("version").desc())
+def merge_writer(target: str, conf: Callable[[int], dict[str, str]] | None = None) -> Writer:
+    """foreachBatch: the batch reduced per key by a window (the newest version), then one
+    :data:`MERGE` into ``target``, with ``conf(batch_id)`` set on the session for the MERGE
+    alone; the MERGEs' times."""
+    def write(spark: SparkSession, feed: Path, checkpoint: str) -> list[float]:
+        merges: list[float] = []
+        newest = Window.partitionBy("id").orderBy(F.col("version").desc())
 
-    def merge(batch: DataFrame, batch_id: int) -> None:
-        session = batch.sparkSession
-        view = f"changes_{batch_id}"
-        (batch.withColumn("_rank", F.row_number().over(newest)).where("_rank = 1")
-         .drop("_rank").createOrReplaceTempView(view))
-        session.conf.set("spark.databricks.delta.write.txnAppId", app_id)
-        session.conf.set("spark.databricks.delta.write.txnVersion", str(batch_id))
-        started = time.perf_counter()
-        session.sql(MERGE.format(uri=uri, source=view))
-        merges.append(time.perf_counter() - started)
-        session.conf.unset("spark.databricks.delta.write.txnAppId")
-        session.conf.unset("spark.databricks.delta.write.txnVersion")
-        session.catalog.dropTempView(view)
+        def merge(batch: DataFrame, batch_id: int) -> None:
+            session = batch.sparkSession
+            view = f"changes_{batch_id}"
+            (batch.withColumn("_rank", F.row_number().over(newest)).where("_rank = 1")
+             .drop("_rank").createOrReplaceTempView(view))
+            settings = conf(batch_id) if conf else {}
+            for key, value in settings.items():
+                session.conf.set(key, value)
+            started = time.perf_counter()
+            session.sql(MERGE.format(target=target, source=view))
+            merges.append(time.perf_counter() - started)
+            for key in settings:
+                session.conf.unset(key)
+            session.catalog.dropTempView(view)
 
-    (read_feed(spark, feed).writeStream.foreachBatch(merge)
-     .option("checkpointLocation", checkpoint).trigger(availableNow=True).start()
-     .awaitTermination())
-    return merges
+        (read_feed(spark, feed).writeStream.foreachBatch(merge)
+         .option("checkpointLocation", checkpoint).trigger(availableNow=True).start()
+         .awaitTermination())
+        return merges
+    return write
 
 
-WRITERS: dict[str, Writer] = {TWOPHASE: twophase_writer, PEER: peer_writer}
+def delta_txn(app_id: str) -> Callable[[int], dict[str, str]]:
+    """Delta's idempotent DML: one app id per query, the batch id as its version."""
+    return lambda batch_id: {"spark.databricks.delta.write.txnAppId": app_id,
+                             "spark.databricks.delta.write.txnVersion": str(batch_id)}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def arguments(description: str, results: Path) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--changes", type=int, default=DEFAULT_CHANGES)
-    parser.add_argument("--json", type=Path, default=RESULTS)
-    args = parser.parse_args()
+    parser.add_argument("--json", type=Path, default=results)
+    return parser.parse_args()
+
+
+def contest(spark: SparkSession, lake: Lake, writers: Callable[[], dict[str, Writer]],
+            workdir: Path, args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """One warm-up and ``args.rounds`` rounds of each shape, the writers' order turning every
+    round, each on the table put back as built (``lake.reset``), checked after each run; the
+    medians and the paired ratios (peer seconds / twophase seconds)."""
+    jvm = jvm_pid(spark)
+    results: dict[str, dict[str, list[dict[str, Any]]]] = {
+        shape: {TWOPHASE: [], PEER: []} for shape in (CLUSTERED, UNIFORM)}
+    order = [TWOPHASE, PEER]
+    for number in range(args.rounds + 1):
+        for shape in (CLUSTERED, UNIFORM):
+            batch = changes(args.rows, shape, args.changes, seed=7_000 + number)
+            feed = workdir / f"feed-{shape}-{number}"
+            write_feed(feed, batch)
+            for name in order[number % 2:] + order[:number % 2]:
+                lake.reset()
+                writer = writers()[name]
+                before, load_before = cpu_snapshot(jvm, None), load()
+                started = time.perf_counter()
+                merges = writer(spark, feed, str(workdir / f"ckpt-{name}-{shape}-{number}"))
+                seconds = time.perf_counter() - started
+                after = cpu_snapshot(jvm, None)
+                check(lake, args.rows, batch)
+                cpu = {key: round(after[key] - before[key], 3) for key in after
+                       if key != "server"}
+                print(f"  {'warm-up' if not number else f'round {number}'} {shape} {name}: "
+                      f"{seconds:.3f} s (MERGE {merges}), CPU {cpu}, "
+                      f"load {load_before}", flush=True)
+                if number:
+                    results[shape][name].append({
+                        "seconds": round(seconds, 4), "merge_s": [round(m, 4) for m in merges],
+                        "cpu_s": cpu, "load_before": load_before, "load_after": load()})
+    lake.reset()
+    summary: dict[str, dict[str, Any]] = {
+        shape: {name: {"median_s": statistics.median(r["seconds"] for r in runs),
+                       "rounds": runs} for name, runs in by_writer.items()}
+        for shape, by_writer in results.items()}
+    for shape, by_writer in summary.items():
+        ours, theirs = by_writer[TWOPHASE]["median_s"], by_writer[PEER]["median_s"]
+        ratios = [p["seconds"] / t["seconds"] for t, p in
+                  zip(by_writer[TWOPHASE]["rounds"], by_writer[PEER]["rounds"], strict=True)]
+        by_writer["ratio"] = {"peer_s_over_twophase_s": round(statistics.median(ratios), 3),
+                              "rounds": [round(r, 3) for r in ratios]}
+        print(f"{shape}: twophase {ours:.3f} s, peer {theirs:.3f} s, paired ratio "
+              f"{statistics.median(ratios):.3f} ({', '.join(f'{r:.3f}' for r in ratios)})")
+    return summary
+
+
+def save(path: Path, what: str, run: dict[str, Any], args: argparse.Namespace,
+         summary: dict[str, Any], **extra: Any) -> None:
+    path.write_text(json.dumps({
+        "what": what, "run": run, **extra, "rows": args.rows, "changes": args.changes,
+        "results": summary}, indent=1) + "\n")
+
+
+def main() -> None:
+    args = arguments(__doc__.splitlines()[0], RESULTS)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     spark = bench_session("twophase-bench-keyed-lake-peer", PARTITIONS,
                           {"spark.jars": ",".join(jars()), **DELTA_CONF})
     run = provenance_of(spark)
     print(provenance(spark), flush=True)
-    jvm = jvm_pid(spark)
-    results: dict[str, dict[str, list[dict[str, Any]]]] = {
-        shape: {TWOPHASE: [], PEER: []} for shape in (CLUSTERED, UNIFORM)}
     with tempfile.TemporaryDirectory(prefix="twophase-keyed-lake-peer-") as tmp:
         workdir = Path(tmp)
         lake = DeltaLake(workdir, args.rows)
         lake.build(DEFAULT_ROWS_PER_FILE)
-        order = [TWOPHASE, PEER]
-        for number in range(args.rounds + 1):
-            for shape in (CLUSTERED, UNIFORM):
-                batch = changes(args.rows, shape, args.changes, seed=7_000 + number)
-                feed = workdir / f"feed-{shape}-{number}"
-                write_feed(feed, batch)
-                for name in order[number % 2:] + order[:number % 2]:
-                    lake.reset()
-                    before, load_before = cpu_snapshot(jvm, None), load()
-                    started = time.perf_counter()
-                    merges = WRITERS[name](spark, feed, lake.uri,
-                                           str(workdir / f"ckpt-{name}-{shape}-{number}"))
-                    seconds = time.perf_counter() - started
-                    after = cpu_snapshot(jvm, None)
-                    check(lake, args.rows, batch)
-                    cpu = {key: round(after[key] - before[key], 3) for key in after
-                           if key != "server"}
-                    print(f"  {'warm-up' if not number else f'round {number}'} {shape} {name}: "
-                          f"{seconds:.3f} s (MERGE {merges}), CPU {cpu}, "
-                          f"load {load_before}", flush=True)
-                    if number:
-                        results[shape][name].append({
-                            "seconds": round(seconds, 4), "merge_s": [round(m, 4) for m in merges],
-                            "cpu_s": cpu, "load_before": load_before, "load_after": load()})
-        lake.reset()
+
+        def writers() -> dict[str, Writer]:
+            return {TWOPHASE: twophase_writer(DeltaSink(lake.uri, **KEYED_OPTIONS)),
+                    PEER: merge_writer(f"delta.`{lake.uri}`", delta_txn(str(uuid.uuid4())))}
+
+        summary = contest(spark, lake, writers, workdir, args)
         shutil.rmtree(lake.uri, ignore_errors=True)
     spark.stop()
-    summary = {shape: {name: {"median_s": statistics.median(r["seconds"] for r in runs),
-                              "rounds": runs} for name, runs in writers.items()}
-               for shape, writers in results.items()}
-    for shape, writers in summary.items():
-        ours, theirs = writers[TWOPHASE]["median_s"], writers[PEER]["median_s"]
-        ratios = [p["seconds"] / t["seconds"] for t, p in
-                  zip(writers[TWOPHASE]["rounds"], writers[PEER]["rounds"], strict=True)]
-        writers["ratio"] = {"peer_s_over_twophase_s": round(statistics.median(ratios), 3),
-                            "rounds": [round(r, 3) for r in ratios]}
-        print(f"{shape}: twophase {ours:.3f} s, peer {theirs:.3f} s, paired ratio "
-              f"{statistics.median(ratios):.3f} ({', '.join(f'{r:.3f}' for r in ratios)})")
-    args.json.write_text(json.dumps({
-        "what": "keyed Delta table against delta-spark MERGE in foreachBatch (issue 49): "
-                "python -m bench.keyed_lake_peer", "run": run, "rows": args.rows,
-        "changes": args.changes, "results": summary}, indent=1) + "\n")
+    save(args.json, "keyed Delta table against delta-spark MERGE in foreachBatch (issue 49): "
+         "python -m bench.keyed_lake_peer", run, args, summary)
     sys.exit(0)
 
 
