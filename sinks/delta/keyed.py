@@ -76,11 +76,10 @@ def on_key(keyed: Keyed) -> str:
 def row_versions(table: DeltaTable, keyed: Keyed, changes: pa.Table) -> pa.Table:
     """The key and version of the table's rows whose key is among ``changes``' (a scan of
     the files whose statistics may hold one)."""
-    wanted = keys_of(changes, keyed.key)
     if not changes.num_rows:
         return pa.table({name: changes.column(name) for name in (*keyed.key, keyed.version)})
     condition = None
-    for name, values in wanted.items():
+    for name, values in keys_of(changes, keyed.key).items():
         column = changes.column(name)
         # The range lets pyarrow skip files by their min/max (it does not for a long isin).
         term = (pc.field(name).isin(values) & (pc.field(name) >= pc.min(column))

@@ -10,10 +10,11 @@ where               what
 ==================  ==========================================================================
 executor            a task's changes reduced to the newest per key (in Arrow, across its
                     chunks, holding at most :data:`~twophase.kit.HELD_CHUNKS` chunks' worth of
-                    keys), the delete marker read into ``_twophase_deleted``, written as
-                    Parquet files under ``_twophase/staged/<namespace>/`` (:func:`staged_files`:
-                    durable, invisible: no reader, VACUUM or orphan removal looks into a ``_``
-                    folder), each named by the transaction's intent before it is created; the
+                    keys: :meth:`~twophase.kit.Keyed.newest_in_tables`), the delete marker
+                    read into ``_twophase_deleted``, written as Parquet files under
+                    ``_twophase/staged/<namespace>/`` (:func:`staged_files`: durable,
+                    invisible: no reader, VACUUM or orphan removal looks into a ``_`` folder),
+                    each named by the transaction's intent before it is created; the
                     handle lists them (:class:`StagedFile`)
 driver              the batch's staged changes read and reduced across its tasks; the
                     current versions of their keys read from the table (its rows) and from the
@@ -49,7 +50,6 @@ from twophase._handle import TxnId
 from twophase._keyed import (
     DEFAULT_TOMBSTONE_RETENTION_S,
     DELETED_FLAG,
-    HELD_CHUNKS,
     KEYED,
     TOMBSTONE_TIME_COLUMN,
     Keyed,
@@ -83,7 +83,7 @@ def validate_lake_mode(sink: str, mode: str, key: Sequence[str], version: str | 
     if mode == APPEND and key:
         raise ConfigurationError(f"{sink}: key={list(key)} belongs to mode='keyed'.",
                                  fix="pass mode='keyed' with version=, or drop key=")
-    return validate_keyed(sink, KEYED if mode == KEYED else mode, key, version, deleted,
+    return validate_keyed(sink, mode, key, version, deleted,
                           tombstone_retention_s=tombstone_retention_s)
 
 
@@ -170,35 +170,6 @@ def staged_schema(keyed: Keyed, table_schema: pa.Schema) -> pa.Schema:
                       pa.field(DELETED_FLAG, pa.bool_(), nullable=False)])
 
 
-@dataclass
-class HeldChanges:
-    """A task's changes reduced across its chunks, handed on whenever they hold ``size`` keys
-    or more (:meth:`add`) and at the end (:meth:`rest`): one key's newest change once per
-    hand-over, in version order across them (every apply is guarded by the version)."""
-
-    keyed: Keyed
-    size: int
-    held: pa.Table | None = None
-
-    @classmethod
-    def of(cls, keyed: Keyed, chunk_size: int) -> HeldChanges:
-        return cls(keyed, HELD_CHUNKS * chunk_size)
-
-    def add(self, table: pa.Table) -> pa.Table | None:
-        import pyarrow as pa  # noqa: PLC0415
-
-        joined = table if self.held is None else pa.concat_tables(
-            [self.held, table], promote_options="permissive")
-        self.held = self.keyed.reduce_arrow(joined)
-        if self.held.num_rows < self.size:
-            return None
-        return self.rest()
-
-    def rest(self) -> pa.Table | None:
-        held, self.held = self.held, None
-        return None if held is None or not held.num_rows else self.keyed.flagged_arrow(held)
-
-
 def check_upserts(flagged: pa.Table, table_schema: pa.Schema, where: str) -> None:
     """Refuse a change that writes NULL into a NOT NULL column (a delete writes nothing)."""
     import pyarrow.compute as pc  # noqa: PLC0415
@@ -279,20 +250,16 @@ def plan_batch(keyed: Keyed, changes: pa.Table, rows: pa.Table, tombstones: pa.T
     over_tombstone = pc.fill_null(pc.greater(stamp, tombstone), True)
     at_tombstone = pc.fill_null(pc.greater_equal(stamp, tombstone), True)
     applies = pc.and_(older_row, pc.if_else(deleted, at_tombstone, over_tombstone))
-    applied = joined.filter(applies)
-    new_tombstones = applied.filter(pc.and_(applied.column(DELETED_FLAG),
-                                            pc.fill_null(pc.greater(
-                                                applied.column(version),
-                                                applied.column(TOMBSTONE_VERSION)), True)))
+    upserted = pc.and_(applies, pc.invert(deleted))
+    entombed = joined.filter(pc.and_(pc.and_(applies, deleted), over_tombstone))
+    cleared = joined.filter(pc.and_(upserted, pc.is_valid(tombstone)))
+    replaced = joined.filter(pc.and_(applies, pc.is_valid(joined.column(ROW_VERSION))))
     when = now or datetime.now(UTC)
-    tombstoned = new_tombstones.select([*key, version]).append_column(
-        TOMBSTONE_TIME_COLUMN, pa.array([when] * new_tombstones.num_rows,
+    tombstoned = entombed.select([*key, version]).append_column(
+        TOMBSTONE_TIME_COLUMN, pa.array([when] * entombed.num_rows,
                                         pa.timestamp("us", tz="UTC")))
-    cleared = applied.filter(pc.and_(pc.invert(applied.column(DELETED_FLAG)),
-                                     pc.is_valid(applied.column(TOMBSTONE_VERSION))))
-    replaced = applied.filter(pc.is_valid(applied.column(ROW_VERSION)))
-    return BatchPlan(applied.select(changes.column_names), tombstoned, cleared.select(key),
-                     replaced.select(key))
+    return BatchPlan(joined.filter(applies).select(changes.column_names), tombstoned,
+                     cleared.select(key), replaced.select(key))
 
 
 def keys_of(table: pa.Table, key: Sequence[str]) -> dict[str, list[Any]]:

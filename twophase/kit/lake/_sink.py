@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, Self, TypeVa
 
 from twophase._classify import classified, transaction_id_reused, transaction_lost
 from twophase._handle import Handle, TxnId
-from twophase._keyed import Keyed
+from twophase._keyed import HELD_CHUNKS, Keyed
 from twophase._rows import chunks
 from twophase._whole_batch import WholeBatchCommitter
 from twophase.errors import ConfigurationError, FatalError, SchemaMismatchError, TwoPhaseError
@@ -41,7 +41,6 @@ from twophase.kit.lake._files import (
     conform_table,
 )
 from twophase.kit.lake._keyed import (
-    HeldChanges,
     StagedFile,
     check_upserts,
     read_staged,
@@ -101,9 +100,8 @@ class LakeTransaction:
     #: changes' columns).
     schema: pa.Schema
     files: LakeFiles[Any, Any]
-    #: Keyed: the table's own columns (NOT NULL checked on upserts), and the changes held.
+    #: Keyed: the table's own columns (NOT NULL checked on upserts).
     table_schema: pa.Schema | None = None
-    held: HeldChanges | None = None
 
 
 def validate_max_file_bytes(sink: str, max_file_bytes: int, default: int) -> int:
@@ -177,37 +175,52 @@ class LakeSink(TwoPhaseCommitSink[LakeTransaction], Generic[Record]):
         staged = staged_schema(self.keyed, schema)
         return LakeTransaction(ctx, staged, staged_files(self.storage, ctx.txn_id, staged,
                                                          self.max_file_bytes),
-                               table_schema=schema,
-                               held=HeldChanges.of(self.keyed, self.chunk_size))
+                               table_schema=schema)
 
     def write(self, txn: LakeTransaction, rows: Iterable[Sequence[Any]]) -> None:
+        self._write_tables(txn, self._tables_of_rows(txn, rows))
+
+    def write_arrow(self, txn: LakeTransaction, batches: Iterable[pa.RecordBatch]) -> None:
+        import pyarrow as pa  # noqa: PLC0415 - the framework itself never needs pyarrow
+
+        self._write_tables(txn, (pa.Table.from_batches([batch]) for batch in batches))
+
+    def _tables_of_rows(self, txn: LakeTransaction, rows: Iterable[Sequence[Any]]
+                        ) -> Iterator[pa.Table]:
+        """``rows`` as Arrow tables of a chunk each (a row of another width refused)."""
         import pyarrow as pa  # noqa: PLC0415 - the framework itself never needs pyarrow
 
         schema_of_rows = self._row_schema(txn)
         for chunk in chunks(rows, self.chunk_size):
             if misfit := next((len(row) for row in chunk
                                if len(row) != len(schema_of_rows)), None):
-                self.discard(txn)
                 raise SchemaMismatchError(
                     f"{self.where}: a row has {misfit} values for the {len(schema_of_rows)} "
                     f"columns {txn.ctx.column_names}.",
                     fix="write rows of the columns the transaction's context names")
-            with self._writing(txn, f"writing {txn.ctx.txn_id} into {self.where}"):
-                columns = [pa.array(values, type=field.type) for values, field in
-                           zip(zip(*chunk, strict=True), schema_of_rows, strict=True)]
-                self._append(txn, pa.Table.from_arrays(columns, schema=schema_of_rows))
+            columns = [pa.array(values, type=field.type) for values, field in
+                       zip(zip(*chunk, strict=True), schema_of_rows, strict=True)]
+            yield pa.Table.from_arrays(columns, schema=schema_of_rows)
 
-    def write_arrow(self, txn: LakeTransaction, batches: Iterable[pa.RecordBatch]) -> None:
-        import pyarrow as pa  # noqa: PLC0415 - the framework itself never needs pyarrow
-
-        for batch in batches:
+    def _write_tables(self, txn: LakeTransaction, tables: Iterable[pa.Table]) -> None:
+        """Each table conformed and written (keyed: the task's changes reduced per key across
+        them, :meth:`~twophase.kit.Keyed.newest_in_tables`, then staged), every step under
+        :meth:`_writing`: a failure discards the transaction's files."""
+        if self.keyed is not None:
+            tables = self.keyed.newest_in_tables(tables, HELD_CHUNKS * self.chunk_size)
+        pending = iter(tables)
+        while True:
             with self._writing(txn, f"writing {txn.ctx.txn_id} into {self.where}"):
-                self._append(txn, pa.Table.from_batches([batch]))
+                table = next(pending, None)
+                if table is None:
+                    return
+                if self.keyed is None:
+                    txn.files.write(conform_table(table, txn.schema, self.where))
+                else:
+                    self._stage(txn, table)
 
     def pre_commit(self, txn: LakeTransaction) -> Handle:
         with self._writing(txn, f"closing the files of {txn.ctx.txn_id}"):
-            if txn.held is not None and (rest := txn.held.rest()) is not None:
-                self._stage(txn, rest)
             files = txn.files.close()
         log.debug("pre-committed %s: %d rows in %d files", txn.ctx.txn_id, txn.files.rows,
                   len(files))
@@ -228,12 +241,6 @@ class LakeSink(TwoPhaseCommitSink[LakeTransaction], Generic[Record]):
                 yield
             except FileExistsError as exc:
                 raise transaction_id_reused(txn.ctx.txn_id, where=self.where) from exc
-
-    def _append(self, txn: LakeTransaction, table: pa.Table) -> None:
-        if txn.held is None:
-            txn.files.write(conform_table(table, txn.schema, self.where))
-        elif (reduced := txn.held.add(table)) is not None:
-            self._stage(txn, reduced)
 
     def _stage(self, txn: LakeTransaction, flagged: pa.Table) -> None:
         """Keyed: a task's reduced changes (flagged) into its staged files."""
@@ -341,9 +348,9 @@ class LakeCommitter(WholeBatchCommitter):
         """Delete the intents of the batch's transactions (committed)."""
         with classified(self.sink.classify, f"deleting the intents of batch {batch} in "
                         f"{self.sink.where}", self.sink.errors_caught):
-            self._forget_committed({handle.txn_id: [data_file.path for data_file in
-                                                    self.sink.files_in(handle)]
-                                    for handle in handles if self.sink.files_in(handle)})
+            files = {handle.txn_id: [data_file.path for data_file in self.sink.files_in(handle)]
+                     for handle in handles}
+            self._forget_committed({txn_id: paths for txn_id, paths in files.items() if paths})
 
     def _forget_committed(self, found: Mapping[TxnId, Sequence[str]]) -> None:
         """Forget committed transactions: their intents; keyed, first their staged files,
