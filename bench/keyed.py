@@ -5,7 +5,9 @@ Run from the repository root (never in CI; the JDBC drivers come from Maven Cent
 ``scripts/bench-jars``)::
 
     nice .venv/bin/python -m bench.keyed mysql postgres [--files 4] [--rows-per-file 100000]
-        [--keys 20000] [--rounds 3]
+        [--keys 20000] [--rounds 3] [--json RESULTS]
+
+(``python -m bench.publish --only keyed`` runs it and publishes it in ``docs/benchmarks.md``.)
 
 The stream: ``--files`` Parquet files of changes (``order_id`` one of ``--keys``, ``event_id``
 its version, increasing over the feed, ``status``; ``op`` ``'d'`` for one change in ten, else
@@ -33,13 +35,16 @@ Every keyed and peer run counts only if the table then equals the reference comp
 feed (each key's newest change; deleted keys absent). Printed per database (markdown): median
 rows/s and every round's, CPU seconds per million rows of the JVM, its Python workers, the
 driver and the server, the paired ratios keyed / peer and keyed / insert, and the shuffle's
-share; first the run's provenance (commit, machine, load, versions).
+share; first the run's provenance (commit, machine, load, versions). ``--json``: the same runs
+and the session's provenance as a results file, a record per database
+(``bench.spark_peers.contest_record``, its writers those above, ``keys`` beside its rows).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import statistics
 import sys
@@ -55,13 +60,20 @@ import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F  # noqa: N812 - Spark's own spelling
 
-from bench.session import bench_session, provenance
+from bench.session import bench_session, provenance, provenance_of
 from bench.spark_peers import (
     JDBC_BATCH_SIZE,
+    NOOP,
+    PARTITIONS,
+    PEER,
+    Measured,
     Run,
     bench_jars,
+    contest_record,
     jvm_pid,
+    measured,
     ratio_row,
+    rounds_of,
     run_writer,
     writer_rows,
 )
@@ -71,14 +83,15 @@ from sinks.postgres import PostgresSink
 from twophase.sink import TwoPhaseCommitSink
 from twophase.spark import write_stream
 
-PARTITIONS = 2
 DEFAULT_FILES = 4
 DEFAULT_ROWS_PER_FILE = 100_000
 DEFAULT_KEYS = 20_000
 DEFAULT_ROUNDS = 3
 DELETE_SHARE = 10  # one change in ten deletes its key
 FEED_SCHEMA = "order_id BIGINT, status STRING, event_id BIGINT, op STRING"
-KEYED, INSERT, PEER, NOOP, ROUTED = "keyed", "insert", "peer", "noop", "noop routed"
+KEYED, INSERT, ROUTED = "keyed", "insert", "noop routed"
+#: How the reports and the results file name the peer.
+PEER_LABEL = "foreachBatch: window reduce + Spark JDBC + upsert (at least once)"
 #: The reference a keyed or peer run must leave: order_id -> (status, event_id).
 State = dict[int, tuple[str, int]]
 Writer = Callable[[DataFrame, "Table", str], None]
@@ -285,31 +298,46 @@ def rounds(spark: SparkSession, database: Database, feed: DataFrame, workdir: Pa
             if table.name:
                 database.drop(table.name)
             if number:
-                run.writer = name
+                run.writer, run.round = name, number
                 runs.append(run)
     return runs
 
 
-def report(database: Database, runs: list[Run], rows: int, keys: int) -> str:
-    labels = {KEYED: f"{database.name} mode='keyed' (routed by key)",
-              INSERT: f"{database.name} mode='insert' (delivery only)",
-              PEER: "foreachBatch: window reduce + Spark JDBC + upsert (at least once)",
-              NOOP: "Spark noop", ROUTED: "Spark noop after the routing shuffle"}
-    by_writer = {name: [run for run in runs if run.writer == name] for name in labels}
-    rates = {name: [rows / run.seconds for run in group] for name, group in by_writer.items()}
-    lines = [f"{database.name}: {rows:,} changes to {keys:,} keys, {PARTITIONS} partitions, "
-             f"{len(rates[KEYED])} rounds (median; every round)", "",
-             "| writer | changes/s | rounds | CPU s per 1M changes: JVM / Python workers / "
+def labels(sink: str) -> dict[str, str]:
+    """How the reports name each writer of ``sink``'s contest, in their order."""
+    return {KEYED: f"{sink} mode='keyed' (routed by key)",
+            INSERT: f"{sink} mode='insert' (delivery only)", PEER: PEER_LABEL,
+            NOOP: "Spark noop", ROUTED: "Spark noop after the routing shuffle"}
+
+
+def shuffle_shares(found: dict[str, Measured]) -> list[float]:
+    """Each round's routing shuffle (noop routed - noop) over the keyed run's time."""
+    return [(routed - plain) / keyed for routed, plain, keyed in
+            zip(found[ROUTED].seconds, found[NOOP].seconds, found[KEYED].seconds, strict=True)]
+
+
+def table(record: dict[str, Any], floor: float | None = None) -> list[str]:
+    """One database's table, from its record (``contest_record``): a row per writer, the paired
+    ratios keyed / peer (marked if its median is under ``floor``) and keyed / insert, and the
+    routing shuffle's share."""
+    found = measured(record)
+    lines = ["| writer | changes/s | rounds | CPU s per 1M changes: JVM / Python workers / "
              "driver / server |", "|---|---|---|---|"]
-    lines += writer_rows(labels, by_writer, rows)
-    lines += [ratio_row(f"ratio keyed / {other}", rates[KEYED], rates[other])
-              for other in (PEER, INSERT)]
-    shuffle = [(r.seconds - n.seconds) / k.seconds for r, n, k in
-               zip(by_writer[ROUTED], by_writer[NOOP], by_writer[KEYED], strict=True)]
+    lines += writer_rows(labels(record["sink"]), found)
+    lines += [ratio_row("ratio keyed / peer", found[KEYED].rates, found[PEER].rates, floor),
+              ratio_row("ratio keyed / insert", found[KEYED].rates, found[INSERT].rates)]
+    shuffle = shuffle_shares(found)
     lines.append(f"| routing shuffle's share of the keyed run's time | "
                  f"{statistics.median(shuffle):.1%} | "
                  f"{', '.join(f'{v:.1%}' for v in shuffle)} | |")
-    return "\n".join(lines)
+    return lines
+
+
+def report(record: dict[str, Any]) -> str:
+    """The markdown table of one database under what it measured."""
+    return "\n".join([f"{record['sink']}: {record['rows']:,} changes to {record['keys']:,} "
+                      f"keys, {record['partitions']} partitions, {rounds_of(record)} rounds "
+                      "(median; every round)", "", *table(record)])
 
 
 def main() -> None:
@@ -319,10 +347,14 @@ def main() -> None:
     parser.add_argument("--rows-per-file", type=int, default=DEFAULT_ROWS_PER_FILE)
     parser.add_argument("--keys", type=int, default=DEFAULT_KEYS)
     parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS)
+    parser.add_argument("--json", type=Path,
+                        help="also write the run's provenance and every database's runs here "
+                             "(the results file of bench/publish.py)")
     args = parser.parse_args()
     jars = [jar for name in args.databases for jar in bench_jars(JARS[name])]
     spark = bench_session("twophase-bench-keyed", PARTITIONS, {"spark.jars": ",".join(jars)})
     print(provenance(spark), "\n", flush=True)
+    results: dict[str, Any] = {"provenance": provenance_of(spark), "contests": []}
     with tempfile.TemporaryDirectory(prefix="twophase-keyed-") as tmp:
         workdir = Path(tmp)
         reference = make_feed(workdir, args.files, args.rows_per_file, args.keys)
@@ -332,7 +364,11 @@ def main() -> None:
             with DATABASES[name](workdir / name) as database:
                 runs = rounds(spark, database, feed, workdir, reference=reference,
                               count=args.rounds)
-                print(report(database, runs, rows, args.keys), "\n", flush=True)
+            record = contest_record(name, database.name, PEER_LABEL, runs, rows, keys=args.keys)
+            results["contests"].append(record)
+            print(report(record), "\n", flush=True)
+            if args.json:
+                args.json.write_text(json.dumps(results, indent=1))
     spark.stop()
     sys.exit(0)
 

@@ -79,7 +79,7 @@ from psycopg import sql
 from bench.peer_http import RECORDS_PER_REQUEST
 from bench.peer_postgres import DURABLE
 from bench.session import machine
-from bench.spark_peers import bench_jars
+from bench.spark_peers import PEER, TWOPHASE, bench_jars
 from setups import (
     DeltaSetup,
     HttpSetup,
@@ -118,7 +118,7 @@ DURATIONS = ("triggerExecution", "addBatch", "walCommit", "commitOffsets", "quer
 HISTORY = ("decision_ms", "commit_ms")
 ROOT = Path(__file__).resolve().parent.parent
 RUNNER = Path(__file__).resolve().parent / "latency_runner.py"
-TWOPHASE, PEER, BASELINE = "twophase", "peer", "twophase@baseline"
+BASELINE = "twophase@baseline"
 FOREACH_BATCH = "twophase foreachBatch"  # write_stream(..., foreach_batch=True)
 PYTHON_FLOOR = "plain Python data source"  # bench.latency_peers.PlainProduce
 #: Writers that deliver at least once (a repeat is theirs to make).

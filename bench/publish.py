@@ -2,9 +2,9 @@
 its own environment, and the latency table; the docs' tables and plots regenerated from one
 results file, so a published number always names its run.
 
-Run from the repository root on a quiet machine (never in CI; about 35 minutes on 2 cores)::
+Run from the repository root on a quiet machine (never in CI; about 40 minutes on 2 cores)::
 
-    python -m bench.publish [--rounds 3] [--only mysql delta latency ...] [--render]
+    python -m bench.publish [--rounds 3] [--only mysql delta keyed latency ...] [--render]
 
 What it runs, each as a process of its own, in turn:
 
@@ -13,6 +13,9 @@ What it runs, each as a process of its own, in turn:
   on the project's PySpark (``.venv``), then Delta on PySpark 4.2 (``scripts/bench-spark42``)
   and Iceberg on PySpark 4.1 (``scripts/bench-spark41``), the only ones their Spark writers
   run on; every session at full JIT (``bench.session``).
+* :data:`KEYED_PART`: ``bench.keyed``, the keyed mode into MySQL and PostgreSQL against the
+  hand-written ``foreachBatch`` upsert users write instead (with the insert mode and Spark's
+  ``noop``, plain and routed by key), on the project's PySpark.
 * ``bench.latency`` for every target at each trigger of :data:`LATENCY_ROUNDS`, with its
   rounds (at the default trigger the first round against the second: the cold first minute).
 
@@ -32,13 +35,14 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench import keyed
 from bench.session import describe
-from bench.spark_peers import NOOP, PEER, TWOPHASE
+from bench.spark_peers import NOOP, PEER, TWOPHASE, floor_mark, measured, rounds_of
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "docs" / "results" / "benchmarks.json"
@@ -64,7 +68,8 @@ class Environment:
 
     key: str
     label: str
-    #: The command that runs ``bench.spark_peers`` there, before its arguments.
+    #: The command that runs the benchmark there (``bench.spark_peers``), before its
+    #: arguments: the contests, ``--rounds`` and ``--json``.
     command: tuple[str, ...]
     contests: tuple[str, ...]
 
@@ -79,14 +84,17 @@ ENVIRONMENTS = (
     Environment("spark41", "PySpark 4.1 (scripts/bench-spark41)",
                 (str(ROOT / "scripts" / "bench-spark41"),), ("iceberg",)),
 )
+#: The keyed mode's part: ``bench.keyed`` over its databases, kept under its own key.
+KEYED_PART = Environment("keyed", "PySpark 4.3 (.venv)",
+                         ("nice", sys.executable, "-m", "bench.keyed"), ("mysql", "postgres"))
 
 
 # --- running ----------------------------------------------------------------------------------
 
-def run_peers(environment: Environment, contests: Iterable[str], rounds: int
-              ) -> tuple[dict[str, Any], str | None]:
-    """``bench.spark_peers`` over ``contests`` in ``environment``: its results file (the
-    contests that ended, if it failed) and its failure, if any."""
+def run_part(environment: Environment, contests: Iterable[str], rounds: int
+             ) -> tuple[dict[str, Any], str | None]:
+    """``environment``'s benchmark over ``contests``: its results file (the contests that
+    ended, if it failed) and its failure, if any."""
     with tempfile.TemporaryDirectory(prefix="twophase-publish-") as tmp:
         out = Path(tmp) / "peers.json"
         done = subprocess.run([*environment.command, *contests, "--rounds", str(rounds),
@@ -134,13 +142,9 @@ def measure(only: set[str], rounds: int) -> list[str]:
     for environment in ENVIRONMENTS:
         contests = [name for name in environment.contests if not only or name in only]
         if contests:
-            found, failure = run_peers(environment, contests, rounds)
-            results = load_results()
-            peers = results.setdefault("peers", {})
-            if found["contests"]:
-                peers[environment.key] = merged(peers.get(environment.key), found)
-            save_results(results)
-            failures += [failure] if failure else []
+            failures += measure_part(environment, contests, rounds, "peers")
+    if not only or KEYED_PART.key in only:
+        failures += measure_part(KEYED_PART, KEYED_PART.contests, rounds)
     if not only or LATENCY in only:
         summary, failure = run_latency(LATENCY_TARGETS)
         if summary is not None:
@@ -149,6 +153,21 @@ def measure(only: set[str], rounds: int) -> list[str]:
             save_results(results)
         failures += [failure] if failure else []
     return failures
+
+
+def measure_part(environment: Environment, contests: Iterable[str], rounds: int, *within: str
+                 ) -> list[str]:
+    """``contests`` run in ``environment``, saved into :data:`RESULTS` under its key (in the
+    part ``within`` names, if any) as :func:`merged` keeps them; its failure, if any."""
+    found, failure = run_part(environment, contests, rounds)
+    results = load_results()
+    parts = results
+    for key in within:
+        parts = parts.setdefault(key, {})
+    if found["contests"]:
+        parts[environment.key] = merged(parts.get(environment.key), found)
+    save_results(results)
+    return [failure] if failure else []
 
 
 def merged(kept: dict[str, Any] | None, found: dict[str, Any]) -> dict[str, Any]:
@@ -186,20 +205,19 @@ class Contest:
 
     @classmethod
     def of(cls, record: dict[str, Any]) -> Contest:
-        runs = sorted(record["runs"], key=lambda run: run["round"])
-        writers = dict.fromkeys(run["writer"] for run in runs)
-        rows = record["rows"]
-        return cls(record["name"], record["sink"], record["peer"], rows,
-                   {writer: [rows / run["seconds"] for run in runs if run["writer"] == writer]
-                    for writer in writers},
-                   {writer: {process: statistics.median(
-                       run["cpu"][process] for run in runs if run["writer"] == writer) * 1e6
-                       / rows for process in runs[0]["cpu"]} for writer in writers})
+        found = measured(record)
+        return cls(record["name"], record["sink"], record["peer"], record["rows"],
+                   {writer: runs.rates for writer, runs in found.items()},
+                   {writer: runs.cpu for writer, runs in found.items()})
 
     @property
     def ratios(self) -> list[float]:
         """Each round's sink / peer."""
-        return [a / b for a, b in zip(self.rates[TWOPHASE], self.rates[PEER], strict=True)]
+        return self.paired(TWOPHASE, PEER)
+
+    def paired(self, writer: str, other: str) -> list[float]:
+        """Each round's ``writer`` / ``other``."""
+        return [a / b for a, b in zip(self.rates[writer], self.rates[other], strict=True)]
 
     @property
     def ratio(self) -> float:
@@ -231,9 +249,9 @@ def peers_section(results: dict[str, Any]) -> str:
              "the sink's by process: JVM / Python workers / driver / server |",
              "|---|---|---|---|---|"]
     for contest in contests(results):
-        mark = "" if contest.ratio >= FLOOR else " (below the floor)"
         lines.append(
-            f"| `{contest.sink}` / {contest.peer} | **{contest.ratio:.2f}**{mark} "
+            f"| `{contest.sink}` / {contest.peer} | **{contest.ratio:.2f}**"
+            f"{floor_mark(contest.ratio, FLOOR)} "
             f"({', '.join(f'{value:.2f}' for value in contest.ratios)}) | "
             f"{contest.median_rate(TWOPHASE):,.0f} / {contest.median_rate(PEER):,.0f} / "
             f"{contest.median_rate(NOOP):,.0f} | {contest.cpu_total(TWOPHASE):.1f} / "
@@ -241,16 +259,43 @@ def peers_section(results: dict[str, Any]) -> str:
             f"{' / '.join(f'{value:.1f}' for value in contest.cpu[TWOPHASE].values())} |")
     lines.append("")
     for part in environments(results):
-        runs: dict[str, list[dict[str, Any]]] = {}
-        for record in part["contests"]:
-            runs.setdefault(json.dumps(record["provenance"], sort_keys=True), []).append(record)
-        for records in runs.values():
-            first = Contest.of(records[0])
-            lines.append(f"- {part['environment']}: {', '.join(r['name'] for r in records)} "
-                         f"({first.rows:,} rows, {records[0]['partitions']} partitions, "
-                         f"{len(first.ratios)} rounds after a warm-up): "
-                         f"{describe(records[0]['provenance'], markdown=True)}.")
+        lines += provenance_lines(part, lambda record: f"{record['rows']:,} rows")
     return "\n".join(lines)
+
+
+def provenance_lines(part: dict[str, Any], size: Callable[[dict[str, Any]], str]
+                     ) -> list[str]:
+    """A line per run that measured ``part``'s contests: their names, the ``size`` of what
+    they wrote, their partitions and rounds, and the run's provenance."""
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for record in part["contests"]:
+        runs.setdefault(json.dumps(record["provenance"], sort_keys=True), []).append(record)
+    return [f"- {part['environment']}: {', '.join(r['name'] for r in records)} "
+            f"({size(records[0])}, {records[0]['partitions']} partitions, "
+            f"{rounds_of(records[0])} rounds after a warm-up): "
+            f"{describe(records[0]['provenance'], markdown=True)}."
+            for records in runs.values()]
+
+
+def keyed_section(results: dict[str, Any]) -> str:
+    """A table per database of the keyed part (``bench.keyed``'s own), its provenance under
+    them."""
+    part = results.get(KEYED_PART.key)
+    if not part:
+        return "No keyed run in the results file yet: run python -m bench.publish --only keyed."
+    lines = []
+    for record in part["contests"]:
+        lines += [f"`{record['sink']}` ({record['name']}):", "",
+                  *keyed.table(record, FLOOR), ""]
+    lines += provenance_lines(part, lambda record: f"{record['rows']:,} changes to "
+                                                   f"{record['keys']:,} keys")
+    return "\n".join(lines)
+
+
+def keyed_contests(results: dict[str, Any]) -> list[Contest]:
+    """The keyed part's contests, a database each."""
+    part = results.get(KEYED_PART.key)
+    return [Contest.of(record) for record in part["contests"]] if part else []
 
 
 def pooled(latency: dict[str, Any], target: str, writer: str, trigger: str
@@ -304,7 +349,7 @@ def latency_section(results: dict[str, Any]) -> str:
 #: How the latency section says whether every run saw every event, each once where it must.
 SEEN = {True: "every event seen, each once by the exactly-once writers",
         False: "NOT every event seen once: see the results file"}
-SECTIONS = {"peers": peers_section, LATENCY: latency_section}
+SECTIONS = {"peers": peers_section, LATENCY: latency_section, KEYED_PART.key: keyed_section}
 
 
 def rendered(doc: str, results: dict[str, Any]) -> str:
@@ -384,6 +429,9 @@ def below_goal(results: dict[str, Any]) -> list[str]:
     """What the run did not reach: ratios under the floor, first rounds over the tolerance."""
     found = [f"{contest.name}: {contest.ratio:.2f} x its peer, below the floor"
              for contest in contests(results) if contest.ratio < FLOOR]
+    found += [f"keyed {contest.name}: {ratio:.2f} x its peer, below the floor"
+              for contest in keyed_contests(results)
+              if (ratio := statistics.median(contest.paired(keyed.KEYED, PEER))) < FLOOR]
     latency = results.get(LATENCY)
     for target in LATENCY_TARGETS if latency else ():
         rounds = first_and_second(latency or {}, target, "default")
@@ -397,7 +445,8 @@ def below_goal(results: dict[str, Any]) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     names = [name for environment in ENVIRONMENTS for name in environment.contests]
-    parser.add_argument("--only", nargs="+", default=[], choices=[*names, LATENCY],
+    parser.add_argument("--only", nargs="+", default=[],
+                        choices=[*names, KEYED_PART.key, LATENCY],
                         help="rerun only these parts (the others' results are kept)")
     parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS)
     parser.add_argument("--render", action="store_true",

@@ -333,53 +333,91 @@ OPTION_LABELS = {("foreach_batch", True): "foreachBatch", ("foreach_batch", Fals
                  ("commits", "behind"): "commits behind"}
 
 
-def writer_rows(labels: dict[str, str], by_writer: dict[str, list[Run]], rows: int
-                ) -> list[str]:
+@dataclass(frozen=True)
+class Measured:
+    """One writer's runs of a contest: every round's seconds, in round order, and the median CPU
+    seconds per 1M rows of each process."""
+
+    rows: int
+    seconds: list[float]
+    cpu: dict[str, float]
+
+    @property
+    def rates(self) -> list[float]:
+        """Every round's rows/s, in round order."""
+        return [self.rows / seconds for seconds in self.seconds]
+
+    @property
+    def rate(self) -> float:
+        return statistics.median(self.rates)
+
+
+def measured(record: dict[str, Any]) -> dict[str, Measured]:
+    """Each writer of a contest as the results file keeps it (:func:`contest_record`), in the
+    order they first ran."""
+    runs = sorted(record["runs"], key=lambda run: run["round"])
+    rows: int = record["rows"]
+    by_writer = {writer: [run for run in runs if run["writer"] == writer]
+                 for writer in dict.fromkeys(run["writer"] for run in runs)}
+    return {writer: Measured(rows, [run["seconds"] for run in group],
+                             {process: statistics.median(run["cpu"][process] for run in group)
+                              * 1e6 / rows for process in group[0]["cpu"]})
+            for writer, group in by_writer.items()}
+
+
+def writer_rows(labels: dict[str, str], found: dict[str, Measured]) -> list[str]:
     """A report's table row per writer: median rate, every round's, median CPU per 1M rows."""
-    lines = []
-    for name, label in labels.items():
-        group = by_writer[name]
-        rates = [rows / run.seconds for run in group]
-        cpu = {key: statistics.median(run.cpu[key] for run in group) * 1e6 / rows
-               for key in group[0].cpu}
-        lines.append(f"| {label} | {statistics.median(rates):,.0f} | "
-                     f"{', '.join(f'{v:,.0f}' for v in rates)} | "
-                     f"{' / '.join(f'{v:.1f}' for v in cpu.values())} |")
-    return lines
+    return [f"| {label} | {found[name].rate:,.0f} | "
+            f"{', '.join(f'{v:,.0f}' for v in found[name].rates)} | "
+            f"{' / '.join(f'{v:.1f}' for v in found[name].cpu.values())} |"
+            for name, label in labels.items()]
 
 
-def ratio_row(label: str, rates: list[float], others: list[float]) -> str:
-    """A report's row of the paired ratios ``rates / others``: their median, then each."""
+def ratio_row(label: str, rates: list[float], others: list[float],
+              floor: float | None = None) -> str:
+    """A report's row of the paired ratios ``rates / others``: their median (marked if under
+    ``floor``), then each."""
     paired = [a / b for a, b in zip(rates, others, strict=True)]
-    return (f"| **{label}** | **{statistics.median(paired):.3f}** | "
+    median = statistics.median(paired)
+    return (f"| **{label}** | **{median:.3f}**{floor_mark(median, floor)} | "
             f"{', '.join(f'{v:.3f}' for v in paired)} | |")
 
 
-def report(contest: Contest, runs: list[Run], rows: int) -> str:
-    """The markdown table of one contest."""
-    sink = contest.sink + "".join(f" ({label})" for (option, value), label in OPTION_LABELS.items()
-                                  if option in TWOPHASE_OPTIONS
-                                  and TWOPHASE_OPTIONS[option] == value)
-    labels = {TWOPHASE: sink, PEER: contest.peer_name, NOOP: "Spark noop"}
-    by_writer = {name: [run for run in runs if run.writer == name] for name in labels}
-    rates = {name: [rows / run.seconds for run in group] for name, group in by_writer.items()}
-    lines = [f"{sink}: {rows:,} rows, {PARTITIONS} partitions, "
-             f"{len(rates[TWOPHASE])} rounds (median; every round)", "",
+def floor_mark(ratio: float, floor: float | None) -> str:
+    """What follows a ratio under ``floor`` (exactly-once never slower than its peer)."""
+    return " (below the floor)" if floor is not None and ratio < floor else ""
+
+
+def rounds_of(record: dict[str, Any]) -> int:
+    """How many rounds a contest's record counts (after its warm-up)."""
+    return len({run["round"] for run in record["runs"]})
+
+
+def report(record: dict[str, Any]) -> str:
+    """The markdown table of one contest, from its record (:func:`contest_record`)."""
+    sink = record["sink"] + "".join(f" ({label})" for (option, value), label
+                                    in OPTION_LABELS.items()
+                                    if record["options"].get(option) == value)
+    labels = {TWOPHASE: sink, PEER: record["peer"], NOOP: "Spark noop"}
+    found = measured(record)
+    lines = [f"{sink}: {record['rows']:,} rows, {record['partitions']} partitions, "
+             f"{rounds_of(record)} rounds (median; every round)", "",
              "| writer | rows/s | rounds | CPU s per 1M rows: JVM / Python workers / driver / "
              "server |", "|---|---|---|---|"]
-    lines += writer_rows(labels, by_writer, rows)
-    lines.append(ratio_row(f"ratio {sink} / {contest.peer_name}", rates[TWOPHASE],
-                           rates[PEER]))
+    lines += writer_rows(labels, found)
+    lines.append(ratio_row(f"ratio {sink} / {record['peer']}", found[TWOPHASE].rates,
+                           found[PEER].rates))
     return "\n".join(lines)
 
 
-def contest_record(name: str, contest: Contest, runs: list[Run], rows: int) -> dict[str, Any]:
+def contest_record(name: str, sink: str, peer: str, runs: list[Run], rows: int,
+                   **details: Any) -> dict[str, Any]:
     """One contest as the results file keeps it (``--json``; ``bench/publish.py`` renders the
-    docs' tables from it): who ran, every run's seconds and CPU by process."""
-    return {"name": name, "sink": contest.sink, "peer": contest.peer_name, "rows": rows,
-            "partitions": PARTITIONS, "options": dict(TWOPHASE_OPTIONS),
-            "runs": [{"writer": run.writer, "round": run.round, "seconds": run.seconds,
-                      "cpu": run.cpu} for run in runs]}
+    docs' tables from it): who ran, every run's seconds and CPU by process, and the
+    ``details`` of the contest (the twophase writer's ``options`` here)."""
+    return {"name": name, "sink": sink, "peer": peer, "rows": rows, "partitions": PARTITIONS,
+            **details, "runs": [{"writer": run.writer, "round": run.round,
+                                 "seconds": run.seconds, "cpu": run.cpu} for run in runs]}
 
 
 def main() -> None:
@@ -433,8 +471,10 @@ def main() -> None:
                     runs = contest_rounds(spark, contest, feed, workdir / name,
                                           expected=expected,
                                           rounds=args.rounds)
-                    table = report(contest, runs, expected)
-                    results["contests"].append(contest_record(name, contest, runs, expected))
+                    record = contest_record(name, contest.sink, contest.peer_name, runs,
+                                            expected, options=dict(TWOPHASE_OPTIONS))
+                    table = report(record)
+                    results["contests"].append(record)
             print(table, "\n", flush=True)
             if args.json:
                 args.json.write_text(json.dumps(results, indent=1))

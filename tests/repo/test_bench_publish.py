@@ -9,6 +9,7 @@ import pytest
 
 from bench.publish import (
     DOC,
+    KEYED_PART,
     LATENCY,
     LATENCY_TARGETS,
     RESULTS,
@@ -55,6 +56,14 @@ def results(first_p50: float) -> dict[str, Any]:
                           for writer, scale in (("twophase", 2.0), ("peer", 1.0))]}}
 
 
+def keyed_part(keyed: list[float]) -> dict[str, Any]:
+    """The keyed part of a results file: one database whose keyed writer took ``keyed``."""
+    record = contest("mysql", {"keyed": keyed, "insert": [2.0, 2.0], "peer": [2.0, 2.0],
+                               "noop": [0.5, 0.5], "noop routed": [0.6, 0.6]})
+    return {"environment": "PySpark 4.3 (.venv)",
+            "contests": [{**record, "sink": "MySQLXASink", "keys": 100}]}
+
+
 def test_the_page_says_what_the_checked_in_results_file_says() -> None:
     assert RESULTS.exists(), "run python -m bench.publish: the page has no results file"
     text = DOC.read_text()
@@ -73,6 +82,14 @@ def test_the_checked_in_run_covers_every_contest_and_target() -> None:
                for part in found["peers"].values() for record in part["contests"])
 
 
+def test_the_checked_in_run_has_the_keyed_part() -> None:
+    part = load_results().get(KEYED_PART.key)
+    assert part, "run python -m bench.publish --only keyed: the results file has no keyed part"
+    assert {record["name"] for record in part["contests"]} == set(KEYED_PART.contests)
+    assert all(record["provenance"]["jit"] == "full JIT" and not record["provenance"]["dirty"]
+               for record in part["contests"])
+
+
 def test_ratios_are_paired_by_round_and_cpu_is_per_million_rows() -> None:
     fast = Contest.of(results(100.0)["peers"]["spark43"]["contests"][0])
     assert fast.ratios == [2.0, 1.0, 2.0]
@@ -87,6 +104,18 @@ def test_the_page_names_each_run_and_flags_what_is_short_of_the_floor() -> None:
     assert "| `slowSink` / slow peer | **0.50** (below the floor) (0.50, 0.50, 0.50) |" in page
     assert "| kafka | default | 100 / 198 | Spark's Kafka sink | 50 / 99 | 2.00 | 1.00, 1.00 |" \
         in page
+
+
+def test_the_keyed_section_names_its_run_and_flags_what_is_short_of_the_floor() -> None:
+    page = rendered(DOC.read_text(), {**results(100.0), KEYED_PART.key: keyed_part([4.0, 2.0])})
+    assert "| **ratio keyed / peer** | **0.750** (below the floor) | 0.500, 1.000 | |" in page
+    assert "| MySQLXASink mode='keyed' (routed by key) | 375 | 250, 500 | 3000.0 / 500.0 / " \
+        "100.0 / 0.0 |" in page
+    assert "- PySpark 4.3 (.venv): mysql (1,000 changes to 100 keys, 2 partitions, 2 rounds " \
+        "after a warm-up): commit `abc1234`" in page
+    assert below_goal({KEYED_PART.key: keyed_part([4.0, 2.0])}) == [
+        "keyed mysql: 0.75 x its peer, below the floor"]
+    assert below_goal({KEYED_PART.key: keyed_part([1.0, 2.0])}) == []
 
 
 def test_a_first_round_slower_than_the_tolerance_is_reported() -> None:
