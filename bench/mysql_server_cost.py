@@ -42,14 +42,13 @@ import statistics
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from multiprocessing.connection import Connection as Pipe
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
 import sinks.mysql.arrow  # noqa: F401 - imported before the loaders fork, not by each
+from bench.mysql_xa import Run, server_cpu_s
 from bench.session import describe, machine
 from setups.servers.mariadb import MariaDBServer, private_server
 from sinks.mysql import MySQLXASink
@@ -135,20 +134,6 @@ def binary_bulk(server: MariaDBServer, table: str, batches: list[pa.RecordBatch]
     return time.process_time() - started
 
 
-@dataclass(frozen=True)
-class Run:
-    """One run: wall seconds, the server's and the loaders' CPU seconds."""
-
-    wall_s: float
-    server_cpu_s: float
-    loaders_cpu_s: float
-
-
-def server_cpu_s(server: MariaDBServer) -> float:
-    fields = Path(f"/proc/{server.pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
-
-
 def _loader_process(loader: Loader, server: MariaDBServer, table: str,
                     batches: list[pa.RecordBatch], go: Any, out: Pipe) -> None:
     go.wait()
@@ -172,7 +157,8 @@ def run_once(server: MariaDBServer, loader: Loader, share_of: Sequence[list[pa.R
     server_cpu, started = server_cpu_s(server), time.perf_counter()
     go.set()
     loaders_cpu = sum(receiver.recv() for receiver, _sender in pipes)
-    run = Run(time.perf_counter() - started, server_cpu_s(server) - server_cpu, loaders_cpu)
+    run = Run(time.perf_counter() - started, client_cpu_s=loaders_cpu,
+              server_cpu_s=server_cpu_s(server) - server_cpu)
     for process in processes:
         process.join()
     conn = server.connect()
@@ -232,7 +218,7 @@ def report(runs: dict[tuple[str, int], list[Run]], rows: int, version: str,
     for (name, loaders), results in runs.items():
         wall = statistics.median(run.wall_s for run in results)
         server = statistics.median(run.server_cpu_s for run in results) * 1e6 / rows
-        client = statistics.median(run.loaders_cpu_s for run in results) * 1e6 / rows
+        client = statistics.median(run.client_cpu_s for run in results) * 1e6 / rows
         print(f"| {name} | {loaders} | {rows / wall:,.0f} | {server:.2f} | {client:.2f} |")
     print(f"\nrecord batches to Python tuples (to_pylist), one process: {to_pylist_us:.2f} us "
           "per row")
