@@ -59,19 +59,10 @@ from bench.keyed_lake import (
     KEYED_OPTIONS,
     IcebergLake,
 )
-from bench.keyed_lake_peer import (
-    PARTITIONS,
-    PEER,
-    TWOPHASE,
-    Writer,
-    arguments,
-    contest,
-    merge_writer,
-    save,
-    twophase_writer,
-)
+from bench.keyed_lake_peer import Writer, arguments, contest, merge_writer, save, twophase_writer
 from bench.peer_iceberg import CATALOG, iceberg_version, jars
 from bench.session import bench_session, provenance, provenance_of
+from bench.spark_peers import PARTITIONS, PEER, TWOPHASE
 from sinks.iceberg import IcebergSink
 from sinks.iceberg.keyed import IcebergTombstones
 from twophase import TwoPhaseCommitSink

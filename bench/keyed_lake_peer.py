@@ -65,16 +65,14 @@ from bench.keyed_lake import (
 )
 from bench.peer_delta import DELTA_CONF, jars
 from bench.session import bench_session, provenance, provenance_of
-from bench.spark_peers import cpu_snapshot, jvm_pid
+from bench.spark_peers import PARTITIONS, PEER, TWOPHASE, cpu_snapshot, jvm_pid
 from sinks.delta import DeltaSink
 from twophase import TwoPhaseCommitSink
 from twophase.spark import write_stream
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "docs" / "results" / "keyed_lake_peer.json"
-PARTITIONS = 2
 FEED_SCHEMA = "id BIGINT, status STRING, amount DOUBLE, version BIGINT, op STRING"
-TWOPHASE, PEER = "twophase", "peer"
 #: The peer's MERGE, shared with the Iceberg peer (:mod:`bench.keyed_lake_iceberg_peer`):
 #: ``target`` is the table as Spark SQL names it, ``source`` the reduced batch's view.
 MERGE = """
