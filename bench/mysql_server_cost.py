@@ -117,7 +117,7 @@ def binary_bulk(server: MariaDBServer, table: str, batches: list[pa.RecordBatch]
     """A loader sending its share by ``COM_STMT_BULK_EXECUTE`` in one XA transaction."""
     connector: Any = importlib.import_module(BINARY_BULK_MODULE)
     params = server.params
-    chunks = [[tuple(row.values()) for row in batch.to_pylist()] for batch in batches]
+    chunks = [python_rows(batch) for batch in batches]
     started = time.process_time()
     conn = connector.connect(host=params.host, port=params.port, user=params.user,
                              password=params.password, database=params.database,
@@ -134,9 +134,14 @@ def binary_bulk(server: MariaDBServer, table: str, batches: list[pa.RecordBatch]
     return time.process_time() - started
 
 
+def python_rows(batch: pa.RecordBatch) -> list[tuple[Any, ...]]:
+    """A record batch as the tuples a DB-API ``executemany`` takes."""
+    return [tuple(row.values()) for row in batch.to_pylist()]
+
+
 def _loader_process(loader: Loader, server: MariaDBServer, table: str,
-                    batches: list[pa.RecordBatch], go: Any, out: Pipe) -> None:
-    go.wait()
+                    batches: list[pa.RecordBatch], ready: Any, out: Pipe) -> None:
+    ready.wait()
     out.send(loader(server, table, batches))
 
 
@@ -144,38 +149,45 @@ def run_once(server: MariaDBServer, loader: Loader, share_of: Sequence[list[pa.R
              rows: int) -> Run:
     """The loaders at once into a fresh table, checked to hold every row once, then dropped."""
     table = f"cost_{uuid.uuid4().hex[:12]}"
-    server.connect().query(TABLE_DDL.format(table=table))
+    query(server, TABLE_DDL.format(table=table))
     context = multiprocessing.get_context("fork")
-    go = context.Event()
+    ready = context.Barrier(len(share_of) + 1)  # the loaders and this process
     pipes = [context.Pipe(duplex=False) for _ in share_of]
     processes = [context.Process(target=_loader_process,
-                                 args=(loader, server, table, batches, go, sender))
+                                 args=(loader, server, table, batches, ready, sender))
                  for batches, (_receiver, sender) in zip(share_of, pipes, strict=True)]
     for process in processes:
         process.start()
-    time.sleep(0.5)  # every loader forked and waiting
+    ready.wait()
     server_cpu, started = server_cpu_s(server), time.perf_counter()
-    go.set()
     loaders_cpu = sum(receiver.recv() for receiver, _sender in pipes)
     run = Run(time.perf_counter() - started, client_cpu_s=loaders_cpu,
               server_cpu_s=server_cpu_s(server) - server_cpu)
     for process in processes:
         process.join()
-    conn = server.connect()
-    with conn.cursor() as cursor:
-        cursor.execute(f"SELECT COUNT(*), COUNT(DISTINCT event_id) FROM `{table}`")
-        found = cursor.fetchone()
-        cursor.execute(f"DROP TABLE `{table}`")
+    found = query(server, f"SELECT COUNT(*), COUNT(DISTINCT event_id) FROM `{table}`")
+    query(server, f"DROP TABLE `{table}`")
     if found != (rows, rows):
         raise AssertionError(f"expected {rows} distinct rows, found {found}")
     return run
 
 
+def query(server: MariaDBServer, sql: str) -> Any:
+    """One statement on a connection of its own, closed after; its first row, if any."""
+    conn = server.connect()
+    try:
+        with conn.cursor() as cursor:
+            cursor.execute(sql)
+            return cursor.fetchone()
+    finally:
+        conn.close()
+
+
 def to_pylist_us_per_row(batches: list[pa.RecordBatch], rows: int) -> float:
-    """What turning record batches into the tuples a DB-API ``executemany`` takes costs."""
+    """What turning record batches into :func:`python_rows` costs."""
     started = time.process_time()
     for batch in batches:
-        [tuple(row.values()) for row in batch.to_pylist()]
+        python_rows(batch)
     return (time.process_time() - started) * 1e6 / rows
 
 
@@ -200,7 +212,7 @@ def main() -> None:
     names = list(variants)
     with private_server() as server:
         sink_of(server, "cost_schema", "auto").create_tables()
-        version = server.connect().get_server_info().removeprefix("5.5.5-")
+        version = query(server, "SELECT VERSION()")[0]
         for number in range(args.rounds):
             for name in names[number % len(names):] + names[:number % len(names)]:
                 for loaders in LOADERS:
