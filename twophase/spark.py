@@ -156,13 +156,13 @@ def write_stream(
             from this process (see :mod:`twophase.metrics`; needs ``twophase[metrics]``).
         route_by_key: for a sink that needs every key of a batch in one task (``mode="keyed"``
             into MySQL XA or PostgreSQL prepared transactions, or a Kafka changelog: see
-            ``route_key``), how rows are
-            routed by key before the writer: ``True`` (the default) into as many partitions as
-            ``spark.default.parallelism`` (classic Spark: the cores), a number into that many
-            (never ``spark.sql.shuffle.partitions``, which the checkpoint pins), ``False`` for
-            a stream that is keyed already (each key in one partition of every batch: if it is
-            not, a task waits on another's lock until the lock timeout names it). One shuffle;
-            a sink without a ``route_key`` is never routed.
+            ``route_key``), how rows are routed by key before the writer: ``True`` (the
+            default) into as many partitions as ``spark.default.parallelism`` (classic Spark:
+            the cores), a number into that many (never ``spark.sql.shuffle.partitions``,
+            which the checkpoint pins), ``False`` for a stream that is keyed already (each key
+            in one partition of every batch: if it is not, a task waits on another's lock
+            until the lock timeout names it). One shuffle; a sink without a ``route_key`` is
+            never routed.
         foreach_batch: an escape hatch; leave it out. Which of Spark's two ways runs the
             sink is chosen for you: Spark's ``foreachBatch`` (each partition written by a task
             from Arrow, ``mapInArrow``, or from Spark's Rows on a driver without pyarrow; the
